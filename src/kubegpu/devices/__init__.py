@@ -1,0 +1,107 @@
+"""GPU backends behind one model: the only package that imports pynvml or reads sysfs.
+
+`open_backend` is the factory: it picks the backend by name (or probes for one with
+`auto`) and translates "nothing here" into `InitError`, which the daemon turns into
+either exit 1 or, with `--fail-on-init-error=false`, the `NullBackend` that advertises
+nothing and says what to fix.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+
+from kubegpu.devices.model import (
+    DeviceBackend,
+    DeviceID,
+    Gpu,
+    Health,
+    HealthEvent,
+    HealthEventKind,
+    Inventory,
+    Link,
+    LinkKind,
+    MigDevice,
+    ResourceName,
+    StopFlag,
+    Vendor,
+)
+from kubegpu.errors import InitError
+
+BACKENDS = ("auto", "nvml", "amd", "simulated")
+
+
+class NullBackend:
+    """A backend with no devices, used when init failed and failing is switched off."""
+
+    name = "null"
+
+    def __init__(self, reason: str) -> None:
+        self.reason = reason
+
+    def discover(self) -> Inventory:
+        return Inventory(gpus=(), backend=self.name)
+
+    def probe(self, uuid: str) -> str | None:
+        return f"no backend ({self.reason})"
+
+    def watch(self, stop: StopFlag, emit: Callable[[HealthEvent], None]) -> None:
+        stop.wait()
+
+    def close(self) -> None:
+        pass
+
+
+def open_backend(
+    kind: str = "auto",
+    *,
+    simulate: str | None = None,
+    driver_root: str = "/",
+    sysfs_root: str = "/",
+) -> DeviceBackend:
+    """Open the named backend; `simulate` (a preset name or YAML path) implies `simulated`.
+
+    Raises `InitError` with a message that says what is missing and what to do.
+    """
+    if simulate is not None or kind == "simulated":
+        from kubegpu.devices.simulated import SimulatedBackend
+
+        return SimulatedBackend.load(simulate or "h100-8")
+    if kind not in BACKENDS:
+        raise InitError(f"unknown backend {kind!r}; use one of {', '.join(BACKENDS)}")
+    if kind == "amd":
+        from kubegpu.devices.amd import AmdBackend
+
+        return AmdBackend(root=sysfs_root)
+    from kubegpu.devices.nvml import NvmlBackend
+
+    if kind == "nvml":
+        return NvmlBackend.open(driver_root=driver_root)
+    # auto: NVIDIA first (the common case), then AMD, else a combined explanation.
+    try:
+        return NvmlBackend.open(driver_root=driver_root)
+    except InitError as nvml_error:
+        from kubegpu.devices.amd import AmdBackend
+
+        if AmdBackend.present(root=sysfs_root):
+            return AmdBackend(root=sysfs_root)
+        raise InitError(f"{nvml_error}; no AMD GPU (/sys/class/kfd) either") from nvml_error
+
+
+__all__ = [
+    "BACKENDS",
+    "DeviceBackend",
+    "DeviceID",
+    "Gpu",
+    "Health",
+    "HealthEvent",
+    "HealthEventKind",
+    "Inventory",
+    "Link",
+    "LinkKind",
+    "MigDevice",
+    "NullBackend",
+    "ResourceName",
+    "StopFlag",
+    "Vendor",
+    "open_backend",
+]

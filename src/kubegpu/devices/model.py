@@ -1,0 +1,210 @@
+"""The vendor-neutral device model every other layer reads.
+
+Backends (NVML, AMD sysfs, the simulated node) fill these frozen dataclasses; nothing
+above `kubegpu.devices` ever talks to a vendor library. Hardware facts and health live
+together so that one immutable `Inventory` snapshot describes the node at one moment;
+health changes produce a new snapshot (`Inventory.with_health`).
+"""
+
+from __future__ import annotations
+
+import dataclasses
+from collections.abc import Callable, Iterator, Mapping
+from dataclasses import dataclass, field
+from enum import StrEnum
+from typing import NewType, Protocol
+
+#: A device ID as advertised to the kubelet (GPU UUID, MIG UUID, `<UUID>::<n>`, or index).
+DeviceID = NewType("DeviceID", str)
+#: An extended resource name such as `nvidia.com/gpu`.
+ResourceName = NewType("ResourceName", str)
+
+
+class Vendor(StrEnum):
+    NVIDIA = "nvidia"
+    AMD = "amd"
+
+
+class Health(StrEnum):
+    """The kubelet's two health strings, verbatim."""
+
+    HEALTHY = "Healthy"
+    UNHEALTHY = "Unhealthy"
+
+
+class LinkKind(StrEnum):
+    """How two GPUs reach each other, best first (the nvidia-smi topo names)."""
+
+    NVLINK = "NV"
+    SINGLE_SWITCH = "PIX"  # one PCIe switch between them
+    MULTI_SWITCH = "PXB"  # several PCIe switches, no host bridge
+    HOST_BRIDGE = "PHB"  # through a PCIe host bridge (same CPU)
+    SAME_NUMA = "NODE"  # across host bridges within one NUMA node
+    CROSS_NUMA = "SYS"  # across the CPU interconnect (QPI/UPI/Infinity Fabric)
+
+
+@dataclass(frozen=True)
+class Link:
+    """A connection from one GPU to a peer GPU."""
+
+    peer_uuid: str
+    kind: LinkKind
+    #: Number of NVLink lanes for `LinkKind.NVLINK`; 1 otherwise.
+    count: int = 1
+
+
+@dataclass(frozen=True)
+class MigDevice:
+    """One MIG slice (a GPU instance + compute instance) of a MIG-enabled GPU."""
+
+    uuid: str
+    parent_uuid: str
+    #: Index of the parent GPU on the node.
+    parent_index: int
+    #: GPU instance and compute instance IDs, as in NVIDIA's `i:j` device notation.
+    gi_id: int
+    ci_id: int
+    #: Canonical profile name, e.g. `1g.10gb`, `3g.40gb`, `1g.10gb+me`.
+    profile: str
+    memory_mib: int
+    multiprocessors: int = 0
+    #: Extra device nodes that grant access to this slice (`/dev/nvidia-caps/nvidia-capN`).
+    device_paths: tuple[str, ...] = ()
+    #: Attributes reported by NVML for GFD-style labels (engines, slices).
+    attributes: Mapping[str, int] = field(default_factory=dict)
+    health: Health = Health.HEALTHY
+
+    @property
+    def index(self) -> str:
+        """NVIDIA's `<gpu>:<mig>` index notation (GPU index : GPU-instance ID)."""
+        return f"{self.parent_index}:{self.gi_id}"
+
+
+@dataclass(frozen=True)
+class Gpu:
+    """One physical GPU."""
+
+    index: int
+    uuid: str
+    #: Minor number of its /dev node (`/dev/nvidia<minor>`, `/dev/dri/renderD<minor>`).
+    minor: int
+    #: Product name as the driver reports it, e.g. `NVIDIA H100 80GB HBM3`.
+    product: str
+    memory_mib: int
+    #: Canonical PCI bus id, `0000:17:00.0`.
+    pci_bus_id: str
+    #: Kernel NUMA node number, or None when the platform reports none.
+    numa_node: int | None
+    compute_capability: tuple[int, int]
+    vendor: Vendor = Vendor.NVIDIA
+    #: Device nodes specific to this GPU.
+    device_paths: tuple[str, ...] = ()
+    #: MIG mode is on; its slices are in `mig_devices`.
+    mig_enabled: bool = False
+    mig_capable: bool = False
+    mig_devices: tuple[MigDevice, ...] = ()
+    links: tuple[Link, ...] = ()
+    #: Brand/architecture hints for labels (e.g. `Tesla`, `hopper`); empty when unknown.
+    brand: str = ""
+    health: Health = Health.HEALTHY
+
+    def link_to(self, peer_uuid: str) -> Link | None:
+        return next((link for link in self.links if link.peer_uuid == peer_uuid), None)
+
+
+@dataclass(frozen=True)
+class Inventory:
+    """Everything known about the node's GPUs at one moment."""
+
+    gpus: tuple[Gpu, ...]
+    #: Kernel driver version, e.g. `550.54.15`.
+    driver_version: str = ""
+    #: Highest CUDA version the driver supports, (major, minor); (0, 0) if unknown.
+    cuda_driver_version: tuple[int, int] = (0, 0)
+    #: Device nodes every container using the vendor's GPUs needs (nvidiactl, uvm, kfd).
+    control_device_paths: tuple[str, ...] = ()
+    #: Name of the backend that produced this snapshot (`nvml`, `simulated`, `amd`, `null`).
+    backend: str = ""
+
+    def gpu(self, uuid: str) -> Gpu:
+        for gpu in self.gpus:
+            if gpu.uuid == uuid:
+                return gpu
+        raise KeyError(uuid)
+
+    def mig_devices(self) -> Iterator[MigDevice]:
+        for gpu in self.gpus:
+            yield from gpu.mig_devices
+
+    def with_health(self, health: Mapping[str, Health]) -> Inventory:
+        """A copy where GPUs and MIG slices named by UUID take the given health.
+
+        A MIG slice is unhealthy when it or its parent GPU is (an Xid on the parent
+        takes down every slice).
+        """
+
+        def mig(m: MigDevice, parent: Health) -> MigDevice:
+            own = health.get(m.uuid, Health.HEALTHY)
+            bad = Health.UNHEALTHY in (own, parent)
+            return dataclasses.replace(m, health=Health.UNHEALTHY if bad else Health.HEALTHY)
+
+        gpus = []
+        for g in self.gpus:
+            h = health.get(g.uuid, Health.HEALTHY)
+            gpus.append(
+                dataclasses.replace(g, health=h, mig_devices=tuple(mig(m, h) for m in g.mig_devices))
+            )
+        return dataclasses.replace(self, gpus=tuple(gpus))
+
+
+class HealthEventKind(StrEnum):
+    #: An Xid (or AMD RAS) error was reported for the device.
+    XID = "xid"
+    #: A probe of the device failed (NVML call error, device lost).
+    PROBE_FAILED = "probe-failed"
+    #: A probe of the device succeeded.
+    PROBE_OK = "probe-ok"
+    #: The operator (or a test) declared the device healthy again (simulated node).
+    HEALED = "healed"
+
+
+@dataclass(frozen=True)
+class HealthEvent:
+    """Something a backend observed about one device's health."""
+
+    uuid: str
+    kind: HealthEventKind
+    xid: int | None = None
+    detail: str = ""
+
+
+class DeviceBackend(Protocol):
+    """What the rest of kubegpu needs from a GPU backend.
+
+    `discover` and `probe` are blocking and may be called from a worker thread;
+    `watch` blocks until `stop` is set and hands events to `emit` (thread-safe).
+    """
+
+    name: str
+
+    def discover(self) -> Inventory:
+        """Enumerate the node's GPUs. Raises `InitError` when none can be read."""
+        ...
+
+    def probe(self, uuid: str) -> str | None:
+        """Check one device; None when it answers normally, else what failed."""
+        ...
+
+    def watch(self, stop: StopFlag, emit: Callable[[HealthEvent], None]) -> None:
+        """Block, reporting health events, until `stop.is_set()`."""
+        ...
+
+    def close(self) -> None: ...
+
+
+class StopFlag(Protocol):
+    """The part of `threading.Event` a watcher needs."""
+
+    def is_set(self) -> bool: ...
+
+    def wait(self, timeout: float | None = None) -> bool: ...

@@ -1,0 +1,44 @@
+"""The exceptions kubegpu raises, all rooted at `KubegpuError`.
+
+    KubegpuError
+    ├── ConfigError          a flag, env var or config file is invalid (names the key and value)
+    ├── DeviceError          a GPU backend failed (NVML, sysfs, simulated node file)
+    │   └── InitError        no GPU backend could start (no driver, no library, no devices)
+    ├── AllocationError      an Allocate / GetPreferredAllocation request is malformed
+    │                        (gRPC INVALID_ARGUMENT)
+    ├── PreconditionError    a request is well-formed but cannot be served now
+    │                        (gRPC FAILED_PRECONDITION)
+    └── RegistrationError    the kubelet refused or did not answer a registration
+
+Third-party errors (pynvml.NVMLError, grpc.RpcError, kubernetes ApiException) are
+translated into these at the one module that talks to that library, raised `from` the
+cause, so callers never need to import a vendor library to handle failures.
+"""
+
+
+class KubegpuError(Exception):
+    """Base of every error kubegpu raises on purpose."""
+
+
+class ConfigError(KubegpuError):
+    """Invalid configuration: the message names the key path, the bad value and a fix."""
+
+
+class DeviceError(KubegpuError):
+    """A device backend call failed; the message names the device when one is involved."""
+
+
+class InitError(DeviceError):
+    """No usable GPU backend: no driver/library, or no devices found."""
+
+
+class AllocationError(KubegpuError):
+    """A malformed allocation request (unknown, duplicate or empty device IDs)."""
+
+
+class PreconditionError(KubegpuError):
+    """A valid request that cannot be served in the current state."""
+
+
+class RegistrationError(KubegpuError):
+    """Registration with the kubelet failed."""
