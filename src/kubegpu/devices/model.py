@@ -166,6 +166,8 @@ class HealthEventKind(StrEnum):
     PROBE_OK = "probe-ok"
     #: The operator (or a test) declared the device healthy again (simulated node).
     HEALED = "healed"
+    #: The device set or a MIG layout changed: the daemon should discover again.
+    RECONFIGURED = "reconfigured"
 
 
 @dataclass(frozen=True)
