@@ -1,0 +1,354 @@
+"""Node labels in GPU Feature Discovery's names and formats, from one `Inventory`.
+
+Pure: the labeller (`kubegpu.labeller`) does the I/O and hands in what it read
+(machine type, clock, PCI classes). Keeping the exact GFD keys and value formats
+matters more than elegance here: clusters select nodes with
+`nvidia.com/gpu.product=Tesla-T4` or `nvidia.com/gpu.family=ampere`, and switching
+plugins must not silently unschedule their pods.
+
+Differences from GFD, all deliberate: with several GPU models on a node, GFD labels
+whichever model its map iteration ends on; we label the most common one (ties: the
+lowest GPU index). `nvidia.com/gpu.present` is set from the PCI bus, so a node whose
+driver is broken still attracts the DaemonSets that can say what is wrong.
+"""
+
+from __future__ import annotations
+
+import re
+from collections import Counter
+from collections.abc import Iterable, Mapping
+from pathlib import Path
+
+from kubegpu.config.v1 import Config, MigStrategy, ReplicatedResource, SharingStrategy
+from kubegpu.devices.model import Gpu, Inventory, MigDevice, Vendor
+
+PREFIX = "nvidia.com"
+GPU_RESOURCE = f"{PREFIX}/gpu"
+PRESENT_LABEL = f"{PREFIX}/gpu.present"
+NVIDIA_PCI_VENDOR = "0x10de"
+
+#: PCI class codes (sysfs `class`) → GFD's `gpu.mode` values.
+PCI_CLASS_MODES = {"0x030000": "graphics", "0x030200": "compute"}
+
+#: MIG attribute label suffixes, in GFD's names; values default to 0 when unknown.
+MIG_ATTRIBUTES = (
+    "memory",
+    "multiprocessors",
+    "slices.gi",
+    "slices.ci",
+    "engines.copy",
+    "engines.decoder",
+    "engines.encoder",
+    "engines.jpeg",
+    "engines.ofa",
+)
+
+_UNSAFE = re.compile(r"[^A-Za-z0-9\-_. ]")
+# `1g.10gb`, `1g.10gb+me`, `1c.3g.20gb`: the slice counts are in the profile name.
+_PROFILE = re.compile(r"^(?:(?P<ci>\d+)c\.)?(?P<gi>\d+)g\.")
+# Brands/products whose display engine is off (PCI class 3D controller) in practice.
+_DATACENTER = re.compile(
+    r"tesla|datacenter|\b(?:[ABHLV]\d{1,3}[A-Z]?|GH\d+|GB\d+|B\d{3}|A\d{2}G?|L\d{1,2}S?)\b",
+    re.IGNORECASE,
+)
+_GRAPHICS = re.compile(r"geforce|quadro|titan|\brtx\b|nvs", re.IGNORECASE)
+
+
+def sanitise(name: str) -> str:
+    """A label-safe product name: GFD drops odd characters and joins words with `-`."""
+    return "-".join(_UNSAFE.sub("", name).split())
+
+
+def family(major: int, minor: int) -> str:
+    """Architecture name for a CUDA compute capability, as GFD's `gpu.family` spells it."""
+    if major == 7:
+        return "volta" if minor < 5 else "turing"
+    if major == 8:
+        return "ada-lovelace" if minor >= 9 else "ampere"
+    names = {1: "tesla", 2: "fermi", 3: "kepler", 5: "maxwell", 6: "pascal", 9: "hopper"}
+    if major in (10, 11, 12):
+        return "blackwell"
+    return names.get(major, "undefined")
+
+
+def gpu_mode(gpus: Iterable[Gpu], pci_classes: Mapping[str, str] | None = None) -> str:
+    """`compute`, `graphics` or `unknown`, from the first GPU as GFD does.
+
+    GFD reads the PCI class (3D controller = compute, VGA = graphics); when the
+    labeller could not read it we fall back to the brand and product name, which is
+    right for the datacenter and GeForce/Quadro lines and `unknown` otherwise.
+    """
+    first = next(iter(gpus), None)
+    if first is None:
+        return "unknown"
+    pci_class = (pci_classes or {}).get(first.pci_bus_id.lower())
+    if pci_class is not None:
+        return PCI_CLASS_MODES.get(pci_class.lower()[:8], "unknown")
+    hint = f"{first.brand} {first.product}"
+    if _GRAPHICS.search(hint):
+        return "graphics"
+    if _DATACENTER.search(hint):
+        return "compute"
+    return "unknown"
+
+
+def pci_present(root: str = "/") -> bool:
+    """Whether any PCI device under `<root>/sys/bus/pci/devices` is NVIDIA's (no driver needed)."""
+    devices = Path(root, "sys/bus/pci/devices")
+    try:
+        entries = list(devices.iterdir())
+    except OSError:
+        return False
+    for entry in entries:
+        try:
+            vendor = (entry / "vendor").read_text(encoding="ascii").strip().lower()
+        except OSError:
+            continue
+        if vendor == NVIDIA_PCI_VENDOR:
+            return True
+    return False
+
+
+def pci_classes(root: str = "/") -> dict[str, str]:
+    """PCI bus id → class code for NVIDIA devices, for `gpu.mode`."""
+    out: dict[str, str] = {}
+    devices = Path(root, "sys/bus/pci/devices")
+    try:
+        entries = list(devices.iterdir())
+    except OSError:
+        return out
+    for entry in entries:
+        try:
+            if (entry / "vendor").read_text(encoding="ascii").strip().lower() != NVIDIA_PCI_VENDOR:
+                continue
+            out[entry.name.lower()] = (entry / "class").read_text(encoding="ascii").strip()
+        except OSError:
+            continue
+    return out
+
+
+def gpu_labels(
+    inventory: Inventory,
+    config: Config,
+    *,
+    machine_type: str | None,
+    timestamp: int | None,
+    present: bool | None = None,
+    pci_classes: Mapping[str, str] | None = None,
+) -> dict[str, str]:
+    """All `nvidia.com/*` labels for the node.
+
+    `machine_type` None leaves out `gpu.machine`; `timestamp` None leaves out
+    `gfd.timestamp` (`--no-timestamp`). `present` None derives `gpu.present` from the
+    inventory alone; the labeller passes the PCI scan's answer.
+    """
+    labels: dict[str, str] = {}
+    gpus = tuple(g for g in inventory.gpus if g.vendor is Vendor.NVIDIA)
+    if present or (present is None and gpus):
+        labels[PRESENT_LABEL] = "true"
+    if machine_type is not None:
+        labels[f"{PREFIX}/gpu.machine"] = machine_type.strip().replace(" ", "-") or "unknown"
+    if gpus:
+        labels.update(_version_labels(inventory))
+        labels[f"{PREFIX}/mig.capable"] = _bool(any(g.mig_capable for g in gpus))
+        labels[f"{PREFIX}/mps.capable"] = _bool(
+            _strategy(config) == "mps" and not any(g.mig_enabled for g in gpus)
+        )
+        labels.update(_full_gpu_labels(gpus, config))
+        strategy = config.flags.mig_strategy
+        if strategy is not MigStrategy.NONE:
+            labels[f"{PREFIX}/mig.strategy"] = strategy.value
+            if strategy is MigStrategy.SINGLE:
+                labels.update(_mig_single_labels(gpus, config))
+            else:
+                labels.update(_mig_mixed_labels(gpus, config))
+        labels[f"{PREFIX}/gpu.mode"] = gpu_mode(gpus, pci_classes)
+    if timestamp is not None:
+        labels[f"{PREFIX}/gfd.timestamp"] = str(timestamp)
+    return labels
+
+
+def _bool(value: bool) -> str:
+    return "true" if value else "false"
+
+
+def _version_labels(inventory: Inventory) -> dict[str, str]:
+    """Driver and CUDA versions, new names and the deprecated ones GFD still writes."""
+    labels: dict[str, str] = {}
+    parts = inventory.driver_version.strip().split(".")
+    if 2 <= len(parts) <= 3 and all(p.isdigit() for p in parts):
+        major, minor = parts[0], parts[1]
+        rev = parts[2] if len(parts) == 3 else ""
+        labels |= {
+            f"{PREFIX}/cuda.driver-version.major": major,
+            f"{PREFIX}/cuda.driver-version.minor": minor,
+            f"{PREFIX}/cuda.driver-version.revision": rev,
+            f"{PREFIX}/cuda.driver-version.full": inventory.driver_version.strip(),
+            f"{PREFIX}/cuda.driver.major": major,
+            f"{PREFIX}/cuda.driver.minor": minor,
+            f"{PREFIX}/cuda.driver.rev": rev,
+        }
+    cuda_major, cuda_minor = inventory.cuda_driver_version
+    if (cuda_major, cuda_minor) != (0, 0):
+        labels |= {
+            f"{PREFIX}/cuda.runtime-version.major": str(cuda_major),
+            f"{PREFIX}/cuda.runtime-version.minor": str(cuda_minor),
+            f"{PREFIX}/cuda.runtime-version.full": f"{cuda_major}.{cuda_minor}",
+            f"{PREFIX}/cuda.runtime.major": str(cuda_major),
+            f"{PREFIX}/cuda.runtime.minor": str(cuda_minor),
+        }
+    return labels
+
+
+def _strategy(config: Config) -> str:
+    """The sharing strategy in force: MPS wins when both are configured, as in NVIDIA's."""
+    if _has_resources(config.sharing.mps):
+        return "mps"
+    if _has_resources(config.sharing.time_slicing):
+        return "time-slicing"
+    return "none"
+
+
+def _has_resources(strategy: SharingStrategy | None) -> bool:
+    return strategy is not None and bool(strategy.resources)
+
+
+def _replicated(config: Config, resource: str) -> ReplicatedResource | None:
+    strategy = config.sharing.mps if _strategy(config) == "mps" else config.sharing.time_slicing
+    if strategy is None:
+        return None
+    return next((r for r in strategy.resources if r.name == resource), None)
+
+
+def _selects(entry: ReplicatedResource, ids: Iterable[tuple[str, ...]]) -> bool:
+    """Whether the entry's `devices` selects any of the devices (each given by its IDs)."""
+    devices = entry.devices
+    if devices == "all":
+        return True
+    if isinstance(devices, int):
+        return devices > 0
+    wanted = {str(d) for d in devices}
+    return any(wanted.intersection(names) for names in ids)
+
+
+def _base(
+    resource: str,
+    config: Config | None,
+    count: int,
+    product_parts: Iterable[str],
+    ids: Iterable[tuple[str, ...]],
+) -> dict[str, str]:
+    """product, count, replicas and sharing-strategy for one resource name.
+
+    `config` None means the resource cannot be shared (MIG-enabled full GPUs): GFD
+    writes `replicas=0` for those.
+    """
+    entry = _replicated(config, resource) if config is not None else None
+    if entry is not None and not _selects(entry, ids):
+        entry = None
+    replicas = 0 if config is None else (entry.replicas if entry and entry.replicas > 0 else 1)
+    shared = entry is not None and entry.replicas > 1
+    parts = [sanitise(p) for p in product_parts if p]
+    if shared and entry is not None and not entry.rename:
+        parts.append("SHARED")
+    strategy = _strategy(config) if config is not None and shared else "none"
+    return {
+        f"{resource}.product": "-".join(parts),
+        f"{resource}.count": str(count),
+        f"{resource}.replicas": str(replicas),
+        f"{resource}.sharing-strategy": strategy,
+    }
+
+
+def _gpu_ids(gpu: Gpu) -> tuple[str, ...]:
+    return (gpu.uuid, str(gpu.index))
+
+
+def _full_gpu_labels(gpus: tuple[Gpu, ...], config: Config) -> dict[str, str]:
+    counts = Counter(g.product for g in gpus)
+    # Most common product; Counter keeps first-seen order, so ties go to the lowest index.
+    product = counts.most_common(1)[0][0]
+    same = [g for g in gpus if g.product == product]
+    full = [g for g in same if not g.mig_enabled]
+    first = same[0]
+    labels = _base(
+        GPU_RESOURCE,
+        config if full else None,
+        len(same),
+        [product],
+        [_gpu_ids(g) for g in full],
+    )
+    if first.memory_mib:
+        labels[f"{GPU_RESOURCE}.memory"] = str(first.memory_mib)
+    major, minor = first.compute_capability
+    if major:
+        labels[f"{GPU_RESOURCE}.family"] = family(major, minor)
+        labels[f"{GPU_RESOURCE}.compute.major"] = str(major)
+        labels[f"{GPU_RESOURCE}.compute.minor"] = str(minor)
+    return labels
+
+
+def _mig_attributes(resource: str, mig: MigDevice) -> dict[str, str]:
+    values = dict.fromkeys(MIG_ATTRIBUTES, 0)
+    values["memory"] = mig.memory_mib
+    values["multiprocessors"] = mig.multiprocessors
+    match = _PROFILE.match(mig.profile)
+    if match:
+        values["slices.gi"] = int(match["gi"])
+        values["slices.ci"] = int(match["ci"] or match["gi"])
+    values.update({k: v for k, v in mig.attributes.items() if k in values})
+    return {f"{resource}.{name}": str(value) for name, value in values.items()}
+
+
+def _by_profile(gpus: tuple[Gpu, ...]) -> dict[str, list[tuple[Gpu, MigDevice]]]:
+    profiles: dict[str, list[tuple[Gpu, MigDevice]]] = {}
+    for gpu in gpus:
+        if gpu.mig_enabled:
+            for mig in gpu.mig_devices:
+                profiles.setdefault(mig.profile, []).append((gpu, mig))
+    return profiles
+
+
+def _mig_ids(mig: MigDevice) -> tuple[str, ...]:
+    return (mig.uuid, mig.index)
+
+
+def _mig_single_labels(gpus: tuple[Gpu, ...], config: Config) -> dict[str, str]:
+    """Under `single` every GPU must be MIG-enabled with one profile; else `-MIG-INVALID`."""
+    enabled = [g for g in gpus if g.mig_enabled]
+    if not enabled:
+        return {}  # no MIG anywhere: the same as `none`
+    profiles = _by_profile(gpus)
+    if any(not g.mig_devices for g in enabled) or len(enabled) != len(gpus) or len(profiles) != 1:
+        return {
+            f"{GPU_RESOURCE}.product": f"{sanitise(enabled[0].product)}-MIG-INVALID",
+            f"{GPU_RESOURCE}.count": "0",
+            f"{GPU_RESOURCE}.replicas": "0",
+            f"{GPU_RESOURCE}.memory": "0",
+        }
+    ((profile, members),) = profiles.items()
+    parent, sample = members[0]
+    labels = _base(
+        GPU_RESOURCE,
+        config,
+        len(members),
+        [parent.product, "MIG", profile],
+        [_mig_ids(m) for _, m in members],
+    )
+    return labels | _mig_attributes(GPU_RESOURCE, sample)
+
+
+def _mig_mixed_labels(gpus: tuple[Gpu, ...], config: Config) -> dict[str, str]:
+    labels: dict[str, str] = {}
+    for profile, members in sorted(_by_profile(gpus).items()):
+        resource = f"{PREFIX}/mig-{profile}"
+        parent, sample = members[0]
+        labels |= _base(
+            resource,
+            config,
+            len(members),
+            [parent.product, "MIG", profile],
+            [_mig_ids(m) for _, m in members],
+        )
+        labels |= _mig_attributes(resource, sample)
+    return labels

@@ -1,0 +1,324 @@
+"""GFD-compatible node labels from hand-built inventories."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import pytest
+
+from kubegpu.config import parse_config
+from kubegpu.config.v1 import Config
+from kubegpu.devices.model import Gpu, Inventory, MigDevice, Vendor
+from kubegpu.labels import family, gpu_labels, gpu_mode, pci_classes, pci_present, sanitise
+
+FIXTURES = Path(__file__).parent.parent / "fixtures"
+
+
+def gpu(index: int = 0, product: str = "Tesla T4", **kw: object) -> Gpu:
+    args: dict[str, object] = {
+        "index": index,
+        "uuid": f"GPU-{index:04d}",
+        "minor": index,
+        "product": product,
+        "memory_mib": 15360,
+        "pci_bus_id": f"0000:{0x17 + index:02x}:00.0",
+        "numa_node": 0,
+        "compute_capability": (7, 5),
+        "brand": "Tesla",
+    }
+    args.update(kw)
+    return Gpu(**args)  # type: ignore[arg-type]
+
+
+def mig(parent: int, gi: int, profile: str = "1g.5gb", memory: int = 4864) -> MigDevice:
+    return MigDevice(
+        uuid=f"MIG-{parent}-{gi}",
+        parent_uuid=f"GPU-{parent:04d}",
+        parent_index=parent,
+        gi_id=gi,
+        ci_id=0,
+        profile=profile,
+        memory_mib=memory,
+        multiprocessors=14,
+        attributes={"engines.copy": 1, "engines.jpeg": 0, "engines.decoder": 0},
+    )
+
+
+def a100(index: int, *migs: MigDevice) -> Gpu:
+    return gpu(
+        index,
+        "NVIDIA A100-SXM4-40GB",
+        memory_mib=40960,
+        compute_capability=(8, 0),
+        mig_capable=True,
+        mig_enabled=bool(migs),
+        mig_devices=migs,
+        brand="NVIDIA",
+    )
+
+
+def inv(*gpus: Gpu) -> Inventory:
+    return Inventory(gpus=gpus, driver_version="550.54.15", cuda_driver_version=(12, 4))
+
+
+def cfg(text: str = "version: v1") -> Config:
+    return parse_config(text)
+
+
+TIME_SLICING_20 = """
+version: v1
+sharing:
+  timeSlicing:
+    failRequestsGreaterThanOne: true
+    resources:
+    - name: nvidia.com/gpu
+      replicas: 20
+"""
+
+
+def test_t4_node_has_every_gfd_label_with_gfd_formats() -> None:
+    labels = gpu_labels(inv(gpu()), cfg(), machine_type="g4dn.xlarge", timestamp=1700000000)
+    assert labels == {
+        "nvidia.com/gpu.present": "true",
+        "nvidia.com/gpu.machine": "g4dn.xlarge",
+        "nvidia.com/gpu.product": "Tesla-T4",
+        "nvidia.com/gpu.count": "1",
+        "nvidia.com/gpu.replicas": "1",
+        "nvidia.com/gpu.sharing-strategy": "none",
+        "nvidia.com/gpu.memory": "15360",
+        "nvidia.com/gpu.family": "turing",
+        "nvidia.com/gpu.compute.major": "7",
+        "nvidia.com/gpu.compute.minor": "5",
+        "nvidia.com/gpu.mode": "compute",
+        "nvidia.com/cuda.driver-version.major": "550",
+        "nvidia.com/cuda.driver-version.minor": "54",
+        "nvidia.com/cuda.driver-version.revision": "15",
+        "nvidia.com/cuda.driver-version.full": "550.54.15",
+        "nvidia.com/cuda.driver.major": "550",
+        "nvidia.com/cuda.driver.minor": "54",
+        "nvidia.com/cuda.driver.rev": "15",
+        "nvidia.com/cuda.runtime-version.major": "12",
+        "nvidia.com/cuda.runtime-version.minor": "4",
+        "nvidia.com/cuda.runtime-version.full": "12.4",
+        "nvidia.com/cuda.runtime.major": "12",
+        "nvidia.com/cuda.runtime.minor": "4",
+        "nvidia.com/mig.capable": "false",
+        "nvidia.com/mps.capable": "false",
+        "nvidia.com/gfd.timestamp": "1700000000",
+    }
+
+
+def test_no_timestamp_and_no_machine_type_leave_their_labels_out() -> None:
+    labels = gpu_labels(inv(gpu()), cfg(), machine_type=None, timestamp=None)
+    assert "nvidia.com/gfd.timestamp" not in labels
+    assert "nvidia.com/gpu.machine" not in labels
+
+
+def test_machine_type_spaces_become_dashes() -> None:
+    labels = gpu_labels(inv(gpu()), cfg(), machine_type=" PowerEdge R750xa \n", timestamp=None)
+    assert labels["nvidia.com/gpu.machine"] == "PowerEdge-R750xa"
+
+
+def test_seed_003_time_slicing_marks_product_shared_with_20_replicas() -> None:
+    a10g = gpu(product="NVIDIA A10G", compute_capability=(8, 6), memory_mib=23028)
+    labels = gpu_labels(inv(a10g), cfg(TIME_SLICING_20), machine_type=None, timestamp=None)
+    assert labels["nvidia.com/gpu.product"] == "NVIDIA-A10G-SHARED"
+    assert labels["nvidia.com/gpu.replicas"] == "20"
+    assert labels["nvidia.com/gpu.sharing-strategy"] == "time-slicing"
+    assert labels["nvidia.com/gpu.count"] == "1"
+    assert labels["nvidia.com/gpu.family"] == "ampere"
+
+
+def test_renamed_shared_resource_keeps_plain_product() -> None:
+    text = TIME_SLICING_20.replace(
+        "replicas: 20", "replicas: 4\n      rename: nvidia.com/gpu.shared"
+    )
+    labels = gpu_labels(inv(gpu()), cfg(text), machine_type=None, timestamp=None)
+    assert labels["nvidia.com/gpu.product"] == "Tesla-T4"
+    assert labels["nvidia.com/gpu.replicas"] == "4"
+
+
+def test_mps_sharing_sets_strategy_and_mps_capable() -> None:
+    text = TIME_SLICING_20.replace("timeSlicing", "mps").replace(
+        "    failRequestsGreaterThanOne: true\n", ""
+    )
+    labels = gpu_labels(inv(gpu()), cfg(text), machine_type=None, timestamp=None)
+    assert labels["nvidia.com/gpu.sharing-strategy"] == "mps"
+    assert labels["nvidia.com/mps.capable"] == "true"
+    assert labels["nvidia.com/gpu.product"] == "Tesla-T4-SHARED"
+
+
+def test_sharing_limited_to_other_devices_is_not_shared() -> None:
+    text = TIME_SLICING_20 + "      devices: [GPU-9999]\n"
+    labels = gpu_labels(inv(gpu()), cfg(text), machine_type=None, timestamp=None)
+    assert labels["nvidia.com/gpu.replicas"] == "1"
+    assert labels["nvidia.com/gpu.product"] == "Tesla-T4"
+
+
+@pytest.mark.parametrize(
+    ("cc", "name"),
+    [
+        ((3, 7), "kepler"),
+        ((5, 2), "maxwell"),
+        ((6, 0), "pascal"),
+        ((7, 0), "volta"),
+        ((7, 2), "volta"),
+        ((7, 5), "turing"),
+        ((8, 0), "ampere"),
+        ((8, 6), "ampere"),
+        ((8, 7), "ampere"),
+        ((8, 9), "ada-lovelace"),
+        ((9, 0), "hopper"),
+        ((10, 0), "blackwell"),
+        ((12, 0), "blackwell"),
+        ((4, 0), "undefined"),
+        ((13, 0), "undefined"),
+    ],
+)
+def test_family_from_compute_capability(cc: tuple[int, int], name: str) -> None:
+    assert family(*cc) == name
+
+
+def test_product_is_sanitised_like_gfd() -> None:
+    assert sanitise("NVIDIA H100 80GB HBM3") == "NVIDIA-H100-80GB-HBM3"
+    assert sanitise("Quadro RTX 6000/8000 (rev a1)") == "Quadro-RTX-60008000-rev-a1"
+
+
+def test_mode_uses_pci_class_when_known_else_brand() -> None:
+    t4 = gpu()
+    assert gpu_mode([t4], {t4.pci_bus_id: "0x030000"}) == "graphics"
+    assert gpu_mode([t4], {t4.pci_bus_id: "0x030200"}) == "compute"
+    assert gpu_mode([gpu(product="NVIDIA GeForce RTX 4090", brand="GeForce")]) == "graphics"
+    assert gpu_mode([gpu(product="NVIDIA H100 80GB HBM3", brand="NVIDIA")]) == "compute"
+    assert gpu_mode([gpu(product="Mystery", brand="")]) == "unknown"
+
+
+def test_mixed_models_label_the_most_common_one() -> None:
+    node = inv(gpu(0, "Tesla V100"), gpu(1, "Tesla T4"), gpu(2, "Tesla T4"))
+    labels = gpu_labels(node, cfg(), machine_type=None, timestamp=None)
+    assert labels["nvidia.com/gpu.product"] == "Tesla-T4"
+    assert labels["nvidia.com/gpu.count"] == "2"
+
+
+def test_no_gpus_only_present_machine_and_timestamp() -> None:
+    labels = gpu_labels(Inventory(gpus=()), cfg(), machine_type="m", timestamp=5, present=True)
+    assert labels == {
+        "nvidia.com/gpu.present": "true",
+        "nvidia.com/gpu.machine": "m",
+        "nvidia.com/gfd.timestamp": "5",
+    }
+    assert "nvidia.com/gpu.present" not in gpu_labels(
+        Inventory(gpus=()), cfg(), machine_type=None, timestamp=None
+    )
+
+
+def test_amd_gpus_are_not_labelled_as_nvidia() -> None:
+    labels = gpu_labels(
+        Inventory(gpus=(gpu(vendor=Vendor.AMD),)), cfg(), machine_type=None, timestamp=None
+    )
+    assert labels == {}
+
+
+def test_unparseable_versions_are_left_out() -> None:
+    node = Inventory(gpus=(gpu(),), driver_version="", cuda_driver_version=(0, 0))
+    labels = gpu_labels(node, cfg(), machine_type=None, timestamp=None)
+    assert not any(k.startswith("nvidia.com/cuda.") for k in labels)
+    two_part = Inventory(gpus=(gpu(),), driver_version="535.104")
+    labels = gpu_labels(two_part, cfg(), machine_type=None, timestamp=None)
+    assert labels["nvidia.com/cuda.driver-version.revision"] == ""
+
+
+MIG_SINGLE = "version: v1\nflags:\n  migStrategy: single\n"
+MIG_MIXED = "version: v1\nflags:\n  migStrategy: mixed\n"
+
+
+def test_mig_single_labels_describe_the_slice() -> None:
+    node = inv(a100(0, mig(0, 1), mig(0, 2)), a100(1, mig(1, 1)))
+    labels = gpu_labels(node, cfg(MIG_SINGLE), machine_type=None, timestamp=None)
+    assert labels["nvidia.com/mig.strategy"] == "single"
+    assert labels["nvidia.com/mig.capable"] == "true"
+    assert labels["nvidia.com/gpu.product"] == "NVIDIA-A100-SXM4-40GB-MIG-1g.5gb"
+    assert labels["nvidia.com/gpu.count"] == "3"
+    assert labels["nvidia.com/gpu.replicas"] == "1"
+    assert labels["nvidia.com/gpu.memory"] == "4864"
+    assert labels["nvidia.com/gpu.multiprocessors"] == "14"
+    assert labels["nvidia.com/gpu.slices.gi"] == "1"
+    assert labels["nvidia.com/gpu.slices.ci"] == "1"
+    assert labels["nvidia.com/gpu.engines.copy"] == "1"
+    assert labels["nvidia.com/gpu.engines.ofa"] == "0"
+    assert labels["nvidia.com/gpu.family"] == "ampere"
+    assert labels["nvidia.com/mps.capable"] == "false"
+
+
+def test_mig_single_with_two_profiles_is_invalid() -> None:
+    node = inv(a100(0, mig(0, 1)), a100(1, mig(1, 1, "3g.20gb", 19968)))
+    labels = gpu_labels(node, cfg(MIG_SINGLE), machine_type=None, timestamp=None)
+    assert labels["nvidia.com/gpu.product"] == "NVIDIA-A100-SXM4-40GB-MIG-INVALID"
+    assert labels["nvidia.com/gpu.count"] == "0"
+    assert labels["nvidia.com/gpu.memory"] == "0"
+
+
+def test_mig_single_with_mig_and_full_gpus_is_invalid() -> None:
+    node = inv(a100(0, mig(0, 1)), a100(1))
+    labels = gpu_labels(node, cfg(MIG_SINGLE), machine_type=None, timestamp=None)
+    assert labels["nvidia.com/gpu.product"].endswith("-MIG-INVALID")
+
+
+def test_mig_mixed_labels_each_profile_and_keeps_full_gpu_labels() -> None:
+    node = inv(a100(0, mig(0, 1), mig(0, 2, "3g.20gb", 19968)), a100(1, mig(1, 1)))
+    labels = gpu_labels(node, cfg(MIG_MIXED), machine_type=None, timestamp=None)
+    assert labels["nvidia.com/mig.strategy"] == "mixed"
+    assert labels["nvidia.com/gpu.product"] == "NVIDIA-A100-SXM4-40GB"
+    assert labels["nvidia.com/gpu.count"] == "2"
+    # MIG-enabled full GPUs cannot be shared: GFD writes replicas=0 for them.
+    assert labels["nvidia.com/gpu.replicas"] == "0"
+    assert labels["nvidia.com/mig-1g.5gb.count"] == "2"
+    assert labels["nvidia.com/mig-1g.5gb.product"] == "NVIDIA-A100-SXM4-40GB-MIG-1g.5gb"
+    assert labels["nvidia.com/mig-1g.5gb.memory"] == "4864"
+    assert labels["nvidia.com/mig-3g.20gb.count"] == "1"
+    assert labels["nvidia.com/mig-3g.20gb.slices.gi"] == "3"
+    assert labels["nvidia.com/mig-3g.20gb.memory"] == "19968"
+    assert labels["nvidia.com/mig-3g.20gb.sharing-strategy"] == "none"
+
+
+def test_mig_mixed_shared_profile() -> None:
+    text = MIG_MIXED + (
+        "sharing:\n  timeSlicing:\n    resources:\n    - name: nvidia.com/mig-1g.5gb\n"
+        "      replicas: 2\n"
+    )
+    node = inv(a100(0, mig(0, 1)))
+    labels = gpu_labels(node, cfg(text), machine_type=None, timestamp=None)
+    assert labels["nvidia.com/mig-1g.5gb.replicas"] == "2"
+    assert labels["nvidia.com/mig-1g.5gb.product"].endswith("-MIG-1g.5gb-SHARED")
+    assert labels["nvidia.com/mig-1g.5gb.sharing-strategy"] == "time-slicing"
+
+
+def test_mig_strategy_none_adds_no_mig_labels() -> None:
+    labels = gpu_labels(inv(a100(0, mig(0, 1))), cfg(), machine_type=None, timestamp=None)
+    assert "nvidia.com/mig.strategy" not in labels
+    assert not any(k.startswith("nvidia.com/mig-") for k in labels)
+
+
+def test_pci_present_reads_vendor_files() -> None:
+    assert pci_present(str(FIXTURES / "pci-nvidia"))
+    assert not pci_present(str(FIXTURES / "pci-none"))
+    assert not pci_present(str(FIXTURES / "does-not-exist"))
+
+
+def test_pci_classes_lists_nvidia_devices_only() -> None:
+    assert pci_classes(str(FIXTURES / "pci-nvidia")) == {
+        "0000:00:1e.0": "0x030200",
+        "0000:17:00.0": "0x030000",
+    }
+
+
+def test_pci_class_feeds_gpu_mode() -> None:
+    t4 = gpu(pci_bus_id="0000:17:00.0")
+    labels = gpu_labels(
+        inv(t4),
+        cfg(),
+        machine_type=None,
+        timestamp=None,
+        pci_classes=pci_classes(str(FIXTURES / "pci-nvidia")),
+    )
+    assert labels["nvidia.com/gpu.mode"] == "graphics"
