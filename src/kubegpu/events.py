@@ -1,0 +1,287 @@
+"""Kubernetes Events on the Node object, so `kubectl describe node` tells what happened.
+
+Events are a courtesy to the operator, never a dependency: `NodeEvents.emit` only puts
+the event on a bounded queue and returns; a background task sends it through the
+Kubernetes client in a worker thread. When the API is slow the queue fills and new
+events are dropped (and counted); when it fails, the first failure of each kind is
+logged as a warning and the event is dropped. Identical events repeated within
+`dedupe_seconds` are sent once, so a flapping GPU cannot flood the API server.
+
+The Kubernetes API sits behind the small `EventSink` protocol: `KubernetesEventSink`
+talks to a real cluster (`CoreV1Api.create_namespaced_event`), `FakeEventSink` records
+in memory for tests and for anyone embedding kubegpu.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import logging
+import os
+import threading
+import time
+from collections.abc import Callable, Mapping
+from dataclasses import dataclass, field
+from datetime import UTC, datetime
+from enum import StrEnum
+from typing import Any, Protocol
+
+from kubegpu.errors import KubegpuError
+from kubegpu.metrics import Metrics
+
+log = logging.getLogger(__name__)
+
+#: `source.component` / `reportingComponent` of every event we record.
+COMPONENT = "kubegpu-device-plugin"
+#: Node events live in `default`, where the kubelet records its own node events.
+NAMESPACE = "default"
+
+
+class EventType(StrEnum):
+    NORMAL = "Normal"
+    WARNING = "Warning"
+
+
+class Reason(StrEnum):
+    """The reasons kubegpu uses (CamelCase, as Kubernetes reasons are)."""
+
+    GPU_UNHEALTHY = "GPUUnhealthy"
+    GPU_HEALTHY = "GPUHealthy"
+    CONFIG_REJECTED = "ConfigRejected"
+    CONFIG_APPLIED = "ConfigApplied"
+    REGISTRATION_FAILED = "RegistrationFailed"
+    MPS_DAEMON_FAILED = "MPSDaemonFailed"
+
+
+class EventError(KubegpuError):
+    """The Kubernetes API refused or did not answer an event write."""
+
+
+@dataclass(frozen=True)
+class NodeEvent:
+    """One event about the node, before it becomes a Kubernetes `Event` object."""
+
+    node: str
+    reason: str
+    message: str
+    type: EventType = EventType.NORMAL
+    #: When it happened (UTC).
+    time: datetime = field(default_factory=lambda: datetime.now(UTC))
+
+
+class EventSink(Protocol):
+    """Writes one event; blocking (it runs in a worker thread). Raises `EventError`."""
+
+    def create(self, event: NodeEvent) -> None: ...
+
+
+class KubernetesEventSink:
+    """Writes core/v1 Events through the official client."""
+
+    def __init__(self, api: Any, *, namespace: str = NAMESPACE, timeout: float = 5.0) -> None:
+        #: A `kubernetes.client.CoreV1Api`.
+        self.api = api
+        self.namespace = namespace
+        self.timeout = timeout
+
+    @classmethod
+    def connect(cls) -> KubernetesEventSink:
+        """In-cluster credentials first (the DaemonSet case), else the local kubeconfig."""
+        from kubernetes import client, config
+
+        try:
+            config.load_incluster_config()  # type: ignore[no-untyped-call]
+        except config.ConfigException:
+            try:
+                config.load_kube_config()  # type: ignore[no-untyped-call]
+            except Exception as e:  # missing file, bad context, bad YAML...
+                raise EventError(f"no in-cluster config and no usable kubeconfig: {e}") from e
+        return cls(client.CoreV1Api())
+
+    def body(self, event: NodeEvent) -> Any:
+        from kubernetes import client
+
+        # client-go names events `<object>.<hex nanoseconds>`; the kubelet uses the node
+        # name as the UID of the node reference, which `kubectl describe node` matches.
+        name = f"{event.node}.{time.time_ns():x}"
+        return client.CoreV1Event(
+            metadata=client.V1ObjectMeta(name=name, namespace=self.namespace),
+            involved_object=client.V1ObjectReference(
+                kind="Node", name=event.node, uid=event.node, api_version="v1"
+            ),
+            reason=event.reason,
+            message=event.message,
+            type=str(event.type),
+            source=client.V1EventSource(component=COMPONENT, host=event.node),
+            first_timestamp=event.time,
+            last_timestamp=event.time,
+            count=1,
+            reporting_component=COMPONENT,
+            reporting_instance=event.node,
+        )
+
+    def create(self, event: NodeEvent) -> None:
+        from kubernetes.client.exceptions import ApiException
+
+        try:
+            self.api.create_namespaced_event(
+                self.namespace, self.body(event), _request_timeout=self.timeout
+            )
+        except ApiException as e:
+            raise EventError(f"API server answered {e.status} {e.reason}") from e
+        except Exception as e:  # urllib3 connection and timeout errors
+            raise EventError(f"cannot reach the API server: {e}") from e
+
+
+class FakeEventSink:
+    """Records events in memory; `fail` makes the next writes raise; `block` holds them."""
+
+    def __init__(self) -> None:
+        self.events: list[NodeEvent] = []
+        self.fail: Exception | None = None
+        #: Cleared: writes wait until it is set (to simulate a slow API server).
+        self.gate = threading.Event()
+        self.gate.set()
+        self.attempts = 0
+
+    def create(self, event: NodeEvent) -> None:
+        self.attempts += 1
+        self.gate.wait()
+        if self.fail is not None:
+            raise self.fail
+        self.events.append(event)
+
+
+class NodeEvents:
+    """Best-effort recorder of events on one Node.
+
+    Call `emit` from the event loop thread; run `run()` as a task (or use
+    `start`/`stop`) to deliver.
+    """
+
+    def __init__(
+        self,
+        node: str,
+        sink: EventSink | None,
+        *,
+        metrics: Metrics | None = None,
+        maxsize: int = 64,
+        dedupe_seconds: float = 60.0,
+        clock: Callable[[], float] = time.monotonic,
+    ) -> None:
+        self.node = node
+        self.sink = sink
+        self.metrics = metrics
+        self.dedupe_seconds = dedupe_seconds
+        self._clock = clock
+        self._queue: asyncio.Queue[NodeEvent] = asyncio.Queue(maxsize)
+        self._last_sent: dict[tuple[str, str, str], float] = {}
+        self._failures_logged: set[tuple[str, str]] = set()
+        self._task: asyncio.Task[None] | None = None
+        #: Events given up on, by cause: `queue-full`, `api-error`.
+        self.dropped: dict[str, int] = {}
+        #: Events delivered to the sink.
+        self.sent = 0
+
+    @classmethod
+    def disabled(cls) -> NodeEvents:
+        """A recorder that accepts and discards everything (no node name or no cluster)."""
+        return cls("", None)
+
+    @classmethod
+    def from_environment(
+        cls,
+        env: Mapping[str, str] | None = None,
+        *,
+        metrics: Metrics | None = None,
+        connect: Callable[[], EventSink] = KubernetesEventSink.connect,
+    ) -> NodeEvents:
+        """Enabled when `NODE_NAME` is set (downward API) and a cluster is reachable."""
+        node = (os.environ if env is None else env).get("NODE_NAME", "").strip()
+        if not node:
+            log.info("NODE_NAME is not set: not recording Kubernetes events")
+            return cls.disabled()
+        try:
+            sink = connect()
+        except EventError as e:
+            log.warning("not recording Kubernetes events: %s", e)
+            return cls.disabled()
+        return cls(node, sink, metrics=metrics)
+
+    @property
+    def enabled(self) -> bool:
+        return self.sink is not None
+
+    def emit(self, reason: str, message: str, type: EventType = EventType.NORMAL) -> bool:
+        """Queue an event; returns at once. False when disabled, deduplicated or dropped."""
+        if self.sink is None:
+            return False
+        key = (reason, message, str(type))
+        now = self._clock()
+        last = self._last_sent.get(key)
+        if last is not None and now - last < self.dedupe_seconds:
+            return False
+        try:
+            self._queue.put_nowait(NodeEvent(self.node, reason, message, type))
+        except asyncio.QueueFull:
+            self._drop("queue-full")
+            return False
+        self._last_sent[key] = now
+        return True
+
+    def warning(self, reason: str, message: str) -> bool:
+        return self.emit(reason, message, EventType.WARNING)
+
+    async def run(self) -> None:
+        """Deliver queued events until cancelled."""
+        while True:
+            event = await self._queue.get()
+            try:
+                await self._deliver(event)
+            finally:
+                self._queue.task_done()
+
+    async def _deliver(self, event: NodeEvent) -> None:
+        assert self.sink is not None
+        try:
+            await asyncio.to_thread(self.sink.create, event)
+        except Exception as e:
+            kind = (event.reason, type(e).__name__)
+            if kind not in self._failures_logged:
+                self._failures_logged.add(kind)
+                log.warning(
+                    "could not record event %s on node %s (further such failures are "
+                    "logged at debug level): %s",
+                    event.reason,
+                    event.node,
+                    e,
+                )
+            else:
+                log.debug("could not record event %s: %s", event.reason, e)
+            self._drop("api-error")
+        else:
+            self.sent += 1
+
+    async def drain(self) -> None:
+        """Wait until every queued event has been delivered or dropped."""
+        await self._queue.join()
+
+    def start(self) -> None:
+        if self.sink is not None and self._task is None:
+            self._task = asyncio.get_running_loop().create_task(self.run(), name="node-events")
+
+    async def stop(self, flush_timeout: float = 2.0) -> None:
+        """Give queued events `flush_timeout` seconds to go out, then stop."""
+        task, self._task = self._task, None
+        if task is None:
+            return
+        with contextlib.suppress(TimeoutError):
+            await asyncio.wait_for(self.drain(), flush_timeout)
+        task.cancel()
+        with contextlib.suppress(asyncio.CancelledError):
+            await task
+
+    def _drop(self, reason: str) -> None:
+        self.dropped[reason] = self.dropped.get(reason, 0) + 1
+        if self.metrics is not None:
+            self.metrics.event_dropped(reason)

@@ -1,0 +1,195 @@
+"""Node events: best effort, never blocking, shaped like the kubelet's own node events."""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+from collections.abc import AsyncIterator
+from typing import Any
+
+import pytest
+from kubernetes.client.exceptions import ApiException
+
+from kubegpu.events import (
+    COMPONENT,
+    EventError,
+    EventSink,
+    EventType,
+    FakeEventSink,
+    KubernetesEventSink,
+    NodeEvent,
+    NodeEvents,
+    Reason,
+)
+from kubegpu.metrics import Metrics
+
+
+@pytest.fixture
+async def recorder() -> AsyncIterator[tuple[NodeEvents, FakeEventSink]]:
+    sink = FakeEventSink()
+    events = NodeEvents("node-a", sink, metrics=Metrics(), maxsize=4)
+    events.start()
+    yield events, sink
+    sink.gate.set()
+    await events.stop()
+
+
+async def test_emit_delivers_in_order(recorder: tuple[NodeEvents, FakeEventSink]) -> None:
+    events, sink = recorder
+    assert events.warning(Reason.GPU_UNHEALTHY, "GPU-1 Xid 79: fallen off the bus")
+    assert events.emit(Reason.GPU_HEALTHY, "GPU-1 answers again")
+    await asyncio.wait_for(events.drain(), 5)
+    assert [(e.node, e.reason, e.type) for e in sink.events] == [
+        ("node-a", "GPUUnhealthy", EventType.WARNING),
+        ("node-a", "GPUHealthy", EventType.NORMAL),
+    ]
+    assert events.sent == 2
+
+
+async def test_emit_never_blocks_and_drops_when_full(
+    recorder: tuple[NodeEvents, FakeEventSink],
+) -> None:
+    events, sink = recorder
+    sink.gate.clear()  # the API server hangs
+    accepted = [events.emit("Test", f"event {i}") for i in range(10)]
+    # emit never yields to the loop, so the worker has taken nothing yet: 4 fit
+    assert accepted == [True] * 4 + [False] * 6
+    assert events.dropped["queue-full"] == accepted.count(False)
+    assert events.metrics is not None
+    dropped = events.metrics.value("kubegpu_events_dropped_total", {"reason": "queue-full"})
+    assert dropped == accepted.count(False)
+    sink.gate.set()
+    await asyncio.wait_for(events.drain(), 5)
+    assert len(sink.events) == accepted.count(True)
+
+
+async def test_api_failures_dropped_and_logged_once_per_kind(
+    recorder: tuple[NodeEvents, FakeEventSink], caplog: pytest.LogCaptureFixture
+) -> None:
+    events, sink = recorder
+    sink.fail = EventError("API server answered 403 Forbidden")
+    with caplog.at_level(logging.DEBUG, logger="kubegpu.events"):
+        for i in range(3):
+            events.warning(Reason.GPU_UNHEALTHY, f"GPU-{i}")
+        events.warning(Reason.CONFIG_REJECTED, "bad key")
+        await asyncio.wait_for(events.drain(), 5)
+    warnings = [r for r in caplog.records if r.levelno == logging.WARNING]
+    assert len(warnings) == 2  # one per (reason, error kind)
+    assert "403 Forbidden" in warnings[0].getMessage()
+    assert events.dropped == {"api-error": 4}
+    # the recorder keeps working once the API recovers
+    sink.fail = None
+    events.emit("Recovered", "ok")
+    await asyncio.wait_for(events.drain(), 5)
+    assert [e.reason for e in sink.events] == ["Recovered"]
+
+
+async def test_identical_events_deduplicated_within_window() -> None:
+    now = [100.0]
+    sink = FakeEventSink()
+    events = NodeEvents("n", sink, dedupe_seconds=60, clock=lambda: now[0])
+    assert events.warning("GPUUnhealthy", "GPU-1 Xid 48")
+    assert not events.warning("GPUUnhealthy", "GPU-1 Xid 48")
+    assert events.warning("GPUUnhealthy", "GPU-2 Xid 48")  # different message
+    now[0] += 61
+    assert events.warning("GPUUnhealthy", "GPU-1 Xid 48")
+    events.start()
+    await asyncio.wait_for(events.drain(), 5)
+    await events.stop()
+    assert len(sink.events) == 3
+
+
+async def test_stop_flushes_pending_events() -> None:
+    sink = FakeEventSink()
+    events = NodeEvents("n", sink)
+    events.start()
+    for i in range(3):
+        events.emit("E", str(i))
+    await events.stop(flush_timeout=5)
+    assert [e.message for e in sink.events] == ["0", "1", "2"]
+    await events.stop()  # idempotent
+
+
+async def test_stop_gives_up_on_a_hung_api() -> None:
+    sink = FakeEventSink()
+    sink.gate.clear()
+    events = NodeEvents("n", sink)
+    events.start()
+    events.emit("E", "stuck")
+    await asyncio.wait_for(events.stop(flush_timeout=0.05), 5)
+    sink.gate.set()
+
+
+def test_disabled_accepts_and_discards() -> None:
+    events = NodeEvents.disabled()
+    assert not events.enabled
+    assert not events.warning(Reason.GPU_UNHEALTHY, "x")
+
+
+def test_from_environment() -> None:
+    sink = FakeEventSink()
+
+    def connect() -> EventSink:
+        return sink
+
+    def unreachable() -> EventSink:
+        raise EventError("no in-cluster config and no usable kubeconfig")
+
+    assert not NodeEvents.from_environment({}, connect=connect).enabled
+    assert not NodeEvents.from_environment({"NODE_NAME": " "}, connect=connect).enabled
+    assert not NodeEvents.from_environment({"NODE_NAME": "n1"}, connect=unreachable).enabled
+    events = NodeEvents.from_environment({"NODE_NAME": "n1"}, connect=connect)
+    assert events.enabled
+    assert events.node == "n1"
+    assert events.sink is sink
+
+
+class RecordingCoreV1:
+    def __init__(self, error: Exception | None = None) -> None:
+        self.calls: list[tuple[str, Any, Any]] = []
+        self.error = error
+
+    def create_namespaced_event(self, namespace: str, body: Any, **kwargs: Any) -> None:
+        self.calls.append((namespace, body, kwargs.get("_request_timeout")))
+        if self.error:
+            raise self.error
+
+
+def test_kubernetes_sink_builds_a_node_event() -> None:
+    api = RecordingCoreV1()
+    KubernetesEventSink(api, timeout=3).create(
+        NodeEvent("node-a", "GPUUnhealthy", "GPU-1 Xid 79", EventType.WARNING)
+    )
+    ((namespace, body, timeout),) = api.calls
+    assert (namespace, timeout) == ("default", 3)
+    assert body.metadata.namespace == "default"
+    assert body.metadata.name.startswith("node-a.")
+    ref = body.involved_object
+    assert (ref.kind, ref.name, ref.uid, ref.api_version) == ("Node", "node-a", "node-a", "v1")
+    assert (body.reason, body.message, body.type) == ("GPUUnhealthy", "GPU-1 Xid 79", "Warning")
+    assert (body.source.component, body.source.host) == (COMPONENT, "node-a")
+    assert body.first_timestamp == body.last_timestamp
+    assert body.first_timestamp.tzinfo is not None
+    assert body.count == 1
+
+
+def test_kubernetes_sink_names_are_unique() -> None:
+    api = RecordingCoreV1()
+    sink = KubernetesEventSink(api)
+    for _ in range(3):
+        sink.create(NodeEvent("n", "R", "m"))
+    assert len({body.metadata.name for _, body, _ in api.calls}) == 3
+
+
+@pytest.mark.parametrize(
+    ("error", "text"),
+    [
+        (ApiException(status=403, reason="Forbidden"), "403 Forbidden"),
+        (ConnectionRefusedError("refused"), "cannot reach the API server"),
+    ],
+)
+def test_kubernetes_sink_translates_errors(error: Exception, text: str) -> None:
+    sink = KubernetesEventSink(RecordingCoreV1(error))
+    with pytest.raises(EventError, match=text) as info:
+        sink.create(NodeEvent("n", "R", "m"))
+    assert info.value.__cause__ is error
