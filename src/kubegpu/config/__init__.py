@@ -1,19 +1,33 @@
 """Configuration: the versioned schema, loading, and flag/env precedence.
 
 Precedence, highest first: command-line flag, environment variable, config file, default.
-`resolve` applies flag and env overrides (given as dotted key paths of the schema, e.g.
-`flags.plugin.deviceIDStrategy`) on top of a file's config and validates the result.
+`load_config` (and `ConfigSource`, which also reloads) merges flag and env overrides, given
+as dotted key paths of the file (e.g. `flags.plugin.deviceIDStrategy`), into the file's
+keys and validates the result once, so every error names a key, its value and a fix.
 """
 
-from kubegpu.config.loader import load_file, parse_config, resolve
+from kubegpu.config.loader import (
+    apply_overrides,
+    build_config,
+    config_to_json,
+    load_config,
+    load_file,
+    parse_config,
+    resolve,
+)
+from kubegpu.config.names import parse_quantity, qualify_resource_name
 from kubegpu.config.v1 import (
+    MPS_MAX_REPLICAS,
+    SUPPORTED_VERSIONS,
     VERSION,
     AllocationPolicy,
     Config,
     DeviceIDStrategy,
     DeviceListStrategy,
     Flags,
+    GfdFlags,
     HealthFlags,
+    Imex,
     MigStrategy,
     PluginFlags,
     ReplicatedResource,
@@ -24,13 +38,17 @@ from kubegpu.config.v1 import (
 )
 
 __all__ = [
+    "MPS_MAX_REPLICAS",
+    "SUPPORTED_VERSIONS",
     "VERSION",
     "AllocationPolicy",
     "Config",
     "DeviceIDStrategy",
     "DeviceListStrategy",
     "Flags",
+    "GfdFlags",
     "HealthFlags",
+    "Imex",
     "MigStrategy",
     "PluginFlags",
     "ReplicatedResource",
@@ -38,7 +56,13 @@ __all__ = [
     "Resources",
     "Sharing",
     "SharingStrategy",
+    "apply_overrides",
+    "build_config",
+    "config_to_json",
+    "load_config",
     "load_file",
     "parse_config",
+    "parse_quantity",
+    "qualify_resource_name",
     "resolve",
 ]

@@ -1,75 +1,284 @@
-"""Reading config files and applying overrides, with one-line errors naming the key."""
+"""Reading config files and applying overrides, with one-line errors naming the key.
+
+Every `ConfigError` raised here reads `<source>: <key.path>: <what is wrong> (got <value>);
+<what to do>`, with list indices in the path (`sharing.mps.resources[0].replicas`), so a
+log line alone tells an operator which ConfigMap key to fix and how.
+
+Overrides (flag and env values) are dotted key paths merged into the raw file *before*
+validation, so a rule spanning both (MPS in the file, `--mps-root` on the command line)
+is checked on the effective config, as NVIDIA's plugin does.
+"""
 
 from __future__ import annotations
 
-from collections.abc import Mapping
+import copy
+import difflib
+import json
+import typing
+from collections.abc import Mapping, Sequence
 from pathlib import Path
-from typing import Any
+from typing import Any, Final
 
 import pydantic
 import yaml
 
-from kubegpu.config.v1 import VERSION, Config
+from kubegpu.config.v1 import SUPPORTED_VERSIONS, VERSION, Config
 from kubegpu.errors import ConfigError
+
+#: How errors caused by an override (rather than the file) name their source.
+OVERRIDE_SOURCE: Final = "flag/env"
+_MAX_SHOWN: Final = 80
+
+
+def parse_raw(text: str, source: str = "<config>") -> dict[str, Any]:
+    """YAML (or JSON) text as a plain mapping; an empty document is `{}`."""
+    try:
+        raw = yaml.safe_load(text)
+    except yaml.YAMLError as exc:
+        raise ConfigError(
+            f"{source}: not valid YAML ({_yaml_reason(exc)}); fix the syntax"
+        ) from exc
+    if raw is None:
+        return {}
+    if not isinstance(raw, dict):
+        raise ConfigError(
+            f"{source}: the top level must be a mapping (got {_show(raw)}); "
+            f"start the file with 'version: {VERSION}'"
+        )
+    return raw
 
 
 def parse_config(text: str, source: str = "<config>") -> Config:
     """Parse YAML (or JSON) text into a validated `Config`."""
-    try:
-        raw = yaml.safe_load(text)
-    except yaml.YAMLError as exc:
-        raise ConfigError(f"{source}: not valid YAML ({_yaml_reason(exc)}); fix the syntax") from exc
-    if raw is None:
-        raw = {}
-    if not isinstance(raw, dict):
-        raise ConfigError(f"{source}: expected a mapping with 'version: {VERSION}' at the top")
-    return _validate(raw, source)
+    return build_config(parse_raw(text, source), {}, source=source)
 
 
-def load_file(path: str | Path) -> Config:
+def read_raw(path: str | Path) -> dict[str, Any]:
+    """The raw mapping in a config file; a `ConfigError` names the file when unreadable."""
     p = Path(path)
     try:
         text = p.read_text(encoding="utf-8")
     except OSError as exc:
-        raise ConfigError(f"config file {p}: cannot read it ({exc.strerror}); check the path") from exc
-    return parse_config(text, str(p))
+        raise ConfigError(
+            f"{p}: cannot read the config file ({exc.strerror}); check the path and mount"
+        ) from exc
+    except UnicodeDecodeError as exc:
+        raise ConfigError(f"{p}: not UTF-8 text ({exc.reason}); save it as UTF-8") from exc
+    return parse_raw(text, str(p))
+
+
+def load_file(path: str | Path) -> Config:
+    """A config file alone, validated (no overrides)."""
+    return build_config(read_raw(path), {}, source=str(path))
+
+
+def load_config(config_file: str | Path | None, overrides: Mapping[str, Any]) -> Config:
+    """The effective config: `config_file` (if any) with `overrides` on top, validated once."""
+    raw = read_raw(config_file) if config_file is not None else {}
+    source = str(config_file) if config_file is not None else "<defaults>"
+    return build_config(raw, overrides, source=source)
 
 
 def resolve(base: Config | None, overrides: Mapping[str, Any], source: str = "<flags>") -> Config:
     """`base` with each dotted-path override (`flags.migStrategy`) applied, validated."""
     raw: dict[str, Any] = (base or Config()).model_dump(by_alias=True, mode="json")
+    return build_config(raw, overrides, source=source)
+
+
+def build_config(
+    raw: Mapping[str, Any],
+    overrides: Mapping[str, Any],
+    *,
+    source: str,
+    override_source: str = OVERRIDE_SOURCE,
+) -> Config:
+    """Validate `raw` with `overrides` merged in; errors in overridden keys blame the flag."""
+    version = raw.get("version", VERSION)
+    if version not in SUPPORTED_VERSIONS:
+        # Checked first: a future version's keys would otherwise be reported as typos.
+        raise ConfigError(
+            f"{source}: version: unsupported config version (got {_show(version)}); "
+            f"this kubegpu reads version {', '.join(SUPPORTED_VERSIONS)}"
+        )
+    merged = apply_overrides(raw, overrides)
+    try:
+        # by_name=False: files must use NVIDIA's camelCase keys, so `mig_strategy` is a typo.
+        return Config.model_validate(merged, by_name=False)
+    except pydantic.ValidationError as exc:
+        path = _error_path(exc.errors()[0])
+        blamed = override_source if _overridden(path, overrides) else source
+        raise ConfigError(f"{blamed}: {format_validation_error(exc)}") from exc
+
+
+def apply_overrides(raw: Mapping[str, Any], overrides: Mapping[str, Any]) -> dict[str, Any]:
+    """A copy of `raw` with each dotted path set; comma strings become lists for list keys.
+
+    Env vars and flags are strings, and NVIDIA's list flags take `a,b`; splitting here
+    keeps that knowledge out of the CLI.
+    """
+    out: dict[str, Any] = copy.deepcopy(dict(raw))
     for dotted, value in overrides.items():
-        node = raw
+        node = out
         *parents, leaf = dotted.split(".")
         for key in parents:
-            node = node.setdefault(key, {})
+            child = node.get(key)
+            if not isinstance(child, dict):
+                child = node[key] = {}
+            node = child
+        if isinstance(value, str) and _is_list_key(dotted.split(".")):
+            value = [part.strip() for part in value.split(",") if part.strip()]
         node[leaf] = value
-    return _validate(raw, source)
+    return out
 
 
-def _validate(raw: dict[str, Any], source: str) -> Config:
-    version = raw.get("version", VERSION)
-    if version != VERSION:
-        raise ConfigError(
-            f"{source}: version: unknown config version {version!r}; this kubegpu reads 'v1'"
-        )
-    try:
-        return Config.model_validate(raw)
-    except pydantic.ValidationError as exc:
-        raise ConfigError(f"{source}: {format_validation_error(exc)}") from exc
+def config_to_json(config: Config) -> str:
+    """The effective config as one compact JSON line with the file's camelCase keys."""
+    return config.model_dump_json(by_alias=True)
 
 
 def format_validation_error(exc: pydantic.ValidationError) -> str:
-    """The first error as `key.path: message (got value)`; one line."""
-    err = exc.errors()[0]
-    path = ".".join(str(p) for p in err["loc"] if not str(p).startswith("function-"))
-    msg = err["msg"]
-    if err["type"] == "extra_forbidden":
-        msg = "unknown key"
+    """The first error as `key.path: what (got value); what to do`, on one line."""
+    errors = exc.errors()
+    first = errors[0]
+    path = _error_path(first)
+    text = f"{path}: {_describe(first, path)}" if path else _describe(first, path)
+    if len(errors) > 1:
+        text += f" [{len(errors) - 1} more error(s) after this one]"
+    return text.replace("\n", " ")
+
+
+# -- error formatting ------------------------------------------------------------------------
+
+
+def _error_path(err: Mapping[str, Any]) -> str:
+    text = ""
+    for part in err["loc"]:
+        if isinstance(part, int):
+            text += f"[{part}]"
+        elif part.startswith(("function-", "literal[", "tuple[", "int")) or "[" in part:
+            continue  # pydantic's union/validator tags are not keys
+        else:
+            text += f".{part}" if text else part
+    at = (err.get("ctx") or {}).get("at", "")
+    if at:
+        text += at if at.startswith("[") or not text else f".{at}"
+    return text
+
+
+def _describe(err: Mapping[str, Any], path: str) -> str:
+    kind = err["type"]
+    ctx = err.get("ctx") or {}
     got = err.get("input")
-    shown = "" if isinstance(got, dict | list) else f" (got {got!r})"
-    more = f"; and {len(exc.errors()) - 1} more error(s)" if len(exc.errors()) > 1 else ""
-    return f"{path}: {msg}{shown}{more}"
+    if kind == "kubegpu":
+        shown = f" (got {_show(ctx['got'])})" if "got" in ctx else ""
+        return f"{ctx['message']}{shown}; {ctx['hint']}"
+    if kind == "extra_forbidden":
+        return _unknown_key(err["loc"])
+    if kind == "missing":
+        return f"required key is missing; add '{path.rsplit('.', 1)[-1]}'"
+    if kind == "enum":
+        choices = ", ".join(v.strip("'") for v in str(ctx.get("expected", "")).split("'")[1::2])
+        return f"unknown value (got {_show(got)}); use one of: {choices}"
+    if kind.startswith("int_"):
+        return f"must be a whole number (got {_show(got)}); write e.g. 4"
+    if kind.startswith("bool_"):
+        return f"must be true or false (got {_show(got)}); write true or false"
+    if kind.startswith("float_"):
+        return f"must be a number (got {_show(got)}); write e.g. 1.5"
+    if kind.startswith("string_"):
+        return f"must be a string (got {_show(got)}); quote the value"
+    if kind in ("model_type", "model_attributes_type", "dict_type"):
+        return f"must be a mapping of keys (got {_show(got)}); write 'key: value' lines under it"
+    if kind in ("tuple_type", "list_type"):
+        return f"must be a list (got {_show(got)}); write a YAML list, e.g. [a, b]"
+    bounds = {"greater_than_equal": ">=", "greater_than": ">", "less_than_equal": "<="}
+    if kind in bounds:
+        limit = next(iter(ctx.values()))
+        return (
+            f"must be {bounds[kind]} {limit} (got {_show(got)}); use a value {bounds[kind]} {limit}"
+        )
+    msg = str(err["msg"])
+    return f"{msg[:1].lower()}{msg[1:]} (got {_show(got)}); see docs/configuration.md"
+
+
+def _unknown_key(loc: Sequence[Any]) -> str:
+    key = str(loc[-1])
+    valid = _keys_at(loc[:-1])
+    if not valid:
+        return f"unknown key {key!r}; remove it"
+    by_lower = {v.lower().replace("_", ""): v for v in valid}
+    guess = by_lower.get(key.lower().replace("_", ""))
+    if guess is None:
+        close = difflib.get_close_matches(key, valid, n=1, cutoff=0.6)
+        guess = close[0] if close else None
+    if guess is not None:
+        return f"unknown key {key!r}; did you mean {guess!r}?"
+    return f"unknown key {key!r}; valid keys here: {', '.join(valid)}"
+
+
+def _keys_at(loc: Sequence[Any]) -> list[str]:
+    """The file keys valid in the mapping at `loc` (aliases of that model's fields)."""
+    model: type[pydantic.BaseModel] | None = Config
+    for part in loc:
+        if isinstance(part, int) or model is None:
+            continue
+        field = _field_by_alias(model, str(part))
+        if field is None:
+            return []
+        model = _model_in(field.annotation)
+    if model is None:
+        return []
+    return [f.alias or name for name, f in model.model_fields.items()]
+
+
+def _field_by_alias(model: type[pydantic.BaseModel], key: str) -> pydantic.fields.FieldInfo | None:
+    for name, field in model.model_fields.items():
+        if (field.alias or name) == key:
+            return field
+    return None
+
+
+def _model_in(annotation: Any) -> type[pydantic.BaseModel] | None:
+    """The model inside `X`, `X | None` or `tuple[X, ...]`."""
+    if isinstance(annotation, type) and issubclass(annotation, pydantic.BaseModel):
+        return annotation
+    for arg in typing.get_args(annotation):
+        found = _model_in(arg)
+        if found is not None:
+            return found
+    return None
+
+
+def _is_list_key(parts: Sequence[str]) -> bool:
+    model: type[pydantic.BaseModel] | None = Config
+    field = None
+    for part in parts:
+        if model is None:
+            return False
+        field = _field_by_alias(model, part)
+        if field is None:
+            return False
+        model = _model_in(field.annotation)
+    if field is None:
+        return False
+    return typing.get_origin(field.annotation) is tuple
+
+
+def _overridden(path: str, overrides: Mapping[str, Any]) -> bool:
+    plain = path.split("[", 1)[0]
+    return any(plain == key or plain.startswith(f"{key}.") for key in overrides)
+
+
+def _show(value: Any) -> str:
+    """A value as the operator wrote it (YAML-ish), short and on one line."""
+    if isinstance(value, str):
+        text = repr(value)
+    elif value is None or isinstance(value, bool | int | float | list | tuple | dict):
+        text = json.dumps(value, default=str, ensure_ascii=False)
+    else:
+        text = repr(value)
+    text = text.replace("\n", " ")
+    return text if len(text) <= _MAX_SHOWN else f"{text[: _MAX_SHOWN - 1]}…"
 
 
 def _yaml_reason(exc: yaml.YAMLError) -> str:

@@ -1,22 +1,45 @@
 """The `v1` config schema: the keys and meanings of NVIDIA's device plugin config file.
 
 The same YAML that configures NVIDIA's plugin (`version: v1`, `flags`, `resources`,
-`sharing`) configures kubegpu. Unlike NVIDIA's loader, unknown keys are refused (with a
-suggestion for typos) rather than silently ignored, and `resources` renaming and
+`sharing`, `imex`) configures kubegpu. Unlike NVIDIA's loader, unknown keys are refused
+(with a suggestion for typos) rather than silently ignored, and `resources` renaming and
 `sharing.*.resources[].devices` subsets take effect instead of being parsed and dropped.
 
-Models are frozen: a `Config` is a value, and a reload builds a new one.
+Models are frozen: a `Config` is a value, and a reload builds a new one. File keys are
+NVIDIA's camelCase aliases; Python code may also construct models by field name.
+
+Validators raise `invalid(...)`, a pydantic error carrying a hint (what to do) and an
+optional sub-path, which `loader.format_validation_error` turns into one line.
 """
 
 from __future__ import annotations
 
 from enum import StrEnum
-from typing import Annotated, Any, Literal
+from typing import Annotated, Any, Final, Literal
 
-from pydantic import BaseModel, ConfigDict, Field, field_validator
+from pydantic import BaseModel, ConfigDict, Field, field_validator, model_validator
 from pydantic.alias_generators import to_camel
+from pydantic_core import PydanticCustomError
 
-VERSION = "v1"
+from kubegpu.config.names import device_entry_kind, parse_quantity, qualify_resource_name
+
+VERSION: Final = "v1"
+#: Every config version this build reads.
+SUPPORTED_VERSIONS: Final = (VERSION,)
+#: The CUDA MPS control daemon's hard limit on clients per GPU (16 on pre-Volta GPUs,
+#: which needs the devices to check and is done where devices are known).
+MPS_MAX_REPLICAS: Final = 48
+
+#: Marks "no `got` in the error context" apart from a real `None` value.
+_NO_VALUE: Final = "\x00no-value"
+
+
+def invalid(message: str, hint: str, *, at: str = "", got: Any = _NO_VALUE) -> PydanticCustomError:
+    """A validation error the loader prints as `<path><at>: <message> (got <got>); <hint>`."""
+    ctx: dict[str, Any] = {"message": message, "hint": hint, "at": at}
+    if got != _NO_VALUE:
+        ctx["got"] = got
+    return PydanticCustomError("kubegpu", "{message}", ctx)
 
 
 class MigStrategy(StrEnum):
@@ -46,35 +69,51 @@ class AllocationPolicy(StrEnum):
 
 class _Model(BaseModel):
     model_config = ConfigDict(
-        frozen=True, extra="forbid", alias_generator=to_camel, populate_by_name=True
+        frozen=True,
+        extra="forbid",
+        alias_generator=to_camel,
+        validate_by_name=True,
+        validate_by_alias=True,
     )
+
+
+def _one_of(enum: type[StrEnum]) -> str:
+    return ", ".join(m.value for m in enum)
 
 
 class PluginFlags(_Model):
     pass_device_specs: bool = False
     #: One strategy or several; a string in the file is read as a one-element list.
     device_list_strategy: tuple[DeviceListStrategy, ...] = (DeviceListStrategy.ENVVAR,)
-    device_id_strategy: DeviceIDStrategy = DeviceIDStrategy.UUID
+    # NVIDIA spells these with capitals ("ID", "CTK") that to_camel would lower.
+    device_id_strategy: DeviceIDStrategy = Field(
+        default=DeviceIDStrategy.UUID, alias="deviceIDStrategy"
+    )
     cdi_annotation_prefix: str = "cdi.k8s.io/"
-    nvidia_ctk_path: str = "/usr/bin/nvidia-ctk"
+    nvidia_ctk_path: str = Field(default="/usr/bin/nvidia-ctk", alias="nvidiaCTKPath")
     container_driver_root: str = "/driver-root"
+    #: kubegpu extension: how replicas are picked for a multi-replica request.
     shared_devices_allocation_policy: AllocationPolicy = AllocationPolicy.DISTRIBUTED
 
     @field_validator("device_list_strategy", mode="before")
     @classmethod
-    def _one_or_many(cls, value: Any) -> Any:
-        if isinstance(value, str):
-            return (value,)
-        return value
-
-    @field_validator("device_list_strategy")
-    @classmethod
-    def _not_empty(cls, value: tuple[DeviceListStrategy, ...]) -> tuple[DeviceListStrategy, ...]:
-        if not value:
-            raise ValueError("needs at least one strategy: envvar, volume-mounts, cdi-annotations, cdi-cri")
-        if len(set(value)) != len(value):
-            raise ValueError("lists a strategy twice")
-        return value
+    def _strategies(cls, value: Any) -> Any:
+        items = (value,) if isinstance(value, str) else value
+        if not isinstance(items, list | tuple):
+            return value  # pydantic reports the type
+        hint = f"use one or more of: {_one_of(DeviceListStrategy)}"
+        if not items:
+            raise invalid("needs at least one strategy", hint, got=[])
+        valid = {m.value for m in DeviceListStrategy}
+        for i, item in enumerate(items):
+            if item not in valid:
+                at = f"[{i}]" if not isinstance(value, str) else ""
+                if isinstance(item, str) and "," in item:
+                    hint += " (write several as a YAML list, not a comma string)"
+                raise invalid("unknown device list strategy", hint, at=at, got=item)
+        if len(set(items)) != len(items):
+            raise invalid("lists a strategy twice", "list each strategy once", got=list(items))
+        return tuple(items)
 
 
 class GfdFlags(_Model):
@@ -85,16 +124,19 @@ class GfdFlags(_Model):
     sleep_interval: str = "60s"
     output_file: str = "/etc/kubernetes/node-feature-discovery/features.d/gfd"
     machine_type_file: str = "/sys/class/dmi/id/product_name"
-    use_node_feature_api: bool = False
+    use_node_feature_api: bool = Field(default=False, alias="useNodeFeatureAPI")
+
+
+_Xid = Annotated[int, Field(ge=0)]
 
 
 class HealthFlags(_Model):
     """kubegpu's health settings (NVIDIA has env vars only; we accept both)."""
 
     #: Xids that never mark a GPU unhealthy (application errors by default).
-    ignored_xids: tuple[int, ...] = (13, 31, 43, 45, 68, 109)
+    ignored_xids: tuple[_Xid, ...] = (13, 31, 43, 45, 68, 109)
     #: Xids to treat as critical even if listed in `ignored_xids`.
-    critical_xids: tuple[int, ...] = ()
+    critical_xids: tuple[_Xid, ...] = ()
     #: Turn health checks off entirely (DP_DISABLE_HEALTHCHECKS=all).
     disabled: bool = False
     #: A GPU whose probes pass this long after its last error is healthy again; 0 never heals.
@@ -108,6 +150,7 @@ class Flags(_Model):
     fail_on_init_error: bool = True
     nvidia_driver_root: str = "/"
     nvidia_dev_root: str | None = None
+    #: Where the MPS control daemons keep pipes and logs; required when `sharing.mps` is set.
     mps_root: str | None = None
     gds_enabled: bool = False
     mofed_enabled: bool = False
@@ -123,11 +166,31 @@ class Flags(_Model):
         return self.nvidia_dev_root or self.nvidia_driver_root
 
 
+def _check_resource_name(value: Any) -> Any:
+    """Validate (not rewrite) a resource name: consumers qualify short names per vendor."""
+    if not isinstance(value, str):
+        return value  # pydantic reports the type
+    try:
+        qualify_resource_name(value)
+    except ValueError as exc:
+        raise invalid(
+            f"not a valid extended resource name: {exc}",
+            "use '<domain>/<name>' like 'nvidia.com/gpu.shared', or a bare name like 'gpu'",
+            got=value,
+        ) from None
+    return value
+
+
 class ResourcePattern(_Model):
     """Advertise devices whose product name matches `pattern` (glob) as `name`."""
 
     pattern: str
     name: str
+
+    @field_validator("name", mode="before")
+    @classmethod
+    def _name(cls, value: Any) -> Any:
+        return _check_resource_name(value)
 
 
 class Resources(_Model):
@@ -138,16 +201,85 @@ class Resources(_Model):
 #: `devices`: "all", a count of GPUs, or a list of indices / UUIDs / MIG `i:j`.
 DeviceSelector = Literal["all"] | int | tuple[str | int, ...]
 
+_DEVICES_HINT = (
+    "use 'all', a count of GPUs, or a list of GPU indices (0), MIG indices (0:1) or UUIDs (GPU-…)"
+)
+
 
 class ReplicatedResource(_Model):
+    #: The resource to share; a bare name means `nvidia.com/<name>`.
     name: str
     replicas: int
+    #: Advertise the replicas under this name instead (wins over `renameByDefault`).
     rename: str | None = None
     devices: DeviceSelector = "all"
-    #: MPS only: per-GPU pinned memory limit (e.g. `10Gi`); default total/replicas.
+    #: kubegpu extension, MPS only: per-GPU pinned memory limit (e.g. `10Gi`);
+    #: default total/replicas.
     memory_limit: str | None = None
-    #: MPS only: active thread percentage; default 100/replicas.
+    #: kubegpu extension, MPS only: active thread percentage; default 100/replicas.
     active_thread_percentage: int | None = None
+
+    @field_validator("name", "rename", mode="before")
+    @classmethod
+    def _names(cls, value: Any) -> Any:
+        return _check_resource_name(value)
+
+    @field_validator("replicas")
+    @classmethod
+    def _replicas(cls, value: int) -> int:
+        if value < 2:
+            raise invalid(
+                "must be at least 2",
+                "sharing needs 2 or more replicas per GPU; remove the entry to not share",
+                got=value,
+            )
+        return value
+
+    @field_validator("devices", mode="before")
+    @classmethod
+    def _devices(cls, value: Any) -> Any:
+        if value == "all":
+            return value
+        if isinstance(value, int) and not isinstance(value, bool):
+            if value < 1:
+                raise invalid("must be a positive count of GPUs", _DEVICES_HINT, got=value)
+            return value
+        if not isinstance(value, list | tuple):
+            raise invalid("is not a device selector", _DEVICES_HINT, got=value)
+        if not value:
+            raise invalid("lists no devices", _DEVICES_HINT, got=[])
+        for i, entry in enumerate(value):
+            try:
+                device_entry_kind(entry)
+            except ValueError as exc:
+                raise invalid(f"entry {exc}", _DEVICES_HINT, at=f"[{i}]", got=entry) from None
+            if entry in value[:i]:
+                raise invalid(
+                    "lists a device twice", "list each device once", at=f"[{i}]", got=entry
+                )
+        return tuple(value)
+
+    @field_validator("memory_limit", mode="before")
+    @classmethod
+    def _memory_limit(cls, value: Any) -> Any:
+        if value is None:
+            return None
+        if not isinstance(value, str | int) or isinstance(value, bool):
+            raise invalid("is not a Kubernetes quantity", "write bytes or e.g. '10Gi'", got=value)
+        try:
+            parse_quantity(value)
+        except ValueError as exc:
+            raise invalid(
+                f"memory limit {exc}", "write bytes or a quantity like '10Gi' or '512Mi'", got=value
+            ) from None
+        return str(value)
+
+    @field_validator("active_thread_percentage")
+    @classmethod
+    def _percentage(cls, value: int | None) -> int | None:
+        if value is not None and not 1 <= value <= 100:
+            raise invalid("must be between 1 and 100", "give a percentage of SMs", got=value)
+        return value
 
 
 class SharingStrategy(_Model):
@@ -155,14 +287,125 @@ class SharingStrategy(_Model):
     fail_requests_greater_than_one: bool = False
     resources: tuple[ReplicatedResource, ...] = ()
 
+    @model_validator(mode="after")
+    def _resources(self) -> SharingStrategy:
+        if not self.resources:
+            raise invalid(
+                "lists no resources to share",
+                "add an entry like {name: nvidia.com/gpu, replicas: 4}, or remove the strategy",
+                at="resources",
+                got=[],
+            )
+        seen: set[str] = set()
+        for i, entry in enumerate(self.resources):
+            full = qualify_resource_name(entry.name)
+            if full in seen:
+                raise invalid(
+                    "is listed twice in this strategy",
+                    "give each resource one entry (use 'devices' to pick GPUs)",
+                    at=f"resources[{i}].name",
+                    got=entry.name,
+                )
+            seen.add(full)
+        return self
+
 
 class Sharing(_Model):
     time_slicing: SharingStrategy | None = None
     mps: SharingStrategy | None = None
 
+    @model_validator(mode="after")
+    def _cross_checks(self) -> Sharing:
+        if self.time_slicing is not None:
+            for i, entry in enumerate(self.time_slicing.resources):
+                for key, val in (
+                    ("memoryLimit", entry.memory_limit),
+                    ("activeThreadPercentage", entry.active_thread_percentage),
+                ):
+                    if val is not None:
+                        raise invalid(
+                            "applies to MPS only",
+                            "move the entry under sharing.mps or remove the key",
+                            at=f"timeSlicing.resources[{i}].{key}",
+                            got=val,
+                        )
+        if self.mps is None:
+            return self
+        sliced = {
+            qualify_resource_name(r.name) for r in (self.time_slicing or _NO_SHARING).resources
+        }
+        for i, entry in enumerate(self.mps.resources):
+            at = f"mps.resources[{i}]"
+            if entry.replicas > MPS_MAX_REPLICAS:
+                raise invalid(
+                    f"exceeds the MPS limit of {MPS_MAX_REPLICAS} clients per GPU",
+                    f"use at most {MPS_MAX_REPLICAS} replicas",
+                    at=f"{at}.replicas",
+                    got=entry.replicas,
+                )
+            if isinstance(entry.devices, tuple):
+                for j, dev in enumerate(entry.devices):
+                    if device_entry_kind(dev) in ("mig-index", "mig-uuid"):
+                        raise invalid(
+                            "names a MIG device; MPS sharing of MIG devices is not supported",
+                            "list whole GPUs only, or share MIG devices with timeSlicing",
+                            at=f"{at}.devices[{j}]",
+                            got=dev,
+                        )
+            if qualify_resource_name(entry.name) in sliced:
+                raise invalid(
+                    "is shared by both timeSlicing and mps",
+                    "share each resource with one strategy only",
+                    at=f"{at}.name",
+                    got=entry.name,
+                )
+        return self
+
+
+class Imex(_Model):
+    """IMEX channels to inject into every container (NVIDIA compatibility)."""
+
+    channel_ids: tuple[Annotated[int, Field(ge=0)], ...] = Field(default=(), alias="channelIDs")
+    required: bool = False
+
 
 class Config(_Model):
-    version: Annotated[str, Field(default=VERSION)] = VERSION
+    version: str = VERSION
     flags: Flags = Flags()
     resources: Resources = Resources()
     sharing: Sharing = Sharing()
+    imex: Imex = Imex()
+
+    @field_validator("version")
+    @classmethod
+    def _version(cls, value: str) -> str:
+        if value not in SUPPORTED_VERSIONS:
+            raise invalid(
+                "unsupported config version",
+                f"this kubegpu reads version {', '.join(SUPPORTED_VERSIONS)}; set 'version: v1'",
+                got=value,
+            )
+        return value
+
+    @model_validator(mode="after")
+    def _mps_needs(self) -> Config:
+        if self.sharing.mps is None:
+            return self
+        if self.flags.mig_strategy is MigStrategy.MIXED:
+            raise invalid(
+                "MPS sharing (sharing.mps) cannot be used with MIG strategy 'mixed'",
+                "use migStrategy 'none' or 'single', or remove sharing.mps",
+                at="flags.migStrategy",
+                got="mixed",
+            )
+        if not self.flags.mps_root:
+            raise invalid(
+                "is required when sharing.mps is configured",
+                "set flags.mpsRoot or --mps-root/MPS_ROOT (e.g. /run/nvidia/mps)",
+                at="flags.mpsRoot",
+                got=None,
+            )
+        return self
+
+
+_NO_SHARING: Final = SharingStrategy.model_construct(resources=())
