@@ -3,6 +3,8 @@
 Regenerate with `make proto`; tests/unit/test_proto.py proves the checked-in files match.
 """
 
+import grpc
+
 from kubegpu.api import api_pb2 as pb
 from kubegpu.api import api_pb2_grpc as pb_grpc
 
@@ -14,4 +16,38 @@ UNHEALTHY = "Unhealthy"
 DEVICE_PLUGIN_PATH = "/var/lib/kubelet/device-plugins/"
 KUBELET_SOCKET = "kubelet.sock"
 
-__all__ = ["DEVICE_PLUGIN_PATH", "HEALTHY", "KUBELET_SOCKET", "UNHEALTHY", "VERSION", "pb", "pb_grpc"]
+
+# Typed doors into the untyped generated gRPC module.
+def registration_stub(channel: grpc.aio.Channel) -> pb_grpc.RegistrationStub:
+    return pb_grpc.RegistrationStub(channel)
+
+
+def device_plugin_stub(channel: grpc.aio.Channel) -> pb_grpc.DevicePluginStub:
+    return pb_grpc.DevicePluginStub(channel)
+
+
+def add_device_plugin_servicer(
+    servicer: pb_grpc.DevicePluginServicer, server: grpc.aio.Server
+) -> None:
+    pb_grpc.add_DevicePluginServicer_to_server(servicer, server)
+
+
+def add_registration_servicer(
+    servicer: pb_grpc.RegistrationServicer, server: grpc.aio.Server
+) -> None:
+    pb_grpc.add_RegistrationServicer_to_server(servicer, server)
+
+
+__all__ = [
+    "DEVICE_PLUGIN_PATH",
+    "HEALTHY",
+    "KUBELET_SOCKET",
+    "UNHEALTHY",
+    "VERSION",
+    "add_device_plugin_servicer",
+    "add_registration_servicer",
+    "device_plugin_stub",
+    "pb",
+    "pb_grpc",
+    "registration_stub",
+]

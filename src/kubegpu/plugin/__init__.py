@@ -1,0 +1,6 @@
+"""The gRPC side: device plugin servers, kubelet registration, restart detection."""
+
+from kubegpu.plugin.manager import PluginManager
+from kubegpu.plugin.server import DevicePluginServicer, ResourceServer, device_list, to_pb
+
+__all__ = ["DevicePluginServicer", "PluginManager", "ResourceServer", "device_list", "to_pb"]

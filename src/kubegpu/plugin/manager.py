@@ -1,0 +1,150 @@
+"""The set of plugins being served: one `ResourceServer` per resource name.
+
+`apply` reconciles it with a new list of specs (config reload, health or MIG change):
+new names get a server and a registration, existing ones push a new device list down
+their ListAndWatch streams, vanished ones stop (the kubelet then marks them unhealthy and
+drops them after its grace period). `run` re-serves and re-registers everything when the
+kubelet restarts.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import logging
+import time
+from collections.abc import Callable, Sequence
+from pathlib import Path
+
+from kubegpu.api import KUBELET_SOCKET
+from kubegpu.config import Config
+from kubegpu.errors import RegistrationError
+from kubegpu.metrics import Metrics
+from kubegpu.plugin.registration import watch_kubelet
+from kubegpu.plugin.server import ExtraEdits, ResourceServer
+from kubegpu.resources import ResourceSpec
+
+log = logging.getLogger("kubegpu.plugin")
+
+#: Retry delays while no kubelet answers: fast at first (the kubelet may be starting),
+#: capped so a long outage costs little. A new kubelet.sock short-circuits the wait.
+BACKOFF_START = 0.05
+BACKOFF_CAP = 2.0
+
+
+class PluginManager:
+    def __init__(
+        self,
+        plugin_dir: Path,
+        *,
+        metrics: Metrics | None = None,
+        extra_edits: ExtraEdits | None = None,
+        on_registered: Callable[[str, float], None] | None = None,
+    ) -> None:
+        self.plugin_dir = plugin_dir
+        self.kubelet_socket = plugin_dir / KUBELET_SOCKET
+        self.servers: dict[str, ResourceServer] = {}
+        self._metrics = metrics
+        self._extra = extra_edits
+        self._on_registered = on_registered
+        self._registrars: dict[str, asyncio.Task[None]] = {}
+        self._lock = asyncio.Lock()
+        self.kubelet_restarts = 0
+
+    async def apply(self, specs: Sequence[ResourceSpec], config: Config) -> None:
+        async with self._lock:
+            wanted = {s.name: s for s in specs}
+            for name in [n for n in self.servers if n not in wanted]:
+                log.info("resource %s is no longer advertised; stopping its plugin", name)
+                await self._drop(name)
+            for name, spec in wanted.items():
+                server = self.servers.get(name)
+                if server is not None:
+                    await server.update(spec, config)
+                    continue
+                server = ResourceServer(
+                    spec, config, self.plugin_dir, metrics=self._metrics, extra_edits=self._extra
+                )
+                await server.serve()
+                self.servers[name] = server
+                self._start_registrar(server)
+
+    async def run(self) -> None:
+        """Watch for kubelet restarts until cancelled."""
+        await watch_kubelet(
+            self.kubelet_socket,
+            lambda: [s.socket_path for s in self.servers.values() if s.serving],
+            self._kubelet_restarted,
+        )
+
+    def ready(self) -> tuple[bool, str]:
+        if not self.servers:
+            return True, "no resources to advertise"
+        waiting = [n for n, s in self.servers.items() if not s.registered]
+        if waiting:
+            return False, f"not registered with the kubelet: {', '.join(waiting)}"
+        unsent = [n for n, s in self.servers.items() if not s.servicer.list_sent.is_set()]
+        if unsent:
+            return False, f"device list not yet sent to the kubelet: {', '.join(unsent)}"
+        return True, "ok"
+
+    async def stop(self) -> None:
+        async with self._lock:
+            for name in list(self.servers):
+                await self._drop(name)
+
+    async def _drop(self, name: str) -> None:
+        task = self._registrars.pop(name, None)
+        if task is not None:
+            task.cancel()
+            with contextlib.suppress(asyncio.CancelledError):
+                await task
+        server = self.servers.pop(name)
+        await server.stop()
+        if self._metrics is not None:
+            self._metrics.remove_resource(name)
+
+    async def _kubelet_restarted(self, reason: str) -> None:
+        started = time.monotonic()
+        self.kubelet_restarts += 1
+        log.info("%s: serving and registering %d plugin(s) again", reason, len(self.servers))
+        if self._metrics is not None:
+            self._metrics.kubelet_restart()
+        async with self._lock:
+            for server in self.servers.values():
+                task = self._registrars.pop(server.name, None)
+                if task is not None:
+                    task.cancel()
+                await server.serve()
+                self._start_registrar(server, since=started)
+
+    def _start_registrar(self, server: ResourceServer, since: float | None = None) -> None:
+        self._registrars[server.name] = asyncio.create_task(
+            self._register_until_done(server, since if since is not None else time.monotonic()),
+            name=f"register {server.name}",
+        )
+
+    async def _register_until_done(self, server: ResourceServer, since: float) -> None:
+        delay = BACKOFF_START
+        last_error = ""
+        while True:
+            try:
+                await server.register(self.kubelet_socket)
+            except RegistrationError as exc:
+                # Log each distinct failure once, not once per retry.
+                if str(exc) != last_error:
+                    log.warning("%s; retrying until the kubelet accepts it", exc)
+                    last_error = str(exc)
+                await asyncio.sleep(delay)
+                delay = min(delay * 2, BACKOFF_CAP)
+                continue
+            took = time.monotonic() - since
+            log.info(
+                "registered %s with the kubelet (socket %s) in %.3f s",
+                server.name,
+                server.socket_name,
+                took,
+            )
+            if self._on_registered is not None:
+                self._on_registered(server.name, took)
+            return

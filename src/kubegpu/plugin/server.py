@@ -1,0 +1,291 @@
+"""One device plugin: a `grpc.aio` server for one resource name on its own unix socket.
+
+The servicer reads only the current `ResourceSpec` and `Config` (swapped atomically by
+`update`); it never talks to a GPU backend. Errors reach the kubelet as proper status
+codes (INVALID_ARGUMENT for bad IDs), never as tracebacks or UNKNOWN.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import logging
+import time
+import uuid
+from collections.abc import AsyncIterator, Callable
+from pathlib import Path
+
+import grpc
+
+from kubegpu.allocation import ContainerEdits, build_response, validate_request
+from kubegpu.api import add_device_plugin_servicer, pb, pb_grpc
+from kubegpu.config import AllocationPolicy, Config
+from kubegpu.errors import AllocationError, PreconditionError
+from kubegpu.metrics import Metrics
+from kubegpu.resources import ResourceSpec
+from kubegpu.topology import preferred_allocation
+
+log = logging.getLogger("kubegpu.plugin")
+
+#: Extra edits for a resource's containers (the MPS pipe directory), or None.
+ExtraEdits = Callable[[ResourceSpec], ContainerEdits | None]
+
+
+def device_list(spec: ResourceSpec) -> pb.ListAndWatchResponse:
+    """The ListAndWatch message for a spec: every device with health and NUMA node."""
+    devices = []
+    for d in spec.devices:
+        topology = None
+        if d.numa_node is not None:
+            topology = pb.TopologyInfo(nodes=[pb.NUMANode(ID=d.numa_node)])
+        devices.append(pb.Device(ID=d.id, health=d.health.value, topology=topology))
+    return pb.ListAndWatchResponse(devices=devices)
+
+
+def to_pb(edits: ContainerEdits) -> pb.ContainerAllocateResponse:
+    return pb.ContainerAllocateResponse(
+        envs=dict(edits.envs),
+        mounts=[
+            pb.Mount(container_path=m.container_path, host_path=m.host_path, read_only=m.read_only)
+            for m in edits.mounts
+        ],
+        devices=[
+            pb.DeviceSpec(
+                container_path=d.container_path, host_path=d.host_path, permissions=d.permissions
+            )
+            for d in edits.device_specs
+        ],
+        annotations=dict(edits.annotations),
+        cdi_devices=[pb.CDIDevice(name=n) for n in edits.cdi_devices],
+    )
+
+
+class DevicePluginServicer(pb_grpc.DevicePluginServicer):
+    """The five DevicePlugin RPCs over the current spec of one resource."""
+
+    def __init__(
+        self,
+        spec: ResourceSpec,
+        config: Config,
+        *,
+        metrics: Metrics | None = None,
+        extra_edits: ExtraEdits | None = None,
+    ) -> None:
+        self.spec = spec
+        self.config = config
+        self._metrics = metrics
+        self._extra = extra_edits
+        self._version = 0
+        self._changed = asyncio.Condition()
+        self._closed = False
+        #: Set once a ListAndWatch stream has sent a list (readiness).
+        self.list_sent = asyncio.Event()
+        self.streams = 0
+
+    async def update(self, spec: ResourceSpec, config: Config) -> None:
+        """Swap in a new spec; open ListAndWatch streams send the new list at once."""
+        async with self._changed:
+            self.spec, self.config = spec, config
+            self._version += 1
+            self._changed.notify_all()
+
+    def reopen(self) -> None:
+        """Accept new ListAndWatch streams again after `close` (the socket is re-served)."""
+        self._closed = False
+        self.list_sent.clear()
+
+    async def close(self) -> None:
+        """End every ListAndWatch stream (the server is going away)."""
+        async with self._changed:
+            self._closed = True
+            self._changed.notify_all()
+
+    async def GetDevicePluginOptions(
+        self, request: pb.Empty, context: grpc.aio.ServicerContext[pb.Empty, pb.DevicePluginOptions]
+    ) -> pb.DevicePluginOptions:
+        return pb.DevicePluginOptions(
+            pre_start_required=False, get_preferred_allocation_available=True
+        )
+
+    async def ListAndWatch(
+        self,
+        request: pb.Empty,
+        context: grpc.aio.ServicerContext[pb.Empty, pb.ListAndWatchResponse],
+    ) -> AsyncIterator[pb.ListAndWatchResponse]:
+        self.streams += 1
+        try:
+            seen = -1
+
+            def changed() -> bool:
+                return self._closed or self._version != seen
+
+            while True:
+                async with self._changed:
+                    await self._changed.wait_for(changed)
+                    if self._closed:
+                        return
+                    seen, spec = self._version, self.spec
+                yield device_list(spec)
+                self.list_sent.set()
+                if self._metrics is not None:
+                    self._metrics.set_devices(spec.name, len(spec.devices), spec.healthy_count)
+        finally:
+            self.streams -= 1
+
+    async def GetPreferredAllocation(
+        self,
+        request: pb.PreferredAllocationRequest,
+        context: grpc.aio.ServicerContext[
+            pb.PreferredAllocationRequest, pb.PreferredAllocationResponse
+        ],
+    ) -> pb.PreferredAllocationResponse:
+        spec, config = self.spec, self.config
+        policy: AllocationPolicy = config.flags.plugin.shared_devices_allocation_policy
+        try:
+            answers = [
+                pb.ContainerPreferredAllocationResponse(
+                    deviceIDs=preferred_allocation(
+                        spec,
+                        list(req.available_deviceIDs),
+                        list(req.must_include_deviceIDs),
+                        req.allocation_size,
+                        policy,
+                    )
+                )
+                for req in request.container_requests
+            ]
+        except AllocationError as exc:
+            await context.abort(grpc.StatusCode.INVALID_ARGUMENT, str(exc))
+        return pb.PreferredAllocationResponse(container_responses=answers)
+
+    async def Allocate(
+        self,
+        request: pb.AllocateRequest,
+        context: grpc.aio.ServicerContext[pb.AllocateRequest, pb.AllocateResponse],
+    ) -> pb.AllocateResponse:
+        started = time.perf_counter()
+        spec, config = self.spec, self.config
+        code: grpc.StatusCode | None = None
+        message = ""
+        responses = []
+        try:
+            if not request.container_requests:
+                raise AllocationError(f"{spec.name}: the request has no container requests")
+            extra = self._extra(spec) if self._extra is not None else None
+            for creq in request.container_requests:
+                devices = validate_request(spec, list(creq.devices_ids))
+                edits = build_response(
+                    spec, devices, config, response_id=uuid.uuid4().hex, extra=extra
+                )
+                responses.append(to_pb(edits))
+        except AllocationError as exc:
+            code, message = grpc.StatusCode.INVALID_ARGUMENT, str(exc)
+        except PreconditionError as exc:
+            code, message = grpc.StatusCode.FAILED_PRECONDITION, str(exc)
+        except Exception as exc:  # a bug must not reach the kubelet as a traceback
+            log.exception("Allocate for %s failed", spec.name)
+            code, message = grpc.StatusCode.INTERNAL, f"internal error in kubegpu: {exc}"
+        if self._metrics is not None:
+            self._metrics.observe_allocate(
+                spec.name, time.perf_counter() - started, code.name if code else None
+            )
+        if code is not None:
+            log.warning("Allocate refused: %s", message)
+            await context.abort(code, message)
+        return pb.AllocateResponse(container_responses=responses)
+
+    async def PreStartContainer(
+        self,
+        request: pb.PreStartContainerRequest,
+        context: grpc.aio.ServicerContext[
+            pb.PreStartContainerRequest, pb.PreStartContainerResponse
+        ],
+    ) -> pb.PreStartContainerResponse:
+        return pb.PreStartContainerResponse()
+
+
+class ResourceServer:
+    """Serves one resource on `<plugin_dir>/<socket>` and registers it with the kubelet."""
+
+    def __init__(
+        self,
+        spec: ResourceSpec,
+        config: Config,
+        plugin_dir: Path,
+        *,
+        metrics: Metrics | None = None,
+        extra_edits: ExtraEdits | None = None,
+        socket_name: str | None = None,
+    ) -> None:
+        self.servicer = DevicePluginServicer(spec, config, metrics=metrics, extra_edits=extra_edits)
+        self.plugin_dir = plugin_dir
+        self.socket_name = socket_name or spec.socket_name
+        self._metrics = metrics
+        self._server: grpc.aio.Server | None = None
+        self.registered = False
+        self.registered_at: float | None = None
+
+    @property
+    def name(self) -> str:
+        return self.servicer.spec.name
+
+    @property
+    def serving(self) -> bool:
+        return self._server is not None
+
+    @property
+    def socket_path(self) -> Path:
+        return self.plugin_dir / self.socket_name
+
+    async def serve(self) -> None:
+        """(Re)start the gRPC server on a fresh socket file."""
+        await self._stop_server(grace=0)
+        self.registered = False
+        self.servicer.reopen()
+        with contextlib.suppress(FileNotFoundError):
+            self.socket_path.unlink()
+        server = grpc.aio.server()
+        add_device_plugin_servicer(self.servicer, server)
+        if server.add_insecure_port(f"unix://{self.socket_path}") == 0:
+            raise OSError(f"cannot listen on {self.socket_path}")
+        await server.start()
+        self._server = server
+
+    async def register(self, kubelet_socket: Path, timeout: float = 5.0) -> None:
+        """One Register call; `RegistrationError` if the kubelet is absent or refuses."""
+        from kubegpu.plugin.registration import register
+
+        try:
+            await register(
+                kubelet_socket,
+                endpoint=self.socket_name,
+                resource=self.name,
+                options=pb.DevicePluginOptions(
+                    pre_start_required=False, get_preferred_allocation_available=True
+                ),
+                timeout=timeout,
+            )
+        except Exception:
+            if self._metrics is not None:
+                self._metrics.registration(self.name, ok=False)
+            raise
+        self.registered = True
+        self.registered_at = time.monotonic()
+        if self._metrics is not None:
+            self._metrics.registration(self.name, ok=True)
+
+    async def update(self, spec: ResourceSpec, config: Config) -> None:
+        await self.servicer.update(spec, config)
+
+    async def stop(self, grace: float = 1.0) -> None:
+        await self._stop_server(grace)
+        with contextlib.suppress(FileNotFoundError):
+            self.socket_path.unlink()
+        self.registered = False
+
+    async def _stop_server(self, grace: float) -> None:
+        if self._server is None:
+            return
+        await self.servicer.close()
+        await self._server.stop(grace)
+        self._server = None
