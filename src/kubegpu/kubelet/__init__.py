@@ -1,0 +1,55 @@
+"""A faithful emulator of the kubelet's device manager, for integration tests and `demo`.
+
+    from kubegpu.kubelet import KubeletEmulator
+
+    async with KubeletEmulator(tmp_dir, grace_period=0.2) as kubelet:
+        ...  # start a plugin that registers on tmp_dir/kubelet.sock
+        await kubelet.wait_for_resource("nvidia.com/gpu", capacity=4, allocatable=4)
+        allocation = await kubelet.allocate("nvidia.com/gpu", 2, pod="p1")
+"""
+
+from kubegpu.kubelet.checkpoint import CHECKPOINT_FILE
+from kubegpu.kubelet.emulator import (
+    DIAL_TIMEOUT,
+    GRACE_PERIOD,
+    PRE_START_TIMEOUT,
+    KubeletEmulator,
+    go_error,
+)
+from kubegpu.kubelet.model import (
+    AdmissionError,
+    Allocation,
+    CheckpointError,
+    ContainerStartError,
+    DeviceState,
+    RegistrationRecord,
+    RpcRecord,
+    merge_responses,
+)
+from kubegpu.kubelet.validation import (
+    device_id_error,
+    is_extended_resource_name,
+    register_request_error,
+    resource_name_errors,
+)
+
+__all__ = [
+    "CHECKPOINT_FILE",
+    "DIAL_TIMEOUT",
+    "GRACE_PERIOD",
+    "PRE_START_TIMEOUT",
+    "AdmissionError",
+    "Allocation",
+    "CheckpointError",
+    "ContainerStartError",
+    "DeviceState",
+    "KubeletEmulator",
+    "RegistrationRecord",
+    "RpcRecord",
+    "device_id_error",
+    "go_error",
+    "is_extended_resource_name",
+    "merge_responses",
+    "register_request_error",
+    "resource_name_errors",
+]
