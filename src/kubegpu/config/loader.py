@@ -105,7 +105,7 @@ def build_config(
         # by_name=False: files must use NVIDIA's camelCase keys, so `mig_strategy` is a typo.
         return Config.model_validate(merged, by_name=False)
     except pydantic.ValidationError as exc:
-        path = _error_path(exc.errors()[0])
+        path = _error_path(_first(exc.errors()))
         blamed = override_source if _overridden(path, overrides) else source
         raise ConfigError(f"{blamed}: {format_validation_error(exc)}") from exc
 
@@ -139,7 +139,7 @@ def config_to_json(config: Config) -> str:
 def format_validation_error(exc: pydantic.ValidationError) -> str:
     """The first error as `key.path: what (got value); what to do`, on one line."""
     errors = exc.errors()
-    first = errors[0]
+    first = _first(errors)
     path = _error_path(first)
     text = f"{path}: {_describe(first, path)}" if path else _describe(first, path)
     if len(errors) > 1:
@@ -148,6 +148,11 @@ def format_validation_error(exc: pydantic.ValidationError) -> str:
 
 
 # -- error formatting ------------------------------------------------------------------------
+
+
+def _first(errors: Sequence[Any]) -> Any:
+    """The error to show: an unknown key first, as a typo also makes a key look missing."""
+    return next((e for e in errors if e["type"] == "extra_forbidden"), errors[0])
 
 
 def _error_path(err: Mapping[str, Any]) -> str:
