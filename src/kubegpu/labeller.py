@@ -1,0 +1,816 @@
+"""`kubegpu labels`: GPU Feature Discovery's job, with GFD's flags and env vars.
+
+Labels are computed by `kubegpu.labels` (pure) and delivered by one of three sinks:
+
+- `FeatureFileSink`: an NFD `features.d` file (GFD's default; NFD's worker turns it into
+  node labels). Written atomically so NFD never reads half a file.
+- `NodeFeatureSink`: an NFD `NodeFeature` object (`--use-node-feature-api`).
+- `NodePatchSink`: patches the Node directly (`--node-patch`) for clusters without NFD.
+  It records the keys it set in an annotation so that it can later remove exactly
+  those, and never touches labels someone else owns.
+
+Kubernetes access goes through the small `KubeApi` protocol: `KubernetesApi` wraps the
+official client (blocking, so the sinks call it in a thread), `FakeKubeApi` keeps objects
+in memory for tests and for anyone embedding the labeller.
+"""
+
+from __future__ import annotations
+
+import argparse
+import asyncio
+import contextlib
+import copy
+import json
+import logging
+import math
+import os
+import re
+import sys
+import tempfile
+import time
+from collections.abc import Callable, Mapping
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any, Protocol
+
+from kubegpu.config import Config, load_file, resolve
+from kubegpu.config.v1 import GfdFlags, MigStrategy
+from kubegpu.devices.model import Inventory
+from kubegpu.errors import ConfigError, InitError, KubegpuError
+from kubegpu.labels import gpu_labels, pci_classes, pci_present
+
+log = logging.getLogger(__name__)
+
+#: Node annotation listing (JSON array) the label keys `NodePatchSink` set last time.
+MANAGED_ANNOTATION = "kubegpu.io/managed-labels"
+NFD_GROUP = "nfd.k8s-sigs.io"
+NFD_VERSION = "v1alpha1"
+NFD_PLURAL = "nodefeatures"
+NFD_NODE_NAME_LABEL = "nfd.node.kubernetes.io/node-name"
+NODE_FEATURE_PREFIX = "nvidia-features-for-"
+SERVICE_ACCOUNT_NAMESPACE = "/var/run/secrets/kubernetes.io/serviceaccount/namespace"
+
+
+class PublishError(KubegpuError):
+    """Labels could not be delivered (file not writable, API call refused)."""
+
+
+# --- Kubernetes access ---------------------------------------------------------------
+
+
+class KubeApi(Protocol):
+    """The few Kubernetes calls the sinks make; blocking, called from a worker thread."""
+
+    def get_node_metadata(self, name: str) -> dict[str, Any]:
+        """`metadata` of the Node (`labels`, `annotations`)."""
+        ...
+
+    def merge_patch_node(self, name: str, patch: dict[str, Any]) -> None:
+        """Apply a JSON merge patch (RFC 7386: `null` deletes a key) to the Node."""
+        ...
+
+    def get_node_feature(self, namespace: str, name: str) -> dict[str, Any] | None:
+        """The NodeFeature object, or None when there is none."""
+        ...
+
+    def create_node_feature(self, namespace: str, body: dict[str, Any]) -> None: ...
+
+    def replace_node_feature(self, namespace: str, body: dict[str, Any]) -> None:
+        """Replace the object named in `body` (carries `metadata.resourceVersion`)."""
+        ...
+
+
+class KubernetesApi:
+    """`KubeApi` over the official client: in-cluster config first, then kubeconfig."""
+
+    def __init__(self) -> None:
+        import kubernetes
+
+        # The client's config loaders are untyped; keep them behind `Any` here.
+        client: Any = kubernetes.client
+        config: Any = kubernetes.config
+        try:
+            config.load_incluster_config()
+        except config.ConfigException:
+            try:
+                config.load_kube_config()
+            except (config.ConfigException, OSError) as exc:
+                raise PublishError(
+                    f"no Kubernetes credentials: not in a pod and no kubeconfig ({exc})"
+                ) from exc
+        self._core = client.CoreV1Api()
+        self._custom = client.CustomObjectsApi()
+
+    def get_node_metadata(self, name: str) -> dict[str, Any]:
+        node = self._call(f"get Node {name}", self._core.read_node, name)
+        meta = node.metadata
+        return {"labels": dict(meta.labels or {}), "annotations": dict(meta.annotations or {})}
+
+    def merge_patch_node(self, name: str, patch: dict[str, Any]) -> None:
+        self._call(
+            f"patch Node {name}",
+            self._core.patch_node,
+            name,
+            patch,
+            _content_type="application/merge-patch+json",
+        )
+
+    def get_node_feature(self, namespace: str, name: str) -> dict[str, Any] | None:
+        from kubernetes.client.exceptions import ApiException
+
+        try:
+            obj: Any = self._custom.get_namespaced_custom_object(
+                NFD_GROUP, NFD_VERSION, namespace, NFD_PLURAL, name
+            )
+        except ApiException as exc:
+            if exc.status == 404:
+                return None
+            raise PublishError(f"get NodeFeature {namespace}/{name}: {_api_reason(exc)}") from exc
+        return dict(obj)
+
+    def create_node_feature(self, namespace: str, body: dict[str, Any]) -> None:
+        self._call(
+            f"create NodeFeature {namespace}/{body['metadata']['name']}",
+            self._custom.create_namespaced_custom_object,
+            NFD_GROUP,
+            NFD_VERSION,
+            namespace,
+            NFD_PLURAL,
+            body,
+        )
+
+    def replace_node_feature(self, namespace: str, body: dict[str, Any]) -> None:
+        name = body["metadata"]["name"]
+        self._call(
+            f"update NodeFeature {namespace}/{name}",
+            self._custom.replace_namespaced_custom_object,
+            NFD_GROUP,
+            NFD_VERSION,
+            namespace,
+            NFD_PLURAL,
+            name,
+            body,
+        )
+
+    @staticmethod
+    def _call(what: str, fn: Callable[..., Any], *args: Any, **kwargs: Any) -> Any:
+        """Translate the client's exceptions into `PublishError`, at this one boundary."""
+        from kubernetes.client.exceptions import ApiException
+        from urllib3.exceptions import HTTPError
+
+        try:
+            return fn(*args, **kwargs)
+        except ApiException as exc:
+            raise PublishError(f"{what}: {_api_reason(exc)}") from exc
+        except HTTPError as exc:
+            raise PublishError(f"{what}: API server unreachable ({exc})") from exc
+
+
+def _api_reason(exc: Any) -> str:
+    hint = {403: "; check the ServiceAccount's RBAC", 404: "; does it exist (is NFD installed)?"}
+    return f"HTTP {exc.status} {exc.reason}{hint.get(exc.status, '')}"
+
+
+@dataclass
+class FakeKubeApi:
+    """In-memory `KubeApi`: Nodes' metadata and NodeFeature objects, with a call log."""
+
+    nodes: dict[str, dict[str, Any]] = field(default_factory=dict)
+    node_features: dict[tuple[str, str], dict[str, Any]] = field(default_factory=dict)
+    calls: list[str] = field(default_factory=list)
+    #: When set, every call raises it (to test error paths).
+    fail_with: PublishError | None = None
+
+    def add_node(self, name: str, labels: Mapping[str, str] | None = None) -> None:
+        self.nodes[name] = {"labels": dict(labels or {}), "annotations": {}}
+
+    def _enter(self, call: str) -> None:
+        self.calls.append(call)
+        if self.fail_with is not None:
+            raise self.fail_with
+
+    def get_node_metadata(self, name: str) -> dict[str, Any]:
+        self._enter(f"get node/{name}")
+        if name not in self.nodes:
+            raise PublishError(f"get Node {name}: HTTP 404 Not Found")
+        return copy.deepcopy(self.nodes[name])
+
+    def merge_patch_node(self, name: str, patch: dict[str, Any]) -> None:
+        self._enter(f"patch node/{name}")
+        if name not in self.nodes:
+            raise PublishError(f"patch Node {name}: HTTP 404 Not Found")
+        meta = self.nodes[name]
+        for section in ("labels", "annotations"):
+            for key, value in patch.get("metadata", {}).get(section, {}).items():
+                if value is None:
+                    meta[section].pop(key, None)
+                else:
+                    meta[section][key] = value
+
+    def get_node_feature(self, namespace: str, name: str) -> dict[str, Any] | None:
+        self._enter(f"get nodefeature/{namespace}/{name}")
+        obj = self.node_features.get((namespace, name))
+        return copy.deepcopy(obj) if obj is not None else None
+
+    def create_node_feature(self, namespace: str, body: dict[str, Any]) -> None:
+        name = body["metadata"]["name"]
+        self._enter(f"create nodefeature/{namespace}/{name}")
+        if (namespace, name) in self.node_features:
+            raise PublishError(f"create NodeFeature {namespace}/{name}: HTTP 409 Conflict")
+        self.node_features[(namespace, name)] = copy.deepcopy(body)
+
+    def replace_node_feature(self, namespace: str, body: dict[str, Any]) -> None:
+        name = body["metadata"]["name"]
+        self._enter(f"replace nodefeature/{namespace}/{name}")
+        self.node_features[(namespace, name)] = copy.deepcopy(body)
+
+
+# --- sinks -----------------------------------------------------------------------------
+
+
+class LabelSink(Protocol):
+    """Where labels go. `publish` replaces the previous set (labels not given disappear)."""
+
+    async def publish(self, labels: Mapping[str, str]) -> None: ...
+
+
+def format_features(labels: Mapping[str, str]) -> str:
+    """NFD's features.d format: `key=value` lines, sorted so that diffs are readable."""
+    return "".join(f"{key}={labels[key]}\n" for key in sorted(labels))
+
+
+@dataclass
+class FeatureFileSink:
+    """An NFD features.d file; `path` "-" or "" writes to stdout (GFD: empty = stdout)."""
+
+    path: str
+
+    async def publish(self, labels: Mapping[str, str]) -> None:
+        text = format_features(labels)
+        if self.path in ("", "-"):
+            sys.stdout.write(text)
+            sys.stdout.flush()
+            return
+        await asyncio.to_thread(write_atomically, Path(self.path), text)
+
+
+def write_atomically(path: Path, text: str) -> None:
+    """Temp file in the same directory + `os.replace`: readers see old or new, never half."""
+    try:
+        path.parent.mkdir(parents=True, exist_ok=True)
+        fd, tmp = tempfile.mkstemp(prefix=f".{path.name}.", dir=path.parent)
+        try:
+            with os.fdopen(fd, "w", encoding="utf-8") as out:
+                out.write(text)
+                out.flush()
+                os.fsync(out.fileno())
+            Path(tmp).chmod(0o644)
+            Path(tmp).replace(path)
+        except BaseException:
+            Path(tmp).unlink(missing_ok=True)
+            raise
+    except OSError as exc:
+        raise PublishError(
+            f"cannot write labels to {path} ({exc.strerror}); is the NFD features.d "
+            "directory mounted read-write?"
+        ) from exc
+
+
+@dataclass
+class NodeFeatureSink:
+    """One `NodeFeature` object per node, `nvidia-features-for-<node>`, as GFD names it."""
+
+    api: KubeApi
+    node_name: str
+    namespace: str
+
+    @property
+    def object_name(self) -> str:
+        return NODE_FEATURE_PREFIX + self.node_name
+
+    def body(self, labels: Mapping[str, str]) -> dict[str, Any]:
+        return {
+            "apiVersion": f"{NFD_GROUP}/{NFD_VERSION}",
+            "kind": "NodeFeature",
+            "metadata": {
+                "name": self.object_name,
+                "namespace": self.namespace,
+                "labels": {NFD_NODE_NAME_LABEL: self.node_name},
+            },
+            "spec": {"labels": dict(labels)},
+        }
+
+    async def publish(self, labels: Mapping[str, str]) -> None:
+        await asyncio.to_thread(self._publish, labels)
+
+    def _publish(self, labels: Mapping[str, str]) -> None:
+        current = self.api.get_node_feature(self.namespace, self.object_name)
+        wanted = self.body(labels)
+        if current is None:
+            self.api.create_node_feature(self.namespace, wanted)
+            return
+        meta = current.get("metadata", {})
+        same_labels = meta.get("labels", {}).get(NFD_NODE_NAME_LABEL) == self.node_name
+        if same_labels and current.get("spec", {}).get("labels") == wanted["spec"]["labels"]:
+            return  # unchanged: no write, no NFD churn
+        updated = copy.deepcopy(current)
+        updated.setdefault("metadata", {}).setdefault("labels", {})[NFD_NODE_NAME_LABEL] = (
+            self.node_name
+        )
+        # Keep `spec.features` (NFD's) and anything else; replace only our labels.
+        updated.setdefault("spec", {})["labels"] = dict(labels)
+        self.api.replace_node_feature(self.namespace, updated)
+
+
+@dataclass
+class NodePatchSink:
+    """Labels patched straight onto the Node; only keys this sink set are ever removed."""
+
+    api: KubeApi
+    node_name: str
+
+    async def publish(self, labels: Mapping[str, str]) -> None:
+        await asyncio.to_thread(self._publish, labels)
+
+    def patch_for(self, metadata: Mapping[str, Any], labels: Mapping[str, str]) -> dict[str, Any]:
+        """The merge patch from the Node's current metadata to `labels`; {} if nothing to do."""
+        current: Mapping[str, str] = metadata.get("labels") or {}
+        annotations: Mapping[str, str] = metadata.get("annotations") or {}
+        previous = _managed_keys(annotations.get(MANAGED_ANNOTATION))
+        changes: dict[str, str | None] = {
+            key: value for key, value in labels.items() if current.get(key) != value
+        }
+        changes |= {key: None for key in previous - set(labels) if key in current}
+        managed = json.dumps(sorted(labels), separators=(",", ":"))
+        patch: dict[str, Any] = {}
+        if changes:
+            patch.setdefault("metadata", {})["labels"] = changes
+        if annotations.get(MANAGED_ANNOTATION) != managed:
+            patch.setdefault("metadata", {})["annotations"] = {MANAGED_ANNOTATION: managed}
+        return patch
+
+    def _publish(self, labels: Mapping[str, str]) -> None:
+        patch = self.patch_for(self.api.get_node_metadata(self.node_name), labels)
+        if patch:
+            self.api.merge_patch_node(self.node_name, patch)
+
+
+def _managed_keys(annotation: str | None) -> set[str]:
+    if not annotation:
+        return set()
+    try:
+        keys = json.loads(annotation)
+    except ValueError:
+        log.warning("ignoring unreadable %s annotation %r", MANAGED_ANNOTATION, annotation)
+        return set()
+    return {k for k in keys if isinstance(k, str)} if isinstance(keys, list) else set()
+
+
+# --- the loop --------------------------------------------------------------------------
+
+
+async def run_labeller(
+    discover: Callable[[], Inventory],
+    config: Callable[[], Config],
+    sink: LabelSink,
+    *,
+    interval: float | None,
+    machine_type: Callable[[], str | None] = lambda: None,
+    timestamps: bool = True,
+    sysfs_root: str | None = "/",
+    clock: Callable[[], float] = time.time,
+    stop: asyncio.Event | None = None,
+) -> int:
+    """Label now, then every `interval` seconds until `stop` is set; returns publishes done.
+
+    `interval` None labels once and returns (`--oneshot`); `math.inf` labels once and
+    then waits for `stop` (`--sleep-interval=infinite`). A failure on the first pass
+    propagates (the pod restarts and says why); later failures are logged and retried
+    on the next pass, so an API server blip does not kill a healthy labeller.
+    `sysfs_root` None skips the PCI scan (no `gpu.present` from the bus, no PCI class).
+    """
+    stop = stop or asyncio.Event()
+    published = 0
+    while True:
+        try:
+            labels = await asyncio.to_thread(
+                _compute, discover, config, machine_type, timestamps, sysfs_root, clock
+            )
+            await sink.publish(labels)
+            published += 1
+            log.info("published %d labels", len(labels))
+        except KubegpuError as exc:
+            if published == 0 or interval is None:
+                raise
+            log.error("labelling failed, retrying in %ss: %s", interval, exc)
+        if interval is None:
+            return published
+        timeout = None if math.isinf(interval) else interval
+        try:
+            await asyncio.wait_for(stop.wait(), timeout)
+        except TimeoutError:
+            continue
+        return published
+
+
+def _compute(
+    discover: Callable[[], Inventory],
+    config: Callable[[], Config],
+    machine_type: Callable[[], str | None],
+    timestamps: bool,
+    sysfs_root: str | None,
+    clock: Callable[[], float],
+) -> dict[str, str]:
+    cfg = config()
+    try:
+        inventory = discover()
+    except InitError as exc:
+        if cfg.flags.fail_on_init_error:
+            raise
+        # GFD's behaviour with --fail-on-init-error=false: keep running, label what we know.
+        log.warning("no GPUs could be read (%s); labelling without them", exc)
+        inventory = Inventory(gpus=())
+    return gpu_labels(
+        inventory,
+        cfg,
+        machine_type=machine_type(),
+        timestamp=int(clock()) if timestamps else None,
+        present=pci_present(sysfs_root) if sysfs_root is not None else None,
+        pci_classes=pci_classes(sysfs_root) if sysfs_root is not None else None,
+    )
+
+
+def read_machine_type(path: str) -> str:
+    """The DMI product name; `unknown` when unreadable (GFD does the same)."""
+    if not path:
+        return "unknown"
+    try:
+        return Path(path).read_text(encoding="utf-8", errors="replace").strip() or "unknown"
+    except OSError as exc:
+        log.warning("cannot read machine type from %s: %s", path, exc.strerror)
+        return "unknown"
+
+
+# --- CLI -------------------------------------------------------------------------------
+
+_DURATION_PART = re.compile(r"(\d+(?:\.\d+)?)(ns|us|µs|ms|s|m|h)")
+_UNIT_SECONDS = {
+    "ns": 1e-9,
+    "us": 1e-6,
+    "µs": 1e-6,
+    "ms": 1e-3,
+    "s": 1.0,
+    "m": 60.0,
+    "h": 3600.0,
+}
+
+
+def parse_duration(text: str) -> float:
+    """Go-style duration (`60s`, `1m30s`, `500ms`) or `infinite`, in seconds."""
+    value = text.strip().lower()
+    if value in ("infinite", "inf"):
+        return math.inf
+    pos, total = 0, 0.0
+    for match in _DURATION_PART.finditer(value):
+        if match.start() != pos:
+            break
+        total += float(match[1]) * _UNIT_SECONDS[match[2]]
+        pos = match.end()
+    if not value or pos != len(value) or total <= 0:
+        raise ValueError(f"invalid duration {text!r}; use e.g. 60s, 5m, 1h30m or infinite")
+    return total
+
+
+def parse_bool(text: str) -> bool:
+    value = text.strip().lower()
+    if value in ("1", "t", "true", "yes", "on"):
+        return True
+    if value in ("0", "f", "false", "no", "off"):
+        return False
+    raise ValueError(f"invalid boolean {text!r}; use true or false")
+
+
+@dataclass(frozen=True)
+class _Option:
+    flag: str
+    env: str
+    dest: str
+    help: str
+    boolean: bool = False
+    short: str | None = None
+
+
+_OPTIONS = (
+    _Option("--oneshot", "GFD_ONESHOT", "oneshot", "label once and exit", boolean=True),
+    _Option(
+        "--no-timestamp",
+        "GFD_NO_TIMESTAMP",
+        "no_timestamp",
+        "leave out nvidia.com/gfd.timestamp (labels then change only when the GPUs do)",
+        boolean=True,
+    ),
+    _Option(
+        "--sleep-interval",
+        "GFD_SLEEP_INTERVAL",
+        "sleep_interval",
+        "time between labellings, e.g. 60s; 'infinite' labels once and keeps running",
+    ),
+    _Option(
+        "--output-file",
+        "GFD_OUTPUT_FILE",
+        "output_file",
+        "NFD features.d file to write; '-' for stdout",
+        short="-o",
+    ),
+    _Option(
+        "--machine-type-file",
+        "GFD_MACHINE_TYPE_FILE",
+        "machine_type_file",
+        "file with the machine type for nvidia.com/gpu.machine",
+    ),
+    _Option(
+        "--use-node-feature-api",
+        "GFD_USE_NODE_FEATURE_API",
+        "use_node_feature_api",
+        "publish an NFD NodeFeature object instead of a file",
+        boolean=True,
+    ),
+    _Option(
+        "--node-patch",
+        "GFD_NODE_PATCH",
+        "node_patch",
+        "patch the Node's labels directly (no NFD needed)",
+        boolean=True,
+    ),
+    _Option("--mig-strategy", "MIG_STRATEGY", "mig_strategy", "none, single or mixed"),
+    _Option(
+        "--fail-on-init-error",
+        "FAIL_ON_INIT_ERROR",
+        "fail_on_init_error",
+        "exit when no GPU can be read (false: keep labelling without GPU labels)",
+        boolean=True,
+    ),
+    _Option("--config-file", "CONFIG_FILE", "config_file", "kubegpu/NVIDIA v1 config file"),
+    _Option(
+        "--simulate",
+        "SIMULATE",
+        "simulate",
+        "use the simulated backend: a preset name (t4-1, h100-8, ...) or a YAML path",
+    ),
+    _Option("--node-name", "NODE_NAME", "node_name", "this node's name (NodeFeature, patch)"),
+    _Option(
+        "--driver-root",
+        "CONTAINER_DRIVER_ROOT",
+        "driver_root",
+        "where the host's driver root is mounted in this container",
+    ),
+    _Option(
+        "--sysfs-root",
+        "KUBEGPU_SYSFS_ROOT",
+        "sysfs_root",
+        "root under which sys/bus/pci is read (for gpu.present and gpu.mode)",
+    ),
+)
+
+# Options whose value lands in the config file's schema (dotted alias paths).
+_GFD = GfdFlags.model_fields
+_CONFIG_KEYS = {
+    "oneshot": f"flags.gfd.{_GFD['oneshot'].alias}",
+    "no_timestamp": f"flags.gfd.{_GFD['no_timestamp'].alias}",
+    "sleep_interval": f"flags.gfd.{_GFD['sleep_interval'].alias}",
+    "output_file": f"flags.gfd.{_GFD['output_file'].alias}",
+    "machine_type_file": f"flags.gfd.{_GFD['machine_type_file'].alias}",
+    "use_node_feature_api": f"flags.gfd.{_GFD['use_node_feature_api'].alias}",
+    "mig_strategy": "flags.migStrategy",
+    "fail_on_init_error": "flags.failOnInitError",
+}
+
+
+def register_cli(subparsers: argparse._SubParsersAction[argparse.ArgumentParser]) -> None:
+    """Add `kubegpu labels`; every flag also reads the env var NVIDIA's GFD reads."""
+    parser = subparsers.add_parser(
+        "labels",
+        help="label the node with its GPUs (GPU Feature Discovery compatible)",
+        description=(
+            "Label this node with its GPUs, in GPU Feature Discovery's label names. "
+            "Precedence: flag, environment variable, config file, default."
+        ),
+    )
+    for opt in _OPTIONS:
+        names = [opt.flag, *([opt.short] if opt.short else [])]
+        help_text = f"{opt.help} [env {opt.env}]"
+        if opt.boolean:
+            # `--oneshot` and `--oneshot=false` both work, as with GFD's flags.
+            parser.add_argument(
+                *names, dest=opt.dest, nargs="?", const="true", default=None, help=help_text
+            )
+        else:
+            parser.add_argument(*names, dest=opt.dest, default=None, help=help_text)
+    parser.set_defaults(func=labels_main)
+
+
+class _UsageError(Exception):
+    """A bad flag or env value: one line, exit status 2."""
+
+
+def _raw(args: argparse.Namespace, opt: _Option, environ: Mapping[str, str]) -> str | None:
+    value: str | None = getattr(args, opt.dest, None)
+    if value is None:
+        value = environ.get(opt.env) or None
+    return value
+
+
+def _source(args: argparse.Namespace, opt: _Option) -> str:
+    return opt.flag if getattr(args, opt.dest, None) is not None else opt.env
+
+
+def _options(args: argparse.Namespace, environ: Mapping[str, str]) -> dict[str, Any]:
+    """Flag/env values, parsed; raises `_UsageError` naming the flag (or env var)."""
+    values: dict[str, Any] = {}
+    for opt in _OPTIONS:
+        raw = _raw(args, opt, environ)
+        if raw is None:
+            continue
+        try:
+            if opt.boolean:
+                values[opt.dest] = parse_bool(raw)
+            elif opt.dest == "sleep_interval":
+                parse_duration(raw)
+                values[opt.dest] = raw
+            elif opt.dest == "mig_strategy":
+                values[opt.dest] = MigStrategy(raw.strip().lower()).value
+            else:
+                values[opt.dest] = raw
+        except ValueError as exc:
+            reason = str(exc)
+            if opt.dest == "mig_strategy":
+                reason = f"invalid value {raw!r}; use none, single or mixed"
+            raise _UsageError(f"{_source(args, opt)}: {reason}") from exc
+    return values
+
+
+def _config_loader(path: str | None, overrides: Mapping[str, Any]) -> Callable[[], Config]:
+    """Re-read the config file on every pass (ConfigMap updates), keeping the last good one."""
+    last: list[Config] = []
+
+    def load() -> Config:
+        try:
+            base = load_file(path) if path else None
+            cfg = resolve(base, overrides)
+        except ConfigError:
+            if not last:
+                raise
+            log.exception("config became invalid; keeping the previous one")
+            return last[0]
+        last[:] = [cfg]
+        return cfg
+
+    return load
+
+
+def _namespace(environ: Mapping[str, str]) -> str | None:
+    for var in ("POD_NAMESPACE", "KUBERNETES_NAMESPACE"):
+        if environ.get(var):
+            return environ[var]
+    try:
+        return Path(SERVICE_ACCOUNT_NAMESPACE).read_text(encoding="utf-8").strip() or None
+    except OSError:
+        return None
+
+
+def labels_main(
+    args: argparse.Namespace,
+    *,
+    environ: Mapping[str, str] | None = None,
+    api_factory: Callable[[], KubeApi] = KubernetesApi,
+) -> int:
+    """`kubegpu labels`: 0 on success, 1 on a runtime failure, 2 on bad flags."""
+    env = os.environ if environ is None else environ
+    try:
+        opts = _options(args, env)
+        overrides = {_CONFIG_KEYS[k]: v for k, v in opts.items() if k in _CONFIG_KEYS}
+        load_config = _config_loader(opts.get("config_file"), overrides)
+        cfg = load_config()
+    except _UsageError as exc:
+        print(f"kubegpu labels: {exc}", file=sys.stderr)
+        return 2
+    except ConfigError as exc:
+        print(f"kubegpu labels: {exc}", file=sys.stderr)
+        return 2
+
+    gfd = cfg.flags.gfd
+    try:
+        interval = None if gfd.oneshot else parse_duration(gfd.sleep_interval)
+    except ValueError as exc:  # only a config file can get here: flags were checked
+        print(f"kubegpu labels: flags.gfd.sleepInterval: {exc}", file=sys.stderr)
+        return 2
+    node_name = opts.get("node_name")
+    try:
+        sink = _make_sink(opts, gfd, node_name, env, api_factory)
+    except _UsageError as exc:
+        print(f"kubegpu labels: {exc}", file=sys.stderr)
+        return 2
+    except PublishError as exc:
+        print(f"kubegpu labels: {exc}", file=sys.stderr)
+        return 1
+
+    discover = _discoverer(opts, cfg)
+    machine_file = gfd.machine_type_file
+    try:
+        asyncio.run(
+            _run_until_signalled(
+                discover,
+                load_config,
+                sink,
+                interval=interval,
+                machine_type=lambda: read_machine_type(machine_file),
+                timestamps=not gfd.no_timestamp,
+                sysfs_root=opts.get("sysfs_root", "/"),
+            )
+        )
+    except KubegpuError as exc:
+        print(f"kubegpu labels: {exc}", file=sys.stderr)
+        return 1
+    return 0
+
+
+def _make_sink(
+    opts: Mapping[str, Any],
+    gfd: GfdFlags,
+    node_name: str | None,
+    environ: Mapping[str, str],
+    api_factory: Callable[[], KubeApi],
+) -> LabelSink:
+    if gfd.use_node_feature_api and opts.get("node_patch"):
+        raise _UsageError("--node-patch: cannot be combined with --use-node-feature-api")
+    if not (gfd.use_node_feature_api or opts.get("node_patch")):
+        return FeatureFileSink(gfd.output_file)
+    flag = "--use-node-feature-api" if gfd.use_node_feature_api else "--node-patch"
+    if not node_name:
+        raise _UsageError(f"--node-name: required with {flag} (set NODE_NAME from spec.nodeName)")
+    if gfd.use_node_feature_api:
+        namespace = _namespace(environ)
+        if not namespace:
+            raise _UsageError(
+                "--use-node-feature-api: no namespace; set POD_NAMESPACE "
+                "(downward API metadata.namespace)"
+            )
+        return NodeFeatureSink(api_factory(), node_name, namespace)
+    return NodePatchSink(api_factory(), node_name)
+
+
+def _discoverer(opts: Mapping[str, Any], cfg: Config) -> Callable[[], Inventory]:
+    """Open the backend on each pass and close it again, as GFD does: no NVML handle is
+    held between passes, so driver upgrades and MIG reconfigurations are picked up."""
+    from kubegpu.devices import open_backend
+
+    simulate = opts.get("simulate")
+    driver_root = opts.get("driver_root") or cfg.flags.nvidia_driver_root
+
+    def discover() -> Inventory:
+        backend = open_backend(
+            cfg.flags.device_discovery_strategy, simulate=simulate, driver_root=driver_root
+        )
+        try:
+            return backend.discover()
+        finally:
+            backend.close()
+
+    return discover
+
+
+async def _run_until_signalled(
+    discover: Callable[[], Inventory],
+    config: Callable[[], Config],
+    sink: LabelSink,
+    **kwargs: Any,
+) -> int:
+    """`run_labeller` with SIGTERM/SIGINT setting the stop flag (handlers only set it)."""
+    import signal
+
+    stop = asyncio.Event()
+    loop = asyncio.get_running_loop()
+    for sig in (signal.SIGTERM, signal.SIGINT):
+        with contextlib.suppress(NotImplementedError, RuntimeError):  # not the main thread
+            loop.add_signal_handler(sig, stop.set)
+    return await run_labeller(discover, config, sink, stop=stop, **kwargs)
+
+
+__all__ = [
+    "MANAGED_ANNOTATION",
+    "FakeKubeApi",
+    "FeatureFileSink",
+    "KubeApi",
+    "KubernetesApi",
+    "LabelSink",
+    "NodeFeatureSink",
+    "NodePatchSink",
+    "PublishError",
+    "format_features",
+    "labels_main",
+    "parse_duration",
+    "read_machine_type",
+    "register_cli",
+    "run_labeller",
+    "write_atomically",
+]
