@@ -1,0 +1,516 @@
+"""A simulated GPU node: presets or a YAML description, with fault injection.
+
+It lets the whole plugin (and a real kubelet, with `kubegpu serve --simulate`) run on a
+machine without GPUs, and lets tests and operators break GPUs on purpose. UUIDs are
+deterministic (uuid5 of the node name and index), so restarts keep device IDs stable.
+
+Node file format (`docs/simulated-node.md` has the long version)::
+
+    name: lab-node            # seeds the UUIDs; default: the file name without .yaml
+    driver_version: "550.54.15"
+    cuda_version: "12.4"
+    interconnect: nvlink      # nvlink (full mesh) or a PCIe relation: PIX, PXB, PHB, NODE
+    nvlinks: 18               # lanes per GPU pair when interconnect is nvlink
+    defaults: {product: NVIDIA H100 80GB HBM3, memory_mib: 81559, compute_capability: "9.0"}
+    gpus:                     # one entry per GPU (or `count: N` to repeat an entry)
+      - numa_node: 0
+        mig: [3g.40gb, 2g.20gb]   # MIG enabled with these slices (needs mig_capable: true)
+        healthy: false            # probes fail with `probe_error` (or a default text)
+        xid: 79                   # inject this Xid (again whenever the value changes)
+
+GPU keys: product, memory_mib, compute_capability, multiprocessors, brand, numa_node,
+pci_bus_id, uuid, mig_capable, mig, healthy, probe_error, xid, count. Cross-NUMA pairs
+are always `SYS` on PCIe. While watching, a file-backed node re-reads the file when it
+changes, so editing `xid`, `healthy` or `mig` injects faults into a running daemon.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import logging
+import re
+import threading
+import uuid as uuidlib
+from collections import deque
+from collections.abc import Callable, Mapping
+from dataclasses import dataclass
+from importlib import resources
+from pathlib import Path
+from typing import Any
+
+import yaml
+
+from kubegpu.devices.model import (
+    Gpu,
+    Health,
+    HealthEvent,
+    HealthEventKind,
+    Inventory,
+    Link,
+    LinkKind,
+    MigDevice,
+    StopFlag,
+)
+from kubegpu.errors import DeviceError
+
+log = logging.getLogger("kubegpu.devices.simulated")
+
+PRESETS = ("h100-8", "a10g-4", "t4-1", "a100-40gb-mig", "h100-mig")
+CONTROL_DEVICES = ("/dev/nvidiactl", "/dev/nvidia-uvm", "/dev/nvidia-uvm-tools")
+#: How often a file-backed node checks its file for edits.
+POLL_SECONDS = 0.2
+_UUID_NS = uuidlib.UUID("0b6f3f0e-8f5e-4c1a-9a57-6b5d2f4c9e21")
+_PROFILE_RE = re.compile(r"^(?:(\d+)c\.)?(\d+)g\.(\d+)gb(\+me|\+me\.all|-me|\+gfx)?$")
+_TOP_KEYS = {
+    "name",
+    "driver_version",
+    "cuda_version",
+    "interconnect",
+    "nvlinks",
+    "defaults",
+    "gpus",
+}
+_GPU_KEYS = {
+    "product",
+    "memory_mib",
+    "compute_capability",
+    "multiprocessors",
+    "brand",
+    "numa_node",
+    "pci_bus_id",
+    "uuid",
+    "mig_capable",
+    "mig",
+    "healthy",
+    "probe_error",
+    "xid",
+    "count",
+}
+_PCIE = {kind.value: kind for kind in LinkKind if kind is not LinkKind.NVLINK}
+
+
+@dataclass(frozen=True)
+class GpuSpec:
+    """One GPU of a node description."""
+
+    product: str = "NVIDIA H100 80GB HBM3"
+    memory_mib: int = 81559
+    compute_capability: tuple[int, int] = (9, 0)
+    multiprocessors: int = 132
+    brand: str = "NVIDIA"
+    numa_node: int | None = 0
+    pci_bus_id: str | None = None
+    uuid: str | None = None
+    mig_capable: bool = False
+    #: MIG profiles when MIG is enabled; None when it is off.
+    mig: tuple[str, ...] | None = None
+    healthy: bool = True
+    probe_error: str | None = None
+    xid: int | None = None
+
+    def static(self) -> GpuSpec:
+        """The hardware facts only (what a change of needs rediscovery)."""
+        return dataclasses.replace(self, mig=None, healthy=True, probe_error=None, xid=None)
+
+
+@dataclass(frozen=True)
+class NodeSpec:
+    name: str
+    gpus: tuple[GpuSpec, ...]
+    driver_version: str = "550.54.15"
+    cuda_version: tuple[int, int] = (12, 4)
+    interconnect: str = "PHB"
+    nvlinks: int = 18
+
+
+def _version(value: Any, where: str) -> tuple[int, int]:
+    if isinstance(value, list | tuple) and len(value) == 2:
+        parts = [str(v) for v in value]
+    else:
+        parts = str(value).split(".")
+    if len(parts) != 2 or not all(p.isdigit() for p in parts):
+        raise DeviceError(f'{where}: {value!r} is not a version like "9.0"')
+    return (int(parts[0]), int(parts[1]))
+
+
+def parse_profile(profile: str, where: str = "mig") -> tuple[int, int, int]:
+    """`1g.10gb` / `1c.3g.40gb` / `1g.10gb+me` -> (GI slices, CI slices, GB)."""
+    match = _PROFILE_RE.match(profile)
+    if match is None or not 1 <= int(match.group(2)) <= 8:
+        raise DeviceError(f"{where}: {profile!r} is not a MIG profile like 1g.10gb or 1c.3g.40gb")
+    ci_text, gi_text, gb_text, _ = match.groups()
+    gi = int(gi_text)
+    return gi, int(ci_text) if ci_text else gi, int(gb_text)
+
+
+def _check_layout(gpu: GpuSpec, profiles: tuple[str, ...], where: str) -> None:
+    if not gpu.mig_capable:
+        raise DeviceError(f"{where}: {gpu.product} is not MIG-capable; set mig_capable: true")
+    parsed = [parse_profile(p, where) for p in profiles]
+    if sum(gi for gi, _, _ in parsed) > 7:
+        raise DeviceError(
+            f"{where}: {list(profiles)} needs more than the 7 compute slices of a GPU"
+        )
+    if sum(gb for _, _, gb in parsed) * 1024 > gpu.memory_mib * 1.05:
+        raise DeviceError(f"{where}: {list(profiles)} needs more memory than {gpu.memory_mib} MiB")
+
+
+def _gpu_spec(entry: Any, defaults: Mapping[str, Any], where: str) -> tuple[GpuSpec, int]:
+    if not isinstance(entry, Mapping):
+        raise DeviceError(f"{where}: expected a mapping of GPU fields")
+    merged = {**defaults, **entry}
+    unknown = sorted(set(merged) - _GPU_KEYS)
+    if unknown:
+        raise DeviceError(
+            f"{where}: unknown key {unknown[0]!r}; known: {', '.join(sorted(_GPU_KEYS))}"
+        )
+    fields: dict[str, Any] = {}
+    try:
+        for key in ("product", "brand", "pci_bus_id", "uuid", "probe_error"):
+            if merged.get(key) is not None:
+                fields[key] = str(merged[key])
+        for key in ("memory_mib", "multiprocessors", "xid"):
+            if merged.get(key) is not None:
+                fields[key] = int(merged[key])
+        if "numa_node" in merged:
+            fields["numa_node"] = None if merged["numa_node"] is None else int(merged["numa_node"])
+        for key in ("mig_capable", "healthy"):
+            if key in merged:
+                if not isinstance(merged[key], bool):
+                    raise DeviceError(f"{where}.{key}: expected true or false, got {merged[key]!r}")
+                fields[key] = merged[key]
+        count = int(merged.get("count", 1))
+    except (TypeError, ValueError) as err:
+        raise DeviceError(f"{where}: {err}") from err
+    if "compute_capability" in merged:
+        fields["compute_capability"] = _version(
+            merged["compute_capability"], f"{where}.compute_capability"
+        )
+    if merged.get("mig") is not None:
+        if not isinstance(merged["mig"], list):
+            raise DeviceError(f"{where}.mig: expected a list of profiles like [1g.10gb, 3g.40gb]")
+        fields["mig"] = tuple(str(p) for p in merged["mig"])
+    gpu = GpuSpec(**fields)
+    if gpu.mig is not None:
+        _check_layout(gpu, gpu.mig, f"{where}.mig")
+    return gpu, count
+
+
+def parse_node(data: Any, name: str, source: str) -> NodeSpec:
+    """Validate a node description; errors name the file and the field."""
+    if not isinstance(data, Mapping):
+        raise DeviceError(f"{source}: expected a mapping with a `gpus` list")
+    unknown = sorted(set(data) - _TOP_KEYS)
+    if unknown:
+        raise DeviceError(
+            f"{source}: unknown key {unknown[0]!r}; known: {', '.join(sorted(_TOP_KEYS))}"
+        )
+    entries = data.get("gpus")
+    if not isinstance(entries, list) or not entries:
+        raise DeviceError(f"{source}: `gpus` must be a non-empty list")
+    defaults = data.get("defaults") or {}
+    if not isinstance(defaults, Mapping):
+        raise DeviceError(f"{source}: `defaults` must be a mapping of GPU fields")
+    gpus: list[GpuSpec] = []
+    for i, entry in enumerate(entries):
+        gpu, count = _gpu_spec(entry, defaults, f"{source}: gpus[{i}]")
+        gpus.extend([gpu] * count)
+    interconnect = str(data.get("interconnect", "PHB"))
+    if interconnect != "nvlink" and interconnect not in _PCIE:
+        raise DeviceError(
+            f"{source}: interconnect {interconnect!r} is not nvlink or one of {', '.join(_PCIE)}"
+        )
+    return NodeSpec(
+        name=str(data.get("name", name)),
+        gpus=tuple(gpus),
+        driver_version=str(data.get("driver_version", "550.54.15")),
+        cuda_version=_version(data.get("cuda_version", "12.4"), f"{source}: cuda_version"),
+        interconnect=interconnect,
+        nvlinks=int(data.get("nvlinks", 18)),
+    )
+
+
+def _read(path: Path) -> NodeSpec:
+    try:
+        data = yaml.safe_load(path.read_text())
+    except (OSError, yaml.YAMLError) as err:
+        raise DeviceError(f"cannot read simulated node {path}: {err}") from err
+    return parse_node(data, path.stem, str(path))
+
+
+class SimulatedBackend:
+    """A node of simulated NVIDIA GPUs; thread-safe fault injection for tests and demos."""
+
+    name = "simulated"
+
+    def __init__(self, spec: NodeSpec, path: Path | None = None) -> None:
+        self._spec = spec
+        self._path = path
+        self._stamp = self._file_stamp()
+        self._cond = threading.Condition()
+        self._pending: deque[HealthEvent] = deque()
+        self._mig: dict[int, tuple[str, ...] | None] = {i: g.mig for i, g in enumerate(spec.gpus)}
+        self._probe_errors: dict[str, str] = {}
+        for index, gpu in enumerate(spec.gpus):
+            if not gpu.healthy:
+                self._fail(index, gpu.probe_error or self._default_fault())
+            if gpu.xid is not None:
+                self._pending.append(
+                    HealthEvent(self._uuid(index), HealthEventKind.XID, gpu.xid, "node file")
+                )
+
+    @classmethod
+    def load(cls, spec: str) -> SimulatedBackend:
+        """A preset by name (see `PRESETS`) or a node description file."""
+        if spec in PRESETS:
+            text = (
+                resources.files("kubegpu.devices").joinpath("presets", f"{spec}.yaml").read_text()
+            )
+            return cls(parse_node(yaml.safe_load(text), spec, f"preset {spec}"))
+        path = Path(spec)
+        if not path.is_file():
+            raise DeviceError(
+                f"simulated node {spec!r} is neither a preset ({', '.join(PRESETS)}) nor a file"
+            )
+        return cls(_read(path), path)
+
+    # -- model ------------------------------------------------------------------------
+
+    def _uuid(self, index: int) -> str:
+        gpu = self._spec.gpus[index]
+        return gpu.uuid or f"GPU-{uuidlib.uuid5(_UUID_NS, f'{self._spec.name}/{index}')}"
+
+    def _default_fault(self) -> str:
+        return f"marked unhealthy in {self._path or 'the node description'}"
+
+    def _migs(self, index: int, gpu_uuid: str) -> tuple[MigDevice, ...]:
+        gpu = self._spec.gpus[index]
+        sms_per_slice = max(2, (gpu.multiprocessors // 7) // 2 * 2)
+        migs = []
+        for slot, profile in enumerate(self._mig.get(index) or ()):
+            gi_slices, ci_slices, gb = parse_profile(profile)
+            gi_id = slot + 1
+            cap = 3 + index * 150 + gi_id * 9  # plausible /dev/nvidia-caps minors
+            migs.append(
+                MigDevice(
+                    uuid=f"MIG-{uuidlib.uuid5(_UUID_NS, f'{gpu_uuid}/{slot}/{profile}')}",
+                    parent_uuid=gpu_uuid,
+                    parent_index=index,
+                    gi_id=gi_id,
+                    ci_id=0,
+                    profile=profile,
+                    memory_mib=min(int(gb * 1024 * 0.97), gpu.memory_mib),
+                    multiprocessors=sms_per_slice * ci_slices,
+                    device_paths=(
+                        f"/dev/nvidia-caps/nvidia-cap{cap}",
+                        f"/dev/nvidia-caps/nvidia-cap{cap + 1}",
+                    ),
+                    attributes={
+                        "multiprocessors": sms_per_slice * ci_slices,
+                        "slices.gi": gi_slices,
+                        "slices.ci": ci_slices,
+                        "engines.copy": gi_slices,
+                        "engines.decoder": gi_slices // 2 or (1 if "+me" in profile else 0),
+                        "engines.encoder": 0,
+                        "engines.jpeg": 1 if gi_slices == 7 or "+me" in profile else 0,
+                        "engines.ofa": 1 if gi_slices == 7 or "+me" in profile else 0,
+                    },
+                )
+            )
+        return tuple(migs)
+
+    def _links(self, index: int, uuids: list[str]) -> tuple[Link, ...]:
+        spec = self._spec
+        own = spec.gpus[index]
+        links = []
+        for peer_index, peer_uuid in enumerate(uuids):
+            if peer_index == index:
+                continue
+            peer = spec.gpus[peer_index]
+            if spec.interconnect == "nvlink":
+                links.append(Link(peer_uuid, LinkKind.NVLINK, spec.nvlinks))
+            elif own.numa_node != peer.numa_node:
+                links.append(Link(peer_uuid, LinkKind.CROSS_NUMA))
+            else:
+                links.append(Link(peer_uuid, _PCIE[spec.interconnect]))
+        return tuple(links)
+
+    def discover(self) -> Inventory:
+        with self._cond:
+            spec = self._spec
+            uuids = [self._uuid(i) for i in range(len(spec.gpus))]
+            gpus = []
+            for index, gpu in enumerate(spec.gpus):
+                uuid = uuids[index]
+                gpus.append(
+                    Gpu(
+                        index=index,
+                        uuid=uuid,
+                        minor=index,
+                        product=gpu.product,
+                        memory_mib=gpu.memory_mib,
+                        pci_bus_id=(
+                            gpu.pci_bus_id or f"0000:{0x18 + 0x10 * index:02x}:00.0"
+                        ).lower(),
+                        numa_node=gpu.numa_node,
+                        compute_capability=gpu.compute_capability,
+                        device_paths=(f"/dev/nvidia{index}",),
+                        mig_enabled=self._mig.get(index) is not None,
+                        mig_capable=gpu.mig_capable,
+                        mig_devices=self._migs(index, uuid),
+                        links=self._links(index, uuids),
+                        brand=gpu.brand,
+                        health=Health.UNHEALTHY if uuid in self._probe_errors else Health.HEALTHY,
+                    )
+                )
+            return Inventory(
+                gpus=tuple(gpus),
+                driver_version=spec.driver_version,
+                cuda_driver_version=spec.cuda_version,
+                control_device_paths=CONTROL_DEVICES,
+                backend=self.name,
+            )
+
+    # -- fault injection (any thread) ---------------------------------------------------
+
+    def _index(self, gpu: int | str) -> int:
+        """A GPU index from an index, a GPU UUID, or a MIG UUID (its parent)."""
+        count = len(self._spec.gpus)
+        if isinstance(gpu, int):
+            if 0 <= gpu < count:
+                return gpu
+        else:
+            for index in range(count):
+                uuid = self._uuid(index)
+                if gpu == uuid or any(m.uuid == gpu for m in self._migs(index, uuid)):
+                    return index
+        raise DeviceError(f"simulated node has no GPU {gpu!r} (GPUs 0-{count - 1} or a UUID)")
+
+    def _target(self, gpu: int | str) -> str:
+        index = self._index(gpu)
+        return gpu if isinstance(gpu, str) else self._uuid(index)
+
+    def _push(self, event: HealthEvent) -> None:
+        self._pending.append(event)
+        self._cond.notify_all()
+
+    def inject_xid(self, gpu: int | str, xid: int) -> None:
+        """Report Xid `xid` on a GPU (index or UUID) or MIG slice (UUID)."""
+        with self._cond:
+            self._push(HealthEvent(self._target(gpu), HealthEventKind.XID, xid, "injected"))
+
+    def _fail(self, gpu: int | str, message: str) -> None:
+        uuid = self._target(gpu)
+        self._probe_errors[uuid] = message
+        self._push(HealthEvent(uuid, HealthEventKind.PROBE_FAILED, detail=message))
+
+    def fail_probe(self, gpu: int | str, message: str) -> None:
+        """Make probes of the device fail with `message` (and report it at once)."""
+        with self._cond:
+            self._fail(gpu, message)
+
+    def heal(self, gpu: int | str) -> None:
+        """Probes pass again; the device (and a GPU's MIG slices) are declared healthy."""
+        with self._cond:
+            uuid = self._target(gpu)
+            targets = [uuid]
+            if isinstance(gpu, int) or uuid.startswith("GPU-"):
+                targets += [
+                    m.uuid for m in self._migs(self._index(gpu), self._uuid(self._index(gpu)))
+                ]
+            for target in targets:
+                self._probe_errors.pop(target, None)
+                self._push(HealthEvent(target, HealthEventKind.HEALED, detail="healed"))
+
+    def set_mig_layout(self, gpu: int | str, profiles: list[str]) -> None:
+        """Repartition a GPU (`[]`: MIG on, no slices); the next discover shows it."""
+        with self._cond:
+            index = self._index(gpu)
+            where = f"GPU {index}"
+            _check_layout(self._spec.gpus[index], tuple(profiles), where)
+            self._mig[index] = tuple(profiles)
+            self._push(HealthEvent(self._uuid(index), HealthEventKind.RECONFIGURED))
+
+    # -- health -----------------------------------------------------------------------
+
+    def probe(self, uuid: str) -> str | None:
+        with self._cond:
+            try:
+                index = self._index(uuid)
+            except DeviceError as err:
+                return str(err)
+            return self._probe_errors.get(uuid) or self._probe_errors.get(self._uuid(index))
+
+    def watch(self, stop: StopFlag, emit: Callable[[HealthEvent], None]) -> None:
+        """Deliver injected events as they happen; re-read a node file when it changes."""
+        while not stop.is_set():
+            with self._cond:
+                if not self._pending:
+                    self._cond.wait(POLL_SECONDS)
+                events = list(self._pending)
+                self._pending.clear()
+            for event in events:
+                emit(event)
+            if self._path is not None:
+                self._reload_if_changed()
+
+    def close(self) -> None:
+        with self._cond:
+            self._cond.notify_all()
+
+    # -- node file ----------------------------------------------------------------------
+
+    def _file_stamp(self) -> tuple[int, int] | None:
+        if self._path is None:
+            return None
+        try:
+            stat = self._path.stat()
+        except OSError:
+            return None
+        return (stat.st_mtime_ns, stat.st_size)
+
+    def _reload_if_changed(self) -> None:
+        stamp = self._file_stamp()
+        if stamp is None or stamp == self._stamp or self._path is None:
+            return
+        self._stamp = stamp
+        try:
+            new = _read(self._path)
+        except DeviceError as err:
+            log.warning("ignoring the edit of %s: %s", self._path, err)
+            return
+        with self._cond:
+            self._apply(new)
+
+    def _apply(self, new: NodeSpec) -> None:
+        """Turn the differences between the running node and its edited file into events."""
+        old = self._spec
+        old_uuids = {self._uuid(i) for i in range(len(old.gpus))}
+        structural = dataclasses.replace(old, gpus=tuple(g.static() for g in old.gpus)) != (
+            dataclasses.replace(new, gpus=tuple(g.static() for g in new.gpus))
+        )
+        self._spec = new
+        if structural:
+            for index, gpu in enumerate(new.gpus):
+                self._mig[index] = gpu.mig
+            for uuid in sorted(old_uuids | {self._uuid(i) for i in range(len(new.gpus))}):
+                self._push(HealthEvent(uuid, HealthEventKind.RECONFIGURED))
+        for index, gpu in enumerate(new.gpus):
+            before = old.gpus[index] if index < len(old.gpus) else GpuSpec()
+            if gpu.xid is not None and gpu.xid != before.xid:
+                self._push(
+                    HealthEvent(self._uuid(index), HealthEventKind.XID, gpu.xid, "node file")
+                )
+            if not gpu.healthy and (before.healthy or gpu.probe_error != before.probe_error):
+                self._fail(index, gpu.probe_error or self._default_fault())
+            elif gpu.healthy and not before.healthy:
+                self._probe_errors.pop(self._uuid(index), None)
+                self._push(
+                    HealthEvent(self._uuid(index), HealthEventKind.HEALED, detail="node file")
+                )
+            if not structural and gpu.mig != before.mig:
+                self._mig[index] = gpu.mig
+                self._push(HealthEvent(self._uuid(index), HealthEventKind.RECONFIGURED))
+
+
+__all__ = ["PRESETS", "GpuSpec", "NodeSpec", "SimulatedBackend", "parse_node", "parse_profile"]

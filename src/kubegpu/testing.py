@@ -1,0 +1,606 @@
+"""Public fakes for testing code that uses kubegpu, without a GPU.
+
+`FakeNvml` is a module object shaped like `pynvml`: the same function names and
+signatures, the real `pynvml` constants and `NVMLError` classes (so `err.value` codes and
+`except pynvml.NVMLError_NotSupported` work unchanged), and returns with the attribute
+names of pynvml's ctypes structures (including `busId` as bytes). Pass it to
+`NvmlBackend.open(nvml=fake)`; the backend cannot tell it from the real library.
+
+    fake = FakeNvml()
+    gpu = fake.add_gpu("NVIDIA A100-SXM4-40GB", memory_mib=40536, mig_capable=True)
+    gpu.add_mig("3g.20gb"); gpu.add_mig("2g.10gb")
+    fake.fail("nvmlDeviceGetMemoryInfo", pynvml.NVML_ERROR_GPU_IS_LOST, gpu=0)
+    fake.emit_xid(0, 79)
+
+Builders are plain mutable objects: tests change them between calls to model hot-plug,
+MIG reconfiguration or a GPU falling off the bus.
+"""
+
+from __future__ import annotations
+
+import re
+import threading
+import types
+import uuid as uuidlib
+from collections import deque
+from dataclasses import dataclass, field
+from typing import Any
+
+import pynvml
+
+_NO_ID = 0xFFFFFFFF
+_MIB = 1024 * 1024
+_UUID_NS = uuidlib.UUID("6c1b9a9e-3f4d-4b8e-9f57-2b7c4a1d0e11")
+_PROFILE_RE = re.compile(r"^(?:(\d+)c\.)?(\d+)g\.(\d+)gb(\+me|\+me\.all|-me|\+gfx)?$")
+_GI_PROFILE_IDS = {
+    1: pynvml.NVML_GPU_INSTANCE_PROFILE_1_SLICE,
+    2: pynvml.NVML_GPU_INSTANCE_PROFILE_2_SLICE,
+    3: pynvml.NVML_GPU_INSTANCE_PROFILE_3_SLICE,
+    4: pynvml.NVML_GPU_INSTANCE_PROFILE_4_SLICE,
+    6: pynvml.NVML_GPU_INSTANCE_PROFILE_6_SLICE,
+    7: pynvml.NVML_GPU_INSTANCE_PROFILE_7_SLICE,
+    8: pynvml.NVML_GPU_INSTANCE_PROFILE_8_SLICE,
+}
+_ME_PROFILE_IDS = {
+    ("+me", 1): pynvml.NVML_GPU_INSTANCE_PROFILE_1_SLICE_REV1,
+    ("+me.all", 1): pynvml.NVML_GPU_INSTANCE_PROFILE_1_SLICE_ALL_ME,
+    ("+me.all", 2): pynvml.NVML_GPU_INSTANCE_PROFILE_2_SLICE_ALL_ME,
+    ("-me", 1): pynvml.NVML_GPU_INSTANCE_PROFILE_1_SLICE_NO_ME,
+    ("-me", 2): pynvml.NVML_GPU_INSTANCE_PROFILE_2_SLICE_NO_ME,
+    ("+gfx", 1): pynvml.NVML_GPU_INSTANCE_PROFILE_1_SLICE_GFX,
+    ("+gfx", 2): pynvml.NVML_GPU_INSTANCE_PROFILE_2_SLICE_GFX,
+    ("+gfx", 4): pynvml.NVML_GPU_INSTANCE_PROFILE_4_SLICE_GFX,
+}
+#: What NVML reports as supported events on a datacenter GPU.
+DEFAULT_EVENTS = (
+    pynvml.nvmlEventTypeXidCriticalError
+    | pynvml.nvmlEventTypeDoubleBitEccError
+    | pynvml.nvmlEventTypeSingleBitEccError
+)
+
+
+def _nvml_bus_id(bus_id: str) -> bytes:
+    """`0000:17:00.0` -> NVML's `00000000:17:00.0` (8-digit domain, upper-case), as bytes."""
+    domain, rest = bus_id.split(":", 1)
+    return f"{int(domain, 16):08X}:{rest.upper()}".encode()
+
+
+@dataclass
+class PciInfo:
+    """Mirrors `pynvml.nvmlPciInfo_t`."""
+
+    busId: bytes
+    busIdLegacy: bytes
+    domain: int
+    bus: int
+    device: int
+    pciDeviceId: int
+    pciSubSystemId: int = 0
+
+
+@dataclass
+class Memory:
+    """Mirrors `pynvml.c_nvmlMemory_t` (bytes)."""
+
+    total: int
+    free: int
+    used: int
+
+
+@dataclass
+class DeviceAttributes:
+    """Mirrors `pynvml.c_nvmlDeviceAttributes`."""
+
+    multiprocessorCount: int
+    sharedCopyEngineCount: int
+    sharedDecoderCount: int
+    sharedEncoderCount: int
+    sharedJpegCount: int
+    sharedOfaCount: int
+    gpuInstanceSliceCount: int
+    computeInstanceSliceCount: int
+    memorySizeMB: int
+
+
+@dataclass
+class GpuInstanceInfo:
+    """Mirrors `pynvml.c_nvmlGpuInstanceInfo_t` (placement left out)."""
+
+    device: FakeGpu
+    id: int
+    profileId: int
+
+
+@dataclass
+class EventData:
+    """Mirrors `pynvml.c_nvmlEventData_t`; `device` is None for a NULL device handle."""
+
+    device: FakeGpu | None
+    eventType: int
+    eventData: int
+    gpuInstanceId: int = _NO_ID
+    computeInstanceId: int = _NO_ID
+
+
+@dataclass(eq=False)
+class FakeMig:
+    """A MIG device handle and its builder."""
+
+    parent: FakeGpu
+    uuid: str
+    gi_id: int
+    ci_id: int
+    gi_slices: int
+    ci_slices: int
+    memory_mib: int
+    multiprocessors: int
+    gi_profile_id: int
+    #: Shared engines: copy, decoder, encoder, jpeg, ofa.
+    engines: tuple[int, int, int, int, int] = (1, 0, 0, 0, 0)
+
+
+@dataclass(eq=False)
+class FakeGpu:
+    """A physical GPU handle and its builder."""
+
+    index: int
+    name: str
+    uuid: str
+    minor: int
+    memory_mib: int
+    pci_bus_id: str
+    numa_node: int | None
+    compute_capability: tuple[int, int]
+    brand: int = pynvml.NVML_BRAND_NVIDIA
+    #: None: MIG not supported; else [current, pending] mode.
+    mig_mode: list[int] | None = None
+    migs: list[FakeMig] = field(default_factory=list)
+    #: One entry per NVLink: remote bus id (`0000:18:00.0`) or `switch`; None = inactive.
+    nvlinks: list[str | None] | None = None
+    supported_events: int = DEFAULT_EVENTS
+    #: Every call on this handle fails with NVML_ERROR_GPU_IS_LOST.
+    lost: bool = False
+
+    def enable_mig(self) -> FakeGpu:
+        self.mig_mode = [pynvml.NVML_DEVICE_MIG_ENABLE, pynvml.NVML_DEVICE_MIG_ENABLE]
+        return self
+
+    def add_mig(
+        self,
+        profile: str,
+        *,
+        memory_mib: int | None = None,
+        multiprocessors: int | None = None,
+        gi_id: int | None = None,
+        ci_id: int = 0,
+        engines: tuple[int, int, int, int, int] = (1, 0, 0, 0, 0),
+    ) -> FakeMig:
+        """Add a MIG device named like `1g.10gb`, `1c.3g.40gb` or `1g.10gb+me` (enables MIG)."""
+        match = _PROFILE_RE.match(profile)
+        if match is None:
+            raise ValueError(f"bad MIG profile {profile!r}: expected e.g. 1g.10gb or 1c.3g.40gb")
+        ci_text, gi_text, gb_text, suffix = match.groups()
+        gi_slices = int(gi_text)
+        ci_slices = int(ci_text) if ci_text else gi_slices
+        if self.mig_mode is None or self.mig_mode[0] != pynvml.NVML_DEVICE_MIG_ENABLE:
+            self.enable_mig()
+        if gi_id is None:
+            gi_id = max((m.gi_id for m in self.migs), default=0) + 1
+        profile_id = _ME_PROFILE_IDS[suffix, gi_slices] if suffix else _GI_PROFILE_IDS[gi_slices]
+        mig = FakeMig(
+            parent=self,
+            uuid=f"MIG-{uuidlib.uuid5(_UUID_NS, f'{self.uuid}/{gi_id}/{ci_id}')}",
+            gi_id=gi_id,
+            ci_id=ci_id,
+            gi_slices=gi_slices,
+            ci_slices=ci_slices,
+            # Slightly under the nominal size, as real slices are.
+            memory_mib=memory_mib if memory_mib is not None else int(int(gb_text) * 1024 * 0.97),
+            multiprocessors=multiprocessors if multiprocessors is not None else 14 * ci_slices,
+            gi_profile_id=profile_id,
+            engines=engines,
+        )
+        self.migs.append(mig)
+        return mig
+
+
+class _FakeEventSet:
+    def __init__(self) -> None:
+        self.registered: dict[FakeGpu, int] = {}
+        self.queue: deque[EventData] = deque()
+        self.freed = False
+
+
+_CONSTANT_PREFIXES = ("NVML_", "nvmlEventType", "NVMLError", "nvmlClocksEvent")
+
+
+class FakeNvml(types.ModuleType):
+    """A stand-in for the `pynvml` module backed by in-memory GPUs."""
+
+    NVMLError = pynvml.NVMLError
+
+    def __init__(self, driver_version: str = "550.54.15", cuda_driver_version: int = 12040) -> None:
+        super().__init__("pynvml")
+        for name in dir(pynvml):
+            if name.startswith(_CONSTANT_PREFIXES):
+                setattr(self, name, getattr(pynvml, name))
+        self.driver_version = driver_version
+        self.cuda_driver_version = cuda_driver_version
+        self.gpus: list[FakeGpu] = []
+        #: An NVML error code that nvmlInit raises (e.g. NVML_ERROR_DRIVER_NOT_LOADED).
+        self.init_error: int | None = None
+        #: Set by the backend when it loads the library from a driver root.
+        self.nvmlLib: Any = None
+        self.initialized = False
+        self.shutdowns = 0
+        #: Explicit topology levels between GPU pairs (by index); default from NUMA nodes.
+        self.topology: dict[frozenset[int], int] = {}
+        self._failures: dict[tuple[str, int | None], int] = {}
+        self._wait_errors: deque[int] = deque()
+        self._event_sets: list[_FakeEventSet] = []
+        self._cond = threading.Condition()
+
+    # -- builders -------------------------------------------------------------------
+
+    def add_gpu(
+        self,
+        name: str = "NVIDIA H100 80GB HBM3",
+        *,
+        memory_mib: int = 81559,
+        compute_capability: tuple[int, int] = (9, 0),
+        numa_node: int | None = 0,
+        pci_bus_id: str | None = None,
+        uuid: str | None = None,
+        minor: int | None = None,
+        brand: int = pynvml.NVML_BRAND_NVIDIA,
+        mig_capable: bool = False,
+    ) -> FakeGpu:
+        index = len(self.gpus)
+        gpu = FakeGpu(
+            index=index,
+            name=name,
+            uuid=uuid or f"GPU-{uuidlib.uuid5(_UUID_NS, f'{name}/{index}')}",
+            minor=index if minor is None else minor,
+            memory_mib=memory_mib,
+            pci_bus_id=pci_bus_id or f"0000:{0x17 + index * 0x10:02x}:00.0",
+            numa_node=numa_node,
+            compute_capability=compute_capability,
+            brand=brand,
+            mig_mode=[0, 0] if mig_capable else None,
+        )
+        self.gpus.append(gpu)
+        return gpu
+
+    def connect_nvlink(self, a: int, b: int, links: int) -> None:
+        """Add `links` active NVLinks between GPUs `a` and `b` (both directions)."""
+        for src, dst in ((a, b), (b, a)):
+            gpu = self.gpus[src]
+            gpu.nvlinks = (gpu.nvlinks or []) + [self.gpus[dst].pci_bus_id] * links
+
+    def connect_nvswitch(self, links: int) -> None:
+        """Give every GPU `links` active NVLinks to NVSwitches (an HGX board)."""
+        for gpu in self.gpus:
+            gpu.nvlinks = ["switch"] * links
+
+    def fail(self, function: str, code: int, gpu: int | None = None) -> None:
+        """Make `function` raise NVMLError(code), for one GPU (by index) or for all."""
+        self._failures[(function, gpu)] = code
+
+    def unfail(self, function: str, gpu: int | None = None) -> None:
+        self._failures.pop((function, gpu), None)
+
+    def fail_wait(self, code: int, times: int = 1) -> None:
+        """Make the next `times` event waits raise NVMLError(code)."""
+        with self._cond:
+            self._wait_errors.extend([code] * times)
+            self._cond.notify_all()
+
+    def emit_event(
+        self,
+        gpu: int | None,
+        event_type: int,
+        data: int,
+        *,
+        gpu_instance_id: int = _NO_ID,
+        compute_instance_id: int = _NO_ID,
+    ) -> None:
+        """Deliver an event to every event set registered for it; `gpu=None`: no device."""
+        device = None if gpu is None else self.gpus[gpu]
+        event = EventData(device, event_type, data, gpu_instance_id, compute_instance_id)
+        with self._cond:
+            for event_set in self._event_sets:
+                if device is None:
+                    wanted = bool(event_set.registered)
+                else:
+                    wanted = bool(event_set.registered.get(device, 0) & event_type)
+                if wanted:
+                    event_set.queue.append(event)
+            self._cond.notify_all()
+
+    def emit_xid(self, gpu: int | None, xid: int, *, mig: FakeMig | None = None) -> None:
+        ids = {}
+        if mig is not None:
+            ids = {"gpu_instance_id": mig.gi_id, "compute_instance_id": mig.ci_id}
+        self.emit_event(gpu, pynvml.nvmlEventTypeXidCriticalError, xid, **ids)
+
+    def registered(self) -> dict[str, int]:
+        """UUID -> event mask of every registration in live event sets."""
+        with self._cond:
+            return {
+                g.uuid: mask
+                for s in self._event_sets
+                if not s.freed
+                for g, mask in s.registered.items()
+            }
+
+    # -- internals ------------------------------------------------------------------
+
+    def _check(self, function: str, handle: FakeGpu | FakeMig | None = None) -> None:
+        if not self.initialized:
+            raise pynvml.NVMLError(pynvml.NVML_ERROR_UNINITIALIZED)
+        gpu = handle.parent if isinstance(handle, FakeMig) else handle
+        if gpu is not None and gpu.lost:
+            raise pynvml.NVMLError(pynvml.NVML_ERROR_GPU_IS_LOST)
+        for key in ((function, None if gpu is None else gpu.index), (function, None)):
+            if key in self._failures:
+                raise pynvml.NVMLError(self._failures[key])
+
+    def _gpu(self, function: str, handle: Any) -> FakeGpu:
+        self._check(function, handle)
+        if not isinstance(handle, FakeGpu):
+            raise pynvml.NVMLError(pynvml.NVML_ERROR_INVALID_ARGUMENT)
+        return handle
+
+    def _link(self, function: str, device: Any, link: int) -> str:
+        gpu = self._gpu(function, device)
+        if gpu.nvlinks is None:
+            raise pynvml.NVMLError(pynvml.NVML_ERROR_NOT_SUPPORTED)
+        if not 0 <= link < len(gpu.nvlinks):
+            raise pynvml.NVMLError(pynvml.NVML_ERROR_INVALID_ARGUMENT)
+        remote = gpu.nvlinks[link]
+        if remote is None:
+            raise pynvml.NVMLError(pynvml.NVML_ERROR_NOT_SUPPORTED)
+        return remote
+
+    @staticmethod
+    def _pci(bus_id: str) -> PciInfo:
+        raw = _nvml_bus_id(bus_id)
+        _, bus, dev_fn = bus_id.split(":")
+        return PciInfo(
+            raw, raw, int(bus_id.split(":")[0], 16), int(bus, 16), int(dev_fn[:2], 16), 0x233010DE
+        )
+
+    # -- the pynvml API (names and signatures as in pynvml) --------------------------
+
+    def nvmlInit(self) -> None:
+        self.nvmlInitWithFlags(0)
+
+    def nvmlInitWithFlags(self, flags: int) -> None:
+        if self.init_error is not None:
+            raise pynvml.NVMLError(self.init_error)
+        self.initialized = True
+
+    def nvmlShutdown(self) -> None:
+        self._check("nvmlShutdown")
+        self.shutdowns += 1
+        self.initialized = False
+
+    def nvmlSystemGetDriverVersion(self) -> str:
+        self._check("nvmlSystemGetDriverVersion")
+        return self.driver_version
+
+    def nvmlSystemGetCudaDriverVersion(self) -> int:
+        self._check("nvmlSystemGetCudaDriverVersion")
+        return self.cuda_driver_version
+
+    def nvmlSystemGetCudaDriverVersion_v2(self) -> int:
+        return self.nvmlSystemGetCudaDriverVersion()
+
+    def nvmlDeviceGetCount(self) -> int:
+        self._check("nvmlDeviceGetCount")
+        return len(self.gpus)
+
+    def nvmlDeviceGetHandleByIndex(self, index: int) -> FakeGpu:
+        self._check("nvmlDeviceGetHandleByIndex")
+        if not 0 <= index < len(self.gpus):
+            raise pynvml.NVMLError(pynvml.NVML_ERROR_INVALID_ARGUMENT)
+        gpu = self.gpus[index]
+        self._check("nvmlDeviceGetHandleByIndex", gpu)
+        return gpu
+
+    def nvmlDeviceGetHandleByUUID(self, uuid: str | bytes) -> FakeGpu | FakeMig:
+        self._check("nvmlDeviceGetHandleByUUID")
+        wanted = uuid.decode() if isinstance(uuid, bytes) else uuid
+        for gpu in self.gpus:
+            if gpu.uuid == wanted:
+                self._check("nvmlDeviceGetHandleByUUID", gpu)
+                return gpu
+            for mig in gpu.migs:
+                if mig.uuid == wanted:
+                    self._check("nvmlDeviceGetHandleByUUID", gpu)
+                    return mig
+        raise pynvml.NVMLError(pynvml.NVML_ERROR_NOT_FOUND)
+
+    def nvmlDeviceGetUUID(self, handle: Any) -> str:
+        self._check("nvmlDeviceGetUUID", handle)
+        return str(handle.uuid)
+
+    def nvmlDeviceGetName(self, handle: Any) -> str:
+        self._check("nvmlDeviceGetName", handle)
+        if isinstance(handle, FakeMig):
+            return f"{handle.parent.name} MIG {handle.gi_slices}g.{handle.memory_mib // 1024}gb"
+        return str(handle.name)
+
+    def nvmlDeviceGetIndex(self, handle: Any) -> int:
+        return self._gpu("nvmlDeviceGetIndex", handle).index
+
+    def nvmlDeviceGetMinorNumber(self, handle: Any) -> int:
+        return self._gpu("nvmlDeviceGetMinorNumber", handle).minor
+
+    def nvmlDeviceGetMemoryInfo(self, handle: Any, version: int | None = None) -> Memory:
+        self._check("nvmlDeviceGetMemoryInfo", handle)
+        total = int(handle.memory_mib) * _MIB
+        return Memory(total=total, free=total - 512 * _MIB, used=512 * _MIB)
+
+    def nvmlDeviceGetPciInfo(self, handle: Any) -> PciInfo:
+        return self._pci(self._gpu("nvmlDeviceGetPciInfo", handle).pci_bus_id)
+
+    def nvmlDeviceGetPciInfo_v3(self, handle: Any) -> PciInfo:
+        return self.nvmlDeviceGetPciInfo(handle)
+
+    def nvmlDeviceGetNumaNodeId(self, handle: Any) -> int:
+        gpu = self._gpu("nvmlDeviceGetNumaNodeId", handle)
+        return -1 if gpu.numa_node is None else gpu.numa_node
+
+    def nvmlDeviceGetCudaComputeCapability(self, handle: Any) -> tuple[int, int]:
+        self._check("nvmlDeviceGetCudaComputeCapability", handle)
+        gpu = handle.parent if isinstance(handle, FakeMig) else handle
+        major, minor = gpu.compute_capability
+        return (major, minor)
+
+    def nvmlDeviceGetBrand(self, handle: Any) -> int:
+        return self._gpu("nvmlDeviceGetBrand", handle).brand
+
+    def nvmlDeviceGetMigMode(self, device: Any) -> list[int]:
+        gpu = self._gpu("nvmlDeviceGetMigMode", device)
+        if gpu.mig_mode is None:
+            raise pynvml.NVMLError(pynvml.NVML_ERROR_NOT_SUPPORTED)
+        return list(gpu.mig_mode)
+
+    def nvmlDeviceGetMaxMigDeviceCount(self, device: Any) -> int:
+        gpu = self._gpu("nvmlDeviceGetMaxMigDeviceCount", device)
+        return 0 if gpu.mig_mode is None else 7
+
+    def nvmlDeviceGetMigDeviceHandleByIndex(self, device: Any, index: int) -> FakeMig:
+        gpu = self._gpu("nvmlDeviceGetMigDeviceHandleByIndex", device)
+        if gpu.mig_mode is None or gpu.mig_mode[0] != pynvml.NVML_DEVICE_MIG_ENABLE:
+            raise pynvml.NVMLError(pynvml.NVML_ERROR_INVALID_ARGUMENT)
+        if not 0 <= index < len(gpu.migs):
+            raise pynvml.NVMLError(pynvml.NVML_ERROR_NOT_FOUND)
+        return gpu.migs[index]
+
+    def nvmlDeviceGetDeviceHandleFromMigDeviceHandle(self, migDevice: Any) -> FakeGpu:
+        self._check("nvmlDeviceGetDeviceHandleFromMigDeviceHandle", migDevice)
+        if not isinstance(migDevice, FakeMig):
+            raise pynvml.NVMLError(pynvml.NVML_ERROR_INVALID_ARGUMENT)
+        return migDevice.parent
+
+    def _mig(self, function: str, device: Any) -> FakeMig:
+        self._check(function, device)
+        if not isinstance(device, FakeMig):
+            raise pynvml.NVMLError(pynvml.NVML_ERROR_INVALID_ARGUMENT)
+        return device
+
+    def nvmlDeviceGetGpuInstanceId(self, device: Any) -> int:
+        return self._mig("nvmlDeviceGetGpuInstanceId", device).gi_id
+
+    def nvmlDeviceGetComputeInstanceId(self, device: Any) -> int:
+        return self._mig("nvmlDeviceGetComputeInstanceId", device).ci_id
+
+    def nvmlDeviceGetAttributes(self, device: Any) -> DeviceAttributes:
+        mig = self._mig("nvmlDeviceGetAttributes", device)
+        copy, dec, enc, jpeg, ofa = mig.engines
+        return DeviceAttributes(
+            mig.multiprocessors,
+            copy,
+            dec,
+            enc,
+            jpeg,
+            ofa,
+            mig.gi_slices,
+            mig.ci_slices,
+            mig.memory_mib,
+        )
+
+    def nvmlDeviceGetAttributes_v2(self, device: Any) -> DeviceAttributes:
+        return self.nvmlDeviceGetAttributes(device)
+
+    def nvmlDeviceGetGpuInstanceById(self, device: Any, gpuInstanceId: int) -> FakeMig:
+        gpu = self._gpu("nvmlDeviceGetGpuInstanceById", device)
+        for mig in gpu.migs:
+            if mig.gi_id == gpuInstanceId:
+                return mig
+        raise pynvml.NVMLError(pynvml.NVML_ERROR_NOT_FOUND)
+
+    def nvmlGpuInstanceGetInfo(self, gpuInstance: Any) -> GpuInstanceInfo:
+        mig = self._mig("nvmlGpuInstanceGetInfo", gpuInstance)
+        return GpuInstanceInfo(device=mig.parent, id=mig.gi_id, profileId=mig.gi_profile_id)
+
+    def nvmlDeviceGetNvLinkState(self, device: Any, link: int) -> int:
+        try:
+            self._link("nvmlDeviceGetNvLinkState", device, link)
+        except pynvml.NVMLError as err:
+            if err.value == pynvml.NVML_ERROR_NOT_SUPPORTED and device.nvlinks is not None:
+                return int(pynvml.NVML_FEATURE_DISABLED)
+            raise
+        return int(pynvml.NVML_FEATURE_ENABLED)
+
+    def nvmlDeviceGetNvLinkRemotePciInfo(self, device: Any, link: int) -> PciInfo:
+        remote = self._link("nvmlDeviceGetNvLinkRemotePciInfo", device, link)
+        return self._pci("0000:c0:00.0" if remote == "switch" else remote)
+
+    def nvmlDeviceGetNvLinkRemoteDeviceType(self, handle: Any, link: int) -> int:
+        remote = self._link("nvmlDeviceGetNvLinkRemoteDeviceType", handle, link)
+        if remote == "switch":
+            return int(pynvml.NVML_NVLINK_DEVICE_TYPE_SWITCH)
+        return int(pynvml.NVML_NVLINK_DEVICE_TYPE_GPU)
+
+    def nvmlDeviceGetTopologyCommonAncestor(self, device1: Any, device2: Any) -> int:
+        a = self._gpu("nvmlDeviceGetTopologyCommonAncestor", device1)
+        b = self._gpu("nvmlDeviceGetTopologyCommonAncestor", device2)
+        level = self.topology.get(frozenset((a.index, b.index)))
+        if level is not None:
+            return level
+        if a.numa_node == b.numa_node:
+            return int(pynvml.NVML_TOPOLOGY_NODE)
+        return int(pynvml.NVML_TOPOLOGY_SYSTEM)
+
+    def nvmlEventSetCreate(self) -> _FakeEventSet:
+        self._check("nvmlEventSetCreate")
+        event_set = _FakeEventSet()
+        with self._cond:
+            self._event_sets.append(event_set)
+        return event_set
+
+    def nvmlDeviceGetSupportedEventTypes(self, handle: Any) -> int:
+        return self._gpu("nvmlDeviceGetSupportedEventTypes", handle).supported_events
+
+    def nvmlDeviceRegisterEvents(self, handle: Any, eventTypes: int, eventSet: Any) -> None:
+        gpu = self._gpu("nvmlDeviceRegisterEvents", handle)
+        if not eventTypes & gpu.supported_events or eventTypes & ~gpu.supported_events:
+            raise pynvml.NVMLError(pynvml.NVML_ERROR_NOT_SUPPORTED)
+        with self._cond:
+            eventSet.registered[gpu] = eventSet.registered.get(gpu, 0) | eventTypes
+
+    def nvmlEventSetWait_v2(self, eventSet: Any, timeoutms: int) -> EventData:
+        self._check("nvmlEventSetWait_v2")
+        with self._cond:
+            self._cond.wait_for(lambda: bool(eventSet.queue or self._wait_errors), timeoutms / 1000)
+            if self._wait_errors:
+                raise pynvml.NVMLError(self._wait_errors.popleft())
+            if eventSet.queue:
+                event: EventData = eventSet.queue.popleft()
+                return event
+        raise pynvml.NVMLError(pynvml.NVML_ERROR_TIMEOUT)
+
+    def nvmlEventSetWait(self, eventSet: Any, timeoutms: int) -> EventData:
+        return self.nvmlEventSetWait_v2(eventSet, timeoutms)
+
+    def nvmlEventSetFree(self, eventSet: Any) -> None:
+        with self._cond:
+            eventSet.freed = True
+            if eventSet in self._event_sets:
+                self._event_sets.remove(eventSet)
+
+
+__all__ = [
+    "DEFAULT_EVENTS",
+    "DeviceAttributes",
+    "EventData",
+    "FakeGpu",
+    "FakeMig",
+    "FakeNvml",
+    "GpuInstanceInfo",
+    "Memory",
+    "PciInfo",
+]
