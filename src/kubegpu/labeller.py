@@ -552,6 +552,12 @@ _OPTIONS = (
     ),
     _Option("--config-file", "CONFIG_FILE", "config_file", "kubegpu/NVIDIA v1 config file"),
     _Option(
+        "--mps-root",
+        "MPS_ROOT",
+        "mps_root",
+        "MPS control daemon directory (the config needs it when sharing.mps is set)",
+    ),
+    _Option(
         "--simulate",
         "SIMULATE",
         "simulate",
@@ -583,6 +589,7 @@ _CONFIG_KEYS = {
     "use_node_feature_api": f"flags.gfd.{_GFD['use_node_feature_api'].alias}",
     "mig_strategy": "flags.migStrategy",
     "fail_on_init_error": "flags.failOnInitError",
+    "mps_root": "flags.mpsRoot",
 }
 
 

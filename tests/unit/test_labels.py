@@ -142,6 +142,7 @@ def test_mps_sharing_sets_strategy_and_mps_capable() -> None:
     text = TIME_SLICING_20.replace("timeSlicing", "mps").replace(
         "    failRequestsGreaterThanOne: true\n", ""
     )
+    text += "flags:\n  mpsRoot: /run/nvidia/mps\n"
     labels = gpu_labels(inv(gpu()), cfg(text), machine_type=None, timestamp=None)
     assert labels["nvidia.com/gpu.sharing-strategy"] == "mps"
     assert labels["nvidia.com/mps.capable"] == "true"
