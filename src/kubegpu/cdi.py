@@ -1,0 +1,392 @@
+"""CDI (Container Device Interface) specs for the node's GPUs.
+
+With the `cdi-cri` / `cdi-annotations` device list strategies, `Allocate` answers with
+CDI device names and the container runtime (containerd, CRI-O) applies the edits in the
+spec written here: device nodes, driver libraries and tools as read-only bind mounts,
+and `NVIDIA_VISIBLE_DEVICES=void` so a legacy NVIDIA hook in the same runtime does not
+inject GPUs a second time. The kind is NVIDIA's `k8s.device-plugin.nvidia.com/gpu`, so
+runtimes and pods configured for NVIDIA's plugin see the same names.
+
+Two roots matter: `driver_root` is where the driver lives *on the host* (written into
+`hostPath`s, which the runtime resolves), `container_driver_root` is where this process
+sees that same tree (searched for files); they differ when the plugin runs in a pod that
+mounts the host's driver root at, say, `/driver-root`. Symlinks are resolved inside the
+tree, so `hostPath` always names a regular file even when the driver uses absolute links.
+
+No hooks are written unless asked for: updating the container's ld cache needs
+`nvidia-ctk` on the host, which this plugin can neither ship nor verify. Pass
+`nvidia_ctk_path` when the host has it.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import posixpath
+import sys
+import tempfile
+from collections.abc import Iterable
+from pathlib import Path
+from typing import Any
+
+from kubegpu.devices.model import Gpu, Inventory, MigDevice
+from kubegpu.errors import ConfigError, KubegpuError
+
+#: The CDI spec version written; 0.6.0 is understood by containerd >= 1.7 and CRI-O >= 1.28.
+CDI_VERSION = "0.6.0"
+VENDOR = "k8s.device-plugin.nvidia.com"
+CLASS = "gpu"
+KIND = f"{VENDOR}/{CLASS}"
+DEFAULT_DIRECTORY = "/var/run/cdi"
+DEFAULT_NAME = "k8s.device-plugin.nvidia.com-gpu.json"
+
+#: Device nodes every CUDA container needs; written even when not seen locally (the
+#: runtime resolves them on the host, and CUDA cannot start without them).
+REQUIRED_CONTROL_NODES = ("/dev/nvidiactl", "/dev/nvidia-uvm", "/dev/nvidia-uvm-tools")
+#: Written only when present: display/Vulkan paths that headless drivers lack.
+OPTIONAL_CONTROL_NODES = ("/dev/nvidia-modeset",)
+
+#: Library directories searched under the driver root, in the order distributions use.
+LIBRARY_DIRS = (
+    "usr/lib64",
+    "usr/lib/x86_64-linux-gnu",
+    "usr/lib/aarch64-linux-gnu",
+    "lib64",
+    "lib/x86_64-linux-gnu",
+    "lib/aarch64-linux-gnu",
+    "usr/lib",
+    "lib",
+)
+#: Driver libraries needed by CUDA compute and NVML, whatever their version suffix.
+LIBRARY_PATTERNS = (
+    "libcuda.so*",
+    "libcudadebugger.so*",
+    "libnvidia-ml.so*",
+    "libnvidia-ptxjitcompiler.so*",
+    "libnvidia-nvvm.so*",
+    "libnvidia-opencl.so*",
+    "libnvidia-cfg.so*",
+    "libnvidia-allocator.so*",
+    "libnvidia-gpucomp.so*",
+)
+BINARY_DIRS = ("usr/bin", "usr/sbin", "bin", "sbin")
+BINARIES = (
+    "nvidia-smi",
+    "nvidia-debugdump",
+    "nvidia-persistenced",
+    "nvidia-cuda-mps-control",
+    "nvidia-cuda-mps-server",
+)
+#: Host sockets that NVML/CUDA talk to when their daemons run.
+IPC_SOCKETS = ("run/nvidia-persistenced/socket",)
+MOUNT_OPTIONS = ("ro", "nosuid", "nodev", "bind")
+
+
+def cdi_device_name(id: str) -> str:
+    """`k8s.device-plugin.nvidia.com/gpu=<id>`: what `Allocate` hands the runtime."""
+    return f"{KIND}={id}"
+
+
+def gpu_name(gpu: Gpu, device_id_strategy: str) -> str:
+    return str(gpu.index) if device_id_strategy == "index" else gpu.uuid
+
+
+def mig_name(mig: MigDevice, device_id_strategy: str) -> str:
+    return mig.index if device_id_strategy == "index" else mig.uuid
+
+
+def generate_spec(
+    inventory: Inventory,
+    *,
+    driver_root: str = "/",
+    container_driver_root: str | None = None,
+    device_id_strategy: str = "uuid",
+    dev_root: str | None = None,
+    nvidia_ctk_path: str | None = None,
+) -> dict[str, Any]:
+    """A CDI spec with one device per GPU and MIG slice, plus `all`.
+
+    `dev_root` is the host directory whose `dev/` holds the device nodes (default: the
+    driver root); optional nodes are looked for there when it is given, else under the
+    local view of the driver root. `nvidia_ctk_path` (host path) adds an
+    `update-ldcache` createContainer hook for the mounted library directories.
+    """
+    if device_id_strategy not in ("uuid", "index"):
+        raise ConfigError(f"device-id-strategy {device_id_strategy!r} is not one of: uuid, index")
+    local_root = Path(container_driver_root or driver_root)
+    host_dev_root = dev_root or driver_root
+    local_dev_root = Path(dev_root) if dev_root else local_root
+
+    def node(path: str) -> dict[str, Any]:
+        entry: dict[str, Any] = {"path": path}
+        if host_dev_root not in ("", "/"):
+            entry["hostPath"] = _host(host_dev_root, path)
+        return entry
+
+    devices: list[dict[str, Any]] = []
+    all_paths: dict[str, None] = {}
+    for gpu in inventory.gpus:
+        own = gpu.device_paths or (f"/dev/nvidia{gpu.minor}",)
+        all_paths.update(dict.fromkeys(own))
+        devices.append(_device(gpu_name(gpu, device_id_strategy), [node(p) for p in own]))
+        for mig in gpu.mig_devices:
+            paths = own + tuple(p for p in mig.device_paths if p not in own)
+            all_paths.update(dict.fromkeys(paths))
+            devices.append(_device(mig_name(mig, device_id_strategy), [node(p) for p in paths]))
+    if devices:
+        devices.append(_device("all", [node(p) for p in all_paths]))
+
+    control = list(inventory.control_device_paths) or list(REQUIRED_CONTROL_NODES)
+    control += [
+        p for p in OPTIONAL_CONTROL_NODES if p not in control and _exists(local_dev_root, p)
+    ]
+    mounts = [
+        *_mounts(find_libraries(local_root, inventory.driver_version), driver_root),
+        *_mounts(find_binaries(local_root), driver_root),
+        *_mounts(_find(local_root, IPC_SOCKETS), driver_root),
+    ]
+    edits: dict[str, Any] = {
+        "env": ["NVIDIA_VISIBLE_DEVICES=void"],
+        "deviceNodes": [node(p) for p in control],
+        "mounts": mounts,
+    }
+    if nvidia_ctk_path:
+        folders = sorted(
+            {posixpath.dirname(m["containerPath"]) for m in mounts if ".so" in m["containerPath"]}
+        )
+        if folders:
+            args = ["nvidia-ctk", "hook", "update-ldcache"]
+            for folder in folders:
+                args += ["--folder", folder]
+            edits["hooks"] = [
+                {"hookName": "createContainer", "path": nvidia_ctk_path, "args": args}
+            ]
+    return {"cdiVersion": CDI_VERSION, "kind": KIND, "devices": devices, "containerEdits": edits}
+
+
+def find_libraries(root: Path, driver_version: str = "") -> list[tuple[str, str]]:
+    """Driver libraries under `root` as (path in the tree, real file it resolves to).
+
+    Both are absolute paths as if `root` were `/`.
+
+    Besides the fixed patterns, every `libnvidia-*.so.<driver version>` is taken, which
+    catches the many small helper libraries a given driver ships without naming them.
+    """
+    patterns = list(LIBRARY_PATTERNS)
+    if driver_version:
+        patterns.append(f"libnvidia-*.so.{driver_version}")
+    found: dict[str, str] = {}
+    for rel_dir in LIBRARY_DIRS:
+        directory = root / rel_dir
+        if not directory.is_dir() or directory.is_symlink():
+            continue  # `lib` -> `usr/lib` on merged-/usr systems: seen once is enough
+        for pattern in patterns:
+            for path in sorted(directory.glob(pattern)):
+                rel = _rel(root, path)
+                if rel in found:
+                    continue
+                real = resolve_in_root(root, path)
+                if real is not None and real.is_file():
+                    found[rel] = _rel(root, real)
+    return sorted(found.items())
+
+
+def find_binaries(root: Path) -> list[tuple[str, str]]:
+    """Driver tools under `root`; mounted at `/usr/bin/<name>` whatever their host dir."""
+    found: dict[str, str] = {}
+    for name in BINARIES:
+        for rel_dir in BINARY_DIRS:
+            real = resolve_in_root(root, root / rel_dir / name)
+            if real is not None and real.is_file():
+                found[f"/usr/bin/{name}"] = _rel(root, real)
+                break
+    return sorted(found.items())
+
+
+def resolve_in_root(root: Path, path: Path, _depth: int = 0) -> Path | None:
+    """Follow symlinks as if `root` were `/`, so absolute links stay inside the tree."""
+    if _depth > 40:
+        return None  # a loop
+    if not path.is_symlink():
+        return path if path.exists() else None
+    target = str(path.readlink())
+    nxt = root / target.lstrip("/") if target.startswith("/") else path.parent / target
+    return resolve_in_root(root, Path(posixpath.normpath(nxt)), _depth + 1)
+
+
+def _find(root: Path, rel_paths: Iterable[str]) -> list[tuple[str, str]]:
+    return [("/" + rel, "/" + rel) for rel in rel_paths if (root / rel).exists()]
+
+
+def _mounts(found: Iterable[tuple[str, str]], host_root: str) -> list[dict[str, Any]]:
+    return [
+        {
+            "hostPath": _host(host_root, rel),
+            "containerPath": container_path,
+            "options": list(MOUNT_OPTIONS),
+        }
+        for container_path, rel in found
+    ]
+
+
+def _rel(root: Path, path: Path) -> str:
+    return "/" + str(path.relative_to(root))
+
+
+def _host(root: str, path: str) -> str:
+    if root in ("", "/"):
+        return path
+    return posixpath.join(root, path.lstrip("/"))
+
+
+def _exists(root: Path, path: str) -> bool:
+    return (root / path.lstrip("/")).exists()
+
+
+def _device(name: str, nodes: list[dict[str, Any]]) -> dict[str, Any]:
+    return {"name": name, "containerEdits": {"deviceNodes": nodes}}
+
+
+def write_spec(
+    spec: dict[str, Any],
+    directory: str = DEFAULT_DIRECTORY,
+    name: str = DEFAULT_NAME,
+    *,
+    format: str = "json",
+) -> Path:
+    """Write atomically (temp file + rename), mode 0644: a runtime never reads half a spec."""
+    target_dir = Path(directory)
+    target_dir.mkdir(parents=True, exist_ok=True)
+    text = dump(spec, format)
+    fd, tmp_name = tempfile.mkstemp(prefix=f".{name}.", dir=target_dir)
+    tmp = Path(tmp_name)
+    try:
+        with os.fdopen(fd, "w", encoding="utf-8") as f:
+            f.write(text)
+            f.flush()
+            os.fsync(f.fileno())
+        tmp.chmod(0o644)
+        target = target_dir / name
+        tmp.replace(target)
+    except BaseException:
+        tmp.unlink(missing_ok=True)
+        raise
+    return target
+
+
+def dump(spec: dict[str, Any], format: str = "json") -> str:
+    if format == "yaml":
+        import yaml
+
+        return str(yaml.safe_dump(spec, sort_keys=False))
+    if format == "json":
+        return json.dumps(spec, indent=2) + "\n"
+    raise ConfigError(f"--format {format!r} is not one of: json, yaml")
+
+
+# --- `kubegpu cdi generate` -------------------------------------------------------------
+
+
+def register_cli(subparsers: Any) -> None:
+    """Add `cdi generate` to the `kubegpu` command's subparsers."""
+    cdi = subparsers.add_parser("cdi", help="Container Device Interface specs")
+    cdi.set_defaults(func=lambda args: _usage(cdi))
+    sub = cdi.add_subparsers(dest="cdi_command")
+    gen = sub.add_parser(
+        "generate",
+        help="write the CDI spec for this node's GPUs",
+        description="Generate a CDI spec (kind k8s.device-plugin.nvidia.com/gpu).",
+    )
+    env = os.environ
+    gen.add_argument("--output", "-o", default="-", help="file to write, or - for stdout")
+    gen.add_argument("--format", choices=("json", "yaml"), default="json")
+    gen.add_argument(
+        "--driver-root",
+        default=env.get("NVIDIA_DRIVER_ROOT", "/"),
+        help="driver root on the host [NVIDIA_DRIVER_ROOT]",
+    )
+    gen.add_argument(
+        "--container-driver-root",
+        default=env.get("CONTAINER_DRIVER_ROOT"),
+        help="where the host driver root is mounted in this container [CONTAINER_DRIVER_ROOT]",
+    )
+    gen.add_argument(
+        "--dev-root",
+        default=env.get("NVIDIA_DEV_ROOT"),
+        help="host root of the /dev nodes; default the driver root [NVIDIA_DEV_ROOT]",
+    )
+    gen.add_argument(
+        "--device-id-strategy",
+        choices=("uuid", "index"),
+        default=env.get("DEVICE_ID_STRATEGY", "uuid"),
+        help="name devices by UUID or index [DEVICE_ID_STRATEGY]",
+    )
+    gen.add_argument(
+        "--device-discovery-strategy",
+        default=env.get("DEVICE_DISCOVERY_STRATEGY", "auto"),
+        help="backend: auto, nvml, simulated [DEVICE_DISCOVERY_STRATEGY]",
+    )
+    gen.add_argument(
+        "--simulate",
+        default=env.get("SIMULATE") or None,
+        help="simulated node: preset name or YAML file [SIMULATE]",
+    )
+    gen.add_argument(
+        "--nvidia-ctk-path",
+        default=env.get("NVIDIA_CTK_PATH") or None,
+        help="host path of nvidia-ctk; adds an ldcache update hook [NVIDIA_CTK_PATH]",
+    )
+    gen.set_defaults(func=run_generate)
+
+
+def _usage(parser: argparse.ArgumentParser) -> int:
+    parser.print_usage(sys.stderr)
+    return 2
+
+
+def run_generate(args: argparse.Namespace) -> int:
+    from kubegpu.devices import open_backend
+
+    local_root = args.container_driver_root or args.driver_root
+    try:
+        backend = open_backend(
+            args.device_discovery_strategy, simulate=args.simulate, driver_root=local_root
+        )
+        try:
+            inventory = backend.discover()
+        finally:
+            backend.close()
+        spec = generate_spec(
+            inventory,
+            driver_root=args.driver_root,
+            container_driver_root=args.container_driver_root,
+            device_id_strategy=args.device_id_strategy,
+            dev_root=args.dev_root,
+            nvidia_ctk_path=args.nvidia_ctk_path,
+        )
+        if args.output == "-":
+            sys.stdout.write(dump(spec, args.format))
+        else:
+            out = Path(args.output)
+            write_spec(spec, str(out.parent), out.name, format=args.format)
+    except KubegpuError as e:
+        print(f"kubegpu cdi generate: {e}", file=sys.stderr)
+        return 1
+    except OSError as e:
+        print(f"kubegpu cdi generate: cannot write {args.output}: {e}", file=sys.stderr)
+        return 1
+    return 0
+
+
+__all__ = [
+    "CDI_VERSION",
+    "KIND",
+    "cdi_device_name",
+    "find_binaries",
+    "find_libraries",
+    "generate_spec",
+    "register_cli",
+    "run_generate",
+    "write_spec",
+]

@@ -1,0 +1,322 @@
+"""CDI specs: valid per the CDI schema, NVIDIA's names, files found under the driver root."""
+
+from __future__ import annotations
+
+import argparse
+import importlib.util
+import json
+import stat
+from pathlib import Path
+from typing import Any
+
+import jsonschema  # type: ignore[import-untyped, unused-ignore]
+import pytest
+import yaml
+
+from kubegpu import allocation, cdi
+from kubegpu.devices.model import Gpu, Inventory, MigDevice
+from kubegpu.errors import ConfigError
+
+FIXTURES = Path(__file__).parent.parent / "fixtures"
+DEBIAN = FIXTURES / "driver-root-debian"
+RHEL = FIXTURES / "driver-root-rhel"
+SCHEMA = json.loads((FIXTURES / "cdi-schema.json").read_text())
+VERSION = "550.54.15"
+LIBDIR = "/usr/lib/x86_64-linux-gnu"
+
+
+def gpu(index: int, **kw: Any) -> Gpu:
+    return Gpu(
+        index=index,
+        uuid=f"GPU-0000000{index}-aaaa-bbbb-cccc-dddddddddddd",
+        minor=index,
+        product="NVIDIA A100-SXM4-40GB",
+        memory_mib=40960,
+        pci_bus_id=f"0000:0{index}:00.0",
+        numa_node=0,
+        compute_capability=(8, 0),
+        **kw,
+    )
+
+
+def mig(parent: int, gi: int, caps: tuple[int, int]) -> MigDevice:
+    return MigDevice(
+        uuid=f"MIG-{parent}{gi}000000-1111-2222-3333-444444444444",
+        parent_uuid=f"GPU-0000000{parent}-aaaa-bbbb-cccc-dddddddddddd",
+        parent_index=parent,
+        gi_id=gi,
+        ci_id=0,
+        profile="3g.20gb",
+        memory_mib=20096,
+        device_paths=tuple(f"/dev/nvidia-caps/nvidia-cap{c}" for c in caps),
+    )
+
+
+PLAIN = Inventory(gpus=(gpu(0), gpu(1)), driver_version=VERSION)
+MIXED = Inventory(
+    gpus=(
+        gpu(0, device_paths=("/dev/nvidia0",)),
+        gpu(
+            1,
+            device_paths=("/dev/nvidia1",),
+            mig_enabled=True,
+            mig_capable=True,
+            mig_devices=(mig(1, 1, (21, 22)), mig(1, 2, (30, 31))),
+        ),
+    ),
+    driver_version=VERSION,
+    control_device_paths=("/dev/nvidiactl", "/dev/nvidia-uvm"),
+)
+
+
+def devices(spec: dict[str, Any]) -> dict[str, list[dict[str, Any]]]:
+    return {d["name"]: d["containerEdits"]["deviceNodes"] for d in spec["devices"]}
+
+
+def mounts(spec: dict[str, Any]) -> dict[str, str]:
+    return {m["containerPath"]: m["hostPath"] for m in spec["containerEdits"]["mounts"]}
+
+
+@pytest.mark.parametrize("inventory", [PLAIN, MIXED], ids=["plain", "mig"])
+@pytest.mark.parametrize("strategy", ["uuid", "index"])
+@pytest.mark.parametrize("root", [DEBIAN, RHEL], ids=["debian", "rhel"])
+@pytest.mark.parametrize("ctk", [None, "/usr/bin/nvidia-ctk"])
+def test_specs_validate_against_the_cdi_schema(
+    inventory: Inventory, strategy: str, root: Path, ctk: str | None
+) -> None:
+    spec = cdi.generate_spec(
+        inventory,
+        driver_root="/run/nvidia/driver",
+        container_driver_root=str(root),
+        device_id_strategy=strategy,
+        nvidia_ctk_path=ctk,
+    )
+    jsonschema.validate(spec, SCHEMA)
+    assert spec["kind"] == "k8s.device-plugin.nvidia.com/gpu"
+    major, minor, _ = (int(x) for x in spec["cdiVersion"].split("."))
+    assert (major, minor) >= (0, 6)
+    assert len({d["name"] for d in spec["devices"]}) == len(spec["devices"])
+
+
+def test_schema_rejects_what_the_spec_forbids() -> None:
+    good = cdi.generate_spec(PLAIN, container_driver_root=str(DEBIAN))
+    bad_name = {**good, "devices": [{"name": "-gpu", "containerEdits": {}}]}
+    bad_kind = {**good, "kind": "nvidia.com/gpu/extra"}
+    bad_node = {**good, "containerEdits": {"deviceNodes": [{"hostPath": "/dev/x"}]}}
+    for bad in (bad_name, bad_kind, bad_node, {**good, "devices": []}):
+        with pytest.raises(jsonschema.ValidationError):
+            jsonschema.validate(bad, SCHEMA)
+
+
+def test_uuid_names_and_device_nodes() -> None:
+    spec = cdi.generate_spec(MIXED, container_driver_root=str(DEBIAN))
+    nodes = devices(spec)
+    g0, g1 = MIXED.gpus
+    m1, m2 = g1.mig_devices
+    assert list(nodes) == [g0.uuid, g1.uuid, m1.uuid, m2.uuid, "all"]
+    assert nodes[g0.uuid] == [{"path": "/dev/nvidia0"}]
+    paths = [n["path"] for n in nodes[m1.uuid]]
+    assert paths == [
+        "/dev/nvidia1",
+        "/dev/nvidia-caps/nvidia-cap21",
+        "/dev/nvidia-caps/nvidia-cap22",
+    ]
+    all_paths = [n["path"] for n in nodes["all"]]
+    assert all_paths[:2] == ["/dev/nvidia0", "/dev/nvidia1"]
+    assert set(all_paths) == {
+        "/dev/nvidia0",
+        "/dev/nvidia1",
+        *(f"/dev/nvidia-caps/nvidia-cap{c}" for c in (21, 22, 30, 31)),
+    }
+    assert len(all_paths) == len(set(all_paths))
+
+
+def test_index_names_follow_nvidia_notation() -> None:
+    spec = cdi.generate_spec(MIXED, device_id_strategy="index", container_driver_root=str(DEBIAN))
+    assert list(devices(spec)) == ["0", "1", "1:1", "1:2", "all"]
+
+
+def test_gpu_without_device_paths_uses_its_minor() -> None:
+    spec = cdi.generate_spec(Inventory(gpus=(gpu(3),)), container_driver_root=str(DEBIAN))
+    assert devices(spec)[gpu(3).uuid] == [{"path": "/dev/nvidia3"}]
+
+
+def test_host_paths_under_driver_and_dev_roots() -> None:
+    spec = cdi.generate_spec(
+        PLAIN, driver_root="/run/nvidia/driver", container_driver_root=str(DEBIAN)
+    )
+    assert devices(spec)[PLAIN.gpus[0].uuid] == [
+        {"path": "/dev/nvidia0", "hostPath": "/run/nvidia/driver/dev/nvidia0"}
+    ]
+    spec = cdi.generate_spec(PLAIN, driver_root="/run/nvidia/driver", dev_root="/")
+    assert devices(spec)[PLAIN.gpus[0].uuid] == [{"path": "/dev/nvidia0"}]
+
+
+def test_control_nodes_and_env() -> None:
+    spec = cdi.generate_spec(PLAIN, container_driver_root=str(DEBIAN))
+    edits = spec["containerEdits"]
+    assert [n["path"] for n in edits["deviceNodes"]] == [
+        "/dev/nvidiactl",
+        "/dev/nvidia-uvm",
+        "/dev/nvidia-uvm-tools",
+        "/dev/nvidia-modeset",  # present in this tree
+    ]
+    assert edits["env"] == ["NVIDIA_VISIBLE_DEVICES=void"]
+    assert "hooks" not in edits
+    # the RHEL tree has no modeset node; the inventory's own control list wins
+    spec = cdi.generate_spec(MIXED, container_driver_root=str(RHEL))
+    assert [n["path"] for n in spec["containerEdits"]["deviceNodes"]] == [
+        "/dev/nvidiactl",
+        "/dev/nvidia-uvm",
+    ]
+
+
+def test_libraries_and_binaries_debian_tree() -> None:
+    spec = cdi.generate_spec(PLAIN, driver_root="/host", container_driver_root=str(DEBIAN))
+    got = mounts(spec)
+    real = f"/host{LIBDIR}/libcuda.so.{VERSION}"
+    # every name of libcuda maps to the real file, so links never dangle in the container
+    assert got[f"{LIBDIR}/libcuda.so.1"] == real
+    assert got[f"{LIBDIR}/libcuda.so"] == real
+    assert got[f"{LIBDIR}/libcuda.so.{VERSION}"] == real
+    assert got[f"{LIBDIR}/libnvidia-ml.so.1"] == f"/host{LIBDIR}/libnvidia-ml.so.{VERSION}"
+    assert f"{LIBDIR}/libnvidia-ptxjitcompiler.so.1" in got
+    assert f"{LIBDIR}/libnvidia-glcore.so.{VERSION}" in got  # by driver version
+    assert f"{LIBDIR}/libnvidia-glcore.so.535.104.05" not in got  # stale driver
+    assert f"{LIBDIR}/libfoo.so.1" not in got
+    for name in cdi.BINARIES:
+        assert got[f"/usr/bin/{name}"] == f"/host/usr/bin/{name}"
+    assert got["/run/nvidia-persistenced/socket"] == "/host/run/nvidia-persistenced/socket"
+    for m in spec["containerEdits"]["mounts"]:
+        assert m["options"] == ["ro", "nosuid", "nodev", "bind"]
+
+
+def test_libraries_rhel_tree_with_absolute_and_dangling_links() -> None:
+    got = mounts(cdi.generate_spec(PLAIN, container_driver_root=str(RHEL)))
+    assert got["/usr/lib64/libcuda.so.1"] == f"/usr/lib64/libcuda.so.{VERSION}"
+    assert got["/usr/lib64/libnvidia-ml.so.1"] == f"/usr/lib64/libnvidia-ml.so.{VERSION}"
+    assert "/usr/lib64/libnvidia-ptxjitcompiler.so.1" not in got  # dangling
+    assert not any(p.startswith("/lib64/") for p in got)  # lib64 -> usr/lib64 seen once
+    assert got["/usr/bin/nvidia-smi"] == "/usr/sbin/nvidia-smi"
+    assert "/usr/bin/nvidia-cuda-mps-control" not in got
+
+
+def test_missing_driver_root_gives_devices_only(tmp_path: Path) -> None:
+    spec = cdi.generate_spec(PLAIN, container_driver_root=str(tmp_path / "nothing"))
+    jsonschema.validate(spec, SCHEMA)
+    assert spec["containerEdits"]["mounts"] == []
+
+
+def test_ldcache_hook_only_when_asked() -> None:
+    spec = cdi.generate_spec(
+        PLAIN, container_driver_root=str(DEBIAN), nvidia_ctk_path="/usr/local/bin/nvidia-ctk"
+    )
+    (hook,) = spec["containerEdits"]["hooks"]
+    assert hook["hookName"] == "createContainer"
+    assert hook["path"] == "/usr/local/bin/nvidia-ctk"
+    assert hook["args"] == ["nvidia-ctk", "hook", "update-ldcache", "--folder", LIBDIR]
+
+
+def test_device_id_strategy_checked() -> None:
+    with pytest.raises(ConfigError, match="device-id-strategy 'serial'"):
+        cdi.generate_spec(PLAIN, device_id_strategy="serial")
+
+
+def test_cdi_device_name_format() -> None:
+    uuid = PLAIN.gpus[0].uuid
+    assert cdi.cdi_device_name(uuid) == f"k8s.device-plugin.nvidia.com/gpu={uuid}"
+    assert cdi.cdi_device_name("1:2") == "k8s.device-plugin.nvidia.com/gpu=1:2"
+    # what Allocate hands the runtime must name a device of the written spec
+    spec = cdi.generate_spec(MIXED, container_driver_root=str(DEBIAN))
+    names = {cdi.cdi_device_name(d["name"]) for d in spec["devices"]}
+    for g in MIXED.gpus:
+        assert allocation.cdi_device_name(g.uuid) in names
+    for m in MIXED.mig_devices():
+        assert allocation.cdi_device_name(m.uuid) in names
+
+
+def test_write_spec_atomic_0644(tmp_path: Path) -> None:
+    spec = cdi.generate_spec(PLAIN, container_driver_root=str(DEBIAN))
+    target = cdi.write_spec(spec, str(tmp_path / "cdi"))
+    assert target == tmp_path / "cdi" / "k8s.device-plugin.nvidia.com-gpu.json"
+    assert stat.S_IMODE(target.stat().st_mode) == 0o644
+    assert json.loads(target.read_text()) == spec
+    smaller = {**spec, "devices": spec["devices"][:1]}
+    cdi.write_spec(smaller, str(tmp_path / "cdi"))
+    assert json.loads(target.read_text()) == smaller
+    assert [p.name for p in (tmp_path / "cdi").iterdir()] == [target.name]  # no temp left
+
+
+def test_write_spec_yaml(tmp_path: Path) -> None:
+    spec = cdi.generate_spec(MIXED, container_driver_root=str(DEBIAN))
+    target = cdi.write_spec(spec, str(tmp_path), "gpu.yaml", format="yaml")
+    assert yaml.safe_load(target.read_text()) == spec
+    with pytest.raises(ConfigError, match="--format 'toml'"):
+        cdi.write_spec(spec, str(tmp_path), "gpu.toml", format="toml")
+
+
+def parse(argv: list[str]) -> argparse.Namespace:
+    parser = argparse.ArgumentParser(prog="kubegpu")
+    cdi.register_cli(parser.add_subparsers(dest="command"))
+    return parser.parse_args(argv)
+
+
+def test_cli_defaults_come_from_env(monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.setenv("NVIDIA_DRIVER_ROOT", "/run/nvidia/driver")
+    monkeypatch.setenv("DEVICE_ID_STRATEGY", "index")
+    monkeypatch.setenv("SIMULATE", "t4-1")
+    args = parse(["cdi", "generate"])
+    assert (args.driver_root, args.device_id_strategy, args.simulate) == (
+        "/run/nvidia/driver",
+        "index",
+        "t4-1",
+    )
+    assert (args.output, args.format, args.func) == ("-", "json", cdi.run_generate)
+    args = parse(["cdi", "generate", "--driver-root", "/", "--device-id-strategy", "uuid"])
+    assert (args.driver_root, args.device_id_strategy) == ("/", "uuid")
+
+
+def test_cli_without_subcommand_is_usage_error(capsys: pytest.CaptureFixture[str]) -> None:
+    args = parse(["cdi"])
+    assert args.func(args) == 2
+    assert "usage:" in capsys.readouterr().err
+
+
+def test_cli_backend_failure_is_exit_1(capsys: pytest.CaptureFixture[str]) -> None:
+    args = parse(["cdi", "generate", "--device-discovery-strategy", "bogus"])
+    args.simulate = None
+    assert cdi.run_generate(args) == 1
+    assert "unknown backend 'bogus'" in capsys.readouterr().err
+
+
+needs_simulated = pytest.mark.skipif(
+    importlib.util.find_spec("kubegpu.devices.simulated") is None,
+    reason="the simulated backend is not in this tree yet",
+)
+
+
+@needs_simulated
+@pytest.mark.parametrize("preset", ["h100-8", "a100-40gb-mig"])
+def test_cli_generate_simulated(
+    preset: str, tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    out = tmp_path / "gpu.json"
+    args = parse(
+        [
+            "cdi",
+            "generate",
+            "--simulate",
+            preset,
+            "--container-driver-root",
+            str(DEBIAN),
+            "--output",
+            str(out),
+        ]
+    )
+    assert cdi.run_generate(args) == 0, capsys.readouterr().err
+    spec = json.loads(out.read_text())
+    jsonschema.validate(spec, SCHEMA)
+    assert spec["devices"][-1]["name"] == "all"
+    args = parse(["cdi", "generate", "--simulate", preset, "--format", "yaml"])
+    assert cdi.run_generate(args) == 0
+    assert yaml.safe_load(capsys.readouterr().out)["kind"] == cdi.KIND
