@@ -323,15 +323,23 @@ class FakeNvml(types.ModuleType):
             ids = {"gpu_instance_id": mig.gi_id, "compute_instance_id": mig.ci_id}
         self.emit_event(gpu, pynvml.nvmlEventTypeXidCriticalError, xid, **ids)
 
-    def registered(self) -> dict[str, int]:
-        """UUID -> event mask of every registration in live event sets."""
+    def wait_registered(self, count: int, timeout: float = 5.0) -> bool:
+        """Block until `count` GPUs are registered for events (a watcher has started)."""
         with self._cond:
-            return {
-                g.uuid: mask
-                for s in self._event_sets
-                if not s.freed
-                for g, mask in s.registered.items()
-            }
+            return self._cond.wait_for(lambda: len(self._registered()) >= count, timeout)
+
+    def registered(self) -> dict[str, int]:
+        with self._cond:
+            return self._registered()
+
+    def _registered(self) -> dict[str, int]:
+        """UUID -> event mask of every registration in live event sets."""
+        return {
+            g.uuid: mask
+            for s in self._event_sets
+            if not s.freed
+            for g, mask in s.registered.items()
+        }
 
     # -- internals ------------------------------------------------------------------
 
@@ -571,6 +579,7 @@ class FakeNvml(types.ModuleType):
             raise pynvml.NVMLError(pynvml.NVML_ERROR_NOT_SUPPORTED)
         with self._cond:
             eventSet.registered[gpu] = eventSet.registered.get(gpu, 0) | eventTypes
+            self._cond.notify_all()
 
     def nvmlEventSetWait_v2(self, eventSet: Any, timeoutms: int) -> EventData:
         self._check("nvmlEventSetWait_v2")

@@ -548,14 +548,15 @@ class NvmlBackend:
                         log.warning(
                             "waiting for NVML events failed (%s); retrying in %.0fs", err, backoff
                         )
+                        # Free first: a fresh set is registered after the back-off.
+                        self._free(event_set)
+                        event_set = None
                         for uuid in watched:
                             emit(
                                 HealthEvent(
                                     uuid, HealthEventKind.PROBE_FAILED, detail=f"event wait: {err}"
                                 )
                             )
-                        self._free(event_set)
-                        event_set = None
                         stop.wait(backoff)
                         backoff = min(backoff * 2, _MAX_BACKOFF_S)
                 else:
