@@ -1,0 +1,473 @@
+"""Where the live config comes from: a file or a node-selected named config, reloaded.
+
+The daemon consumes `ConfigSource.updates()`: the first item is the config to start with,
+later items arrive only when the effective config changes (or a reload fails). Files are
+watched by polling `stat` through symlinks, which also sees a ConfigMap volume swapping its
+`..data` link; inotify would miss that swap on some kernels and is not portable.
+
+Named configs follow NVIDIA's config-manager: a directory holds one file per config, the
+node label `nvidia.com/device-plugin.config` picks one, and fallback strategies decide
+when the label is unset. Changing the label switches the config live.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import importlib
+import logging
+import os
+import threading
+from collections.abc import AsyncIterator, Callable, Mapping
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any, Final, Protocol
+
+from kubegpu.config.loader import load_config
+from kubegpu.config.v1 import Config
+from kubegpu.errors import ConfigError
+
+log = logging.getLogger(__name__)
+
+#: The node label NVIDIA's chart uses to pick a named config.
+DEFAULT_NODE_LABEL: Final = "nvidia.com/device-plugin.config"
+#: `named`: the `default` config; `single`: the only config; `empty`: no config at all.
+FALLBACK_STRATEGIES: Final = ("named", "single", "empty")
+_SUFFIXES: Final = (".yaml", ".yml")
+
+
+@dataclass(frozen=True)
+class ConfigUpdate:
+    """One item of `ConfigSource.updates()`: a new config, or why a reload failed."""
+
+    #: The new effective config; `None` when this update reports an error.
+    config: Config | None
+    #: Why the (re)load failed; the daemon keeps running with its last good config.
+    error: ConfigError | None
+    #: Where it came from, for logs: "file /etc/kubegpu/config.yaml", "named config 'a100'...".
+    origin: str
+
+
+class NodeLabels(Protocol):
+    """The value of one label on one node, now and on every change.
+
+    Implementations are async generators: `async def watch(...)` with `yield`.
+    """
+
+    def watch(self, node: str, label: str) -> AsyncIterator[str | None]: ...
+
+
+@dataclass(frozen=True)
+class NamedConfigs:
+    """A directory of named configs and how one is chosen for this node."""
+
+    #: One file per config; the file name (less `.yaml`/`.yml`) is the config's name.
+    directory: Path
+    #: The config the `named` fallback picks when the node has no label.
+    default: str | None = None
+    #: Tried in order when the node label is unset: `named`, `single`, `empty`.
+    fallback_strategies: tuple[str, ...] = ("named", "single")
+    #: This node, to read its label; without it (or `labels`) only fallbacks apply.
+    node_name: str | None = None
+    label: str = DEFAULT_NODE_LABEL
+    labels: NodeLabels | None = None
+    #: How long the first load waits for the label before using the fallbacks.
+    label_timeout: float = 30.0
+
+    def __post_init__(self) -> None:
+        for strategy in self.fallback_strategies:
+            if strategy not in FALLBACK_STRATEGIES:
+                raise ConfigError(
+                    f"--fallback-strategies: unknown strategy (got {strategy!r}); "
+                    f"use some of: {', '.join(FALLBACK_STRATEGIES)}"
+                )
+
+
+@dataclass(frozen=True)
+class _Selection:
+    path: Path | None
+    origin: str
+    error: ConfigError | None = None
+
+
+#: A file's identity and version: inode and device, size, mtime, and the resolved path.
+_Fingerprint = tuple[str, int, int, int, int] | None
+
+
+class ConfigSource:
+    """The live config: the initial load, then one update per effective change."""
+
+    def __init__(
+        self,
+        *,
+        config_file: Path | None,
+        overrides: Mapping[str, Any],
+        named: NamedConfigs | None = None,
+        poll_interval: float = 0.5,
+    ) -> None:
+        self._config_file = config_file
+        self._overrides = dict(overrides)
+        self._named = named
+        self._poll_interval = poll_interval
+        self._wake = asyncio.Event()
+        self._poked = False
+        self._loop: asyncio.AbstractEventLoop | None = None
+        self._label_value: str | None = None
+        self._label_seen = asyncio.Event()
+
+    def poke(self) -> None:
+        """Re-read now even if nothing looks changed (SIGHUP). Safe from any thread."""
+        loop = self._loop
+        if loop is None or loop.is_closed():
+            self._poked = True
+            return
+        try:
+            running: asyncio.AbstractEventLoop | None = asyncio.get_running_loop()
+        except RuntimeError:
+            running = None
+        if running is loop:
+            self._poke_now()
+        else:
+            loop.call_soon_threadsafe(self._poke_now)
+
+    def _poke_now(self) -> None:
+        self._poked = True
+        self._wake.set()
+
+    async def updates(self) -> AsyncIterator[ConfigUpdate]:
+        """The initial config (or error), then an update per change; runs until closed."""
+        self._loop = asyncio.get_running_loop()
+        label_task = await self._start_label_watch()
+        try:
+            last_key: object = None
+            last: ConfigUpdate | None = None
+            last_good: Config | None = None
+            while True:
+                forced, self._poked = self._poked, False
+                selection = self._select()
+                key = (selection.path, selection.origin, str(selection.error), _stat(selection))
+                if key != last_key or forced or last is None:
+                    last_key = key
+                    update = self._load(selection)
+                    if _is_news(update, last, last_good):
+                        last = update
+                        if update.config is not None:
+                            last_good = update.config
+                        yield update
+                await self._wait()
+        finally:
+            if label_task is not None:
+                label_task.cancel()
+                with contextlib.suppress(asyncio.CancelledError):
+                    await label_task
+
+    async def _wait(self) -> None:
+        """Sleep until the next poll, a poke or a label change, whichever is first."""
+        with contextlib.suppress(TimeoutError):
+            async with asyncio.timeout(self._poll_interval):
+                await self._wake.wait()
+        self._wake.clear()
+
+    # -- choosing the file ---------------------------------------------------------------
+
+    def _select(self) -> _Selection:
+        if self._named is None:
+            if self._config_file is None:
+                return _Selection(None, "defaults (no config file)")
+            return _Selection(self._config_file, f"file {self._config_file}")
+        return select_named(self._named, self._label_value)
+
+    def _load(self, selection: _Selection) -> ConfigUpdate:
+        if selection.error is not None:
+            return ConfigUpdate(None, selection.error, selection.origin)
+        try:
+            config = load_config(selection.path, self._overrides)
+        except ConfigError as exc:
+            return ConfigUpdate(None, exc, selection.origin)
+        return ConfigUpdate(config, None, selection.origin)
+
+    # -- the node label ------------------------------------------------------------------
+
+    async def _start_label_watch(self) -> asyncio.Task[None] | None:
+        named = self._named
+        if named is None or named.labels is None:
+            return None
+        if named.node_name is None:
+            log.warning("named configs: no node name (--node-name/NODE_NAME); label ignored")
+            return None
+        task = asyncio.create_task(
+            self._follow_label(named.labels, named.node_name, named.label),
+            name=f"config-label-{named.node_name}",
+        )
+        try:
+            async with asyncio.timeout(named.label_timeout):
+                await self._label_seen.wait()
+        except TimeoutError:
+            log.warning(
+                "node %s: label %s not read within %.0fs; using fallbacks until it is",
+                named.node_name,
+                named.label,
+                named.label_timeout,
+            )
+        return task
+
+    async def _follow_label(self, labels: NodeLabels, node: str, label: str) -> None:
+        try:
+            async for value in labels.watch(node, label):
+                value = value or None  # an empty label value means "not set"
+                if not self._label_seen.is_set() or value != self._label_value:
+                    log.info("node %s: label %s=%s", node, label, value)
+                    self._label_value = value
+                    self._label_seen.set()
+                    self._wake.set()
+        except Exception as exc:  # the watch is advisory: keep the last value
+            log.error("node %s: label watch stopped (%s); keeping %r", node, exc, self._label_value)
+
+
+def select_named(named: NamedConfigs, label_value: str | None) -> _Selection:
+    """The named config for a label value (or the fallbacks when unset), as a selection."""
+    try:
+        available = available_configs(named.directory)
+    except ConfigError as exc:
+        return _Selection(None, f"named configs in {named.directory}", exc)
+    names = ", ".join(sorted(available)) or "none"
+    if label_value is not None:
+        origin = f"named config {label_value!r} (node label {named.label})"
+        if label_value in available:
+            return _Selection(available[label_value], origin)
+        return _Selection(
+            None,
+            origin,
+            ConfigError(
+                f"node label {named.label}: no config of that name in {named.directory} "
+                f"(got {label_value!r}); use one of: {names}, or add it to the ConfigMap"
+            ),
+        )
+    for strategy in named.fallback_strategies:
+        if strategy == "named" and named.default is not None and named.default in available:
+            origin = f"named config {named.default!r} (default; node label unset)"
+            return _Selection(available[named.default], origin)
+        if strategy == "single" and len(available) == 1:
+            (only,) = available
+            return _Selection(available[only], f"named config {only!r} (the only one)")
+        if strategy == "empty":
+            return _Selection(None, "defaults (fallback 'empty'; node label unset)")
+    return _Selection(
+        None,
+        f"named configs in {named.directory}",
+        ConfigError(
+            f"node label {named.label}: not set and fallbacks "
+            f"{','.join(named.fallback_strategies) or 'none'} chose nothing (got configs: {names}; "
+            f"default {named.default!r}); label the node, set --default-config, "
+            "or add 'empty' to --fallback-strategies"
+        ),
+    )
+
+
+def available_configs(directory: Path) -> dict[str, Path]:
+    """Config name -> file; hidden entries (a ConfigMap's `..data`) are skipped."""
+    try:
+        entries = sorted(directory.iterdir())
+    except OSError as exc:
+        raise ConfigError(
+            f"{directory}: cannot list the named configs ({exc.strerror}); "
+            "check --config-dir and the ConfigMap mount"
+        ) from exc
+    found: dict[str, Path] = {}
+    for entry in entries:
+        if entry.name.startswith(".") or not entry.is_file():
+            continue
+        name = entry.stem if entry.suffix in _SUFFIXES else entry.name
+        # An exact file name wins over a suffixed one: `a` beats `a.yaml`.
+        if name not in found or entry.name == name:
+            found[name] = entry
+    return found
+
+
+def _stat(selection: _Selection) -> _Fingerprint:
+    """What changes when the file does, including a ConfigMap swapping `..data`."""
+    if selection.path is None:
+        return None
+    try:
+        st = selection.path.stat()  # follows symlinks: the target's identity
+        real = os.path.realpath(selection.path)
+    except OSError:
+        return None
+    return (real, st.st_ino, st.st_dev, st.st_size, st.st_mtime_ns)
+
+
+def _is_news(update: ConfigUpdate, last: ConfigUpdate | None, last_good: Config | None) -> bool:
+    """Whether the consumer needs this update: a different config, a new error or a fix."""
+    if last is None:
+        return True
+    if update.config is not None:
+        return last.config is None or update.config != last_good
+    return last.error is None or str(last.error) != str(update.error)
+
+
+# -- node label watchers -----------------------------------------------------------------------
+
+
+class FakeNodeLabels:
+    """A `NodeLabels` for tests: `set(value)` is seen by every watcher at once.
+
+    Call `set` from the event loop's thread.
+    """
+
+    def __init__(self, value: str | None = None) -> None:
+        self.value = value
+        #: (node, label) of every `watch` call, to assert what was watched.
+        self.watched: list[tuple[str, str]] = []
+        self._queues: list[asyncio.Queue[str | None]] = []
+
+    def set(self, value: str | None) -> None:
+        self.value = value
+        for queue in self._queues:
+            queue.put_nowait(value)
+
+    async def watch(self, node: str, label: str) -> AsyncIterator[str | None]:
+        self.watched.append((node, label))
+        queue: asyncio.Queue[str | None] = asyncio.Queue()
+        self._queues.append(queue)
+        try:
+            yield self.value
+            while True:
+                yield await queue.get()
+        finally:
+            self._queues.remove(queue)
+
+
+@dataclass
+class _WatchState:
+    stop: threading.Event = field(default_factory=threading.Event)
+    current: Any = None
+
+
+class KubernetesNodeLabels:
+    """Node labels from the Kubernetes API: read the Node, then watch it by name.
+
+    The official client blocks, so it runs in a daemon thread that hands values to the
+    loop. Failures (API errors, dropped connections, no credentials yet) are logged on one
+    line and retried with exponential backoff; they never end the watch.
+    """
+
+    def __init__(
+        self,
+        *,
+        api: Any = None,
+        watch_factory: Callable[[], Any] | None = None,
+        backoff: tuple[float, float] = (1.0, 30.0),
+        watch_timeout_s: int = 300,
+    ) -> None:
+        #: A `CoreV1Api`; default: in-cluster config, else the kubeconfig.
+        self._api = api
+        self._watch_factory = watch_factory
+        self._backoff = backoff
+        self._watch_timeout_s = watch_timeout_s
+
+    async def watch(self, node: str, label: str) -> AsyncIterator[str | None]:
+        loop = asyncio.get_running_loop()
+        queue: asyncio.Queue[str | None] = asyncio.Queue()
+        state = _WatchState()
+
+        def emit(value: str | None) -> None:
+            try:
+                loop.call_soon_threadsafe(queue.put_nowait, value)
+            except RuntimeError:  # the loop is gone: nobody is listening
+                state.stop.set()
+
+        thread = threading.Thread(
+            target=self._run, args=(node, label, emit, state), daemon=True, name=f"labels-{node}"
+        )
+        thread.start()
+        try:
+            while True:
+                yield await queue.get()
+        finally:
+            state.stop.set()
+            if state.current is not None:
+                state.current.stop()
+
+    def _run(
+        self, node: str, label: str, emit: Callable[[str | None], None], state: _WatchState
+    ) -> None:
+        from kubernetes.client.exceptions import ApiException
+
+        unset = object()
+        last: object = unset
+        delay = self._backoff[0]
+
+        def offer(value: str | None) -> None:
+            nonlocal last
+            if value != last:
+                last = value
+                emit(value)
+
+        api = self._api
+        while not state.stop.is_set():
+            try:
+                if api is None:
+                    api = _default_api()
+                obj = api.read_node(node)
+                offer(_label_of(obj, label))
+                watcher = self._watch_factory() if self._watch_factory else _default_watch()
+                state.current = watcher
+                for event in watcher.stream(
+                    api.list_node,
+                    field_selector=f"metadata.name={node}",
+                    resource_version=obj.metadata.resource_version,
+                    timeout_seconds=self._watch_timeout_s,
+                ):
+                    if state.stop.is_set() or event.get("type") == "ERROR":
+                        break  # ERROR is usually 410 Gone: re-read and watch again
+                    gone = event.get("type") == "DELETED"
+                    offer(None if gone else _label_of(event["object"], label))
+                delay = self._backoff[0]
+            except ApiException as exc:
+                if exc.status == 404:
+                    offer(None)
+                log.warning(
+                    "node %s: Kubernetes API error %s %s reading label %s; retrying in %.1fs",
+                    node,
+                    exc.status,
+                    str(exc.reason).strip(),
+                    label,
+                    delay,
+                )
+                state.stop.wait(delay)
+                delay = min(delay * 2, self._backoff[1])
+            except Exception as exc:  # connection drops, missing credentials
+                log.warning(
+                    "node %s: cannot watch label %s (%s: %s); retrying in %.1fs",
+                    node,
+                    label,
+                    type(exc).__name__,
+                    str(exc).splitlines()[0] if str(exc) else "",
+                    delay,
+                )
+                state.stop.wait(delay)
+                delay = min(delay * 2, self._backoff[1])
+
+
+def _label_of(node: Any, label: str) -> str | None:
+    labels = node.metadata.labels or {}
+    value = labels.get(label)
+    return str(value) if value else None
+
+
+def _default_api() -> Any:
+    """A CoreV1Api on its own client configuration (in-cluster, else kubeconfig)."""
+    # Through importlib: the client is untyped, and Any keeps that at this one boundary.
+    client: Any = importlib.import_module("kubernetes.client")
+    config: Any = importlib.import_module("kubernetes.config")
+    configuration = client.Configuration()
+    try:
+        config.load_incluster_config(client_configuration=configuration)
+    except config.ConfigException:
+        config.load_kube_config(client_configuration=configuration)
+    return client.CoreV1Api(client.ApiClient(configuration))
+
+
+def _default_watch() -> Any:
+    watch: Any = importlib.import_module("kubernetes.watch")
+    return watch.Watch()

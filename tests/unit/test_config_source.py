@@ -1,0 +1,359 @@
+"""ConfigSource: initial load, reloads on change, ConfigMap symlink swaps, named configs."""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import logging
+import threading
+from collections.abc import AsyncIterator, Iterator
+from pathlib import Path
+from typing import Any
+
+import pytest
+
+from kubegpu.config import MigStrategy
+from kubegpu.config.source import (
+    ConfigSource,
+    ConfigUpdate,
+    FakeNodeLabels,
+    KubernetesNodeLabels,
+    NamedConfigs,
+)
+from kubegpu.errors import ConfigError
+
+FAST = 0.05
+WAIT = 5.0
+
+
+def mig(strategy: str) -> str:
+    return f"version: v1\nflags:\n  migStrategy: {strategy}\n"
+
+
+Updates = asyncio.Queue[ConfigUpdate]
+
+
+@contextlib.asynccontextmanager
+async def running(source: ConfigSource) -> AsyncIterator[Updates]:
+    """The source's updates, drained by a task into a queue the test reads with timeouts."""
+    queue: Updates = asyncio.Queue()
+
+    async def drain() -> None:
+        async for update in source.updates():
+            queue.put_nowait(update)
+
+    task = asyncio.create_task(drain())
+    try:
+        yield queue
+    finally:
+        task.cancel()
+        with contextlib.suppress(asyncio.CancelledError):
+            await task
+
+
+async def next_update(queue: Updates) -> ConfigUpdate:
+    return await asyncio.wait_for(queue.get(), WAIT)
+
+
+async def assert_quiet(queue: Updates, seconds: float = 0.3) -> None:
+    """No update within several poll intervals (only used to assert an absence)."""
+    with pytest.raises(TimeoutError):
+        await asyncio.wait_for(queue.get(), seconds)
+
+
+def strategy(update: ConfigUpdate) -> MigStrategy:
+    assert update.config is not None, update.error
+    return update.config.flags.mig_strategy
+
+
+# -- a plain file ----------------------------------------------------------------------------
+
+
+async def test_initial_load_and_reload_on_change(tmp_path: Path) -> None:
+    path = tmp_path / "config.yaml"
+    path.write_text(mig("single"))
+    async with running(ConfigSource(config_file=path, overrides={}, poll_interval=FAST)) as s:
+        first = await next_update(s)
+        assert strategy(first) is MigStrategy.SINGLE
+        assert first.origin == f"file {path}"
+        path.write_text(mig("mixed"))
+        assert strategy(await next_update(s)) is MigStrategy.MIXED
+
+
+async def test_touch_without_a_change_yields_nothing(tmp_path: Path) -> None:
+    path = tmp_path / "config.yaml"
+    path.write_text(mig("single"))
+    async with running(ConfigSource(config_file=path, overrides={}, poll_interval=FAST)) as s:
+        await next_update(s)
+        path.write_text(mig("single") + "# a comment\n")
+        await assert_quiet(s)
+
+
+async def test_invalid_change_then_fix(tmp_path: Path) -> None:
+    path = tmp_path / "config.yaml"
+    path.write_text(mig("single"))
+    async with running(ConfigSource(config_file=path, overrides={}, poll_interval=FAST)) as s:
+        await next_update(s)
+        path.write_text("flags: {migStrategi: mixed}\n")
+        bad = await next_update(s)
+        assert bad.config is None and isinstance(bad.error, ConfigError)
+        assert "did you mean 'migStrategy'?" in str(bad.error)
+        path.write_text(mig("mixed"))
+        assert strategy(await next_update(s)) is MigStrategy.MIXED
+
+
+async def test_fix_back_to_the_last_good_config_still_clears_the_error(tmp_path: Path) -> None:
+    path = tmp_path / "config.yaml"
+    path.write_text(mig("single"))
+    async with running(ConfigSource(config_file=path, overrides={}, poll_interval=FAST)) as s:
+        await next_update(s)
+        path.write_text("flags: [")
+        assert (await next_update(s)).error is not None
+        path.write_text(mig("single"))
+        assert strategy(await next_update(s)) is MigStrategy.SINGLE
+
+
+async def test_overrides_win_over_every_reloaded_file(tmp_path: Path) -> None:
+    path = tmp_path / "config.yaml"
+    path.write_text(mig("single") + "  failOnInitError: true\n")
+    overrides = {"flags.migStrategy": "none"}
+    async with running(
+        ConfigSource(config_file=path, overrides=overrides, poll_interval=FAST)
+    ) as s:
+        first = await next_update(s)
+        assert strategy(first) is MigStrategy.NONE
+        path.write_text(mig("mixed") + "  failOnInitError: false\n")
+        second = await next_update(s)
+        assert strategy(second) is MigStrategy.NONE
+        assert second.config is not None and second.config.flags.fail_on_init_error is False
+
+
+async def test_no_file_means_defaults_and_overrides() -> None:
+    source = ConfigSource(config_file=None, overrides={"flags.migStrategy": "mixed"})
+    async with running(source) as s:
+        update = await next_update(s)
+        assert strategy(update) is MigStrategy.MIXED
+        assert update.origin == "defaults (no config file)"
+
+
+async def test_configmap_symlink_swap(tmp_path: Path) -> None:
+    """A ConfigMap volume: config.yaml -> ..data/config.yaml, ..data -> ..<timestamp>/."""
+    mount = tmp_path / "mount"
+    mount.mkdir()
+
+    def publish(version: str, text: str) -> None:
+        target = mount / f"..{version}"
+        target.mkdir()
+        (target / "config.yaml").write_text(text)
+        tmp_link = mount / "..data_tmp"
+        tmp_link.symlink_to(target.name)
+        tmp_link.replace(mount / "..data")  # atomic, as the kubelet does
+
+    publish("2024_01", mig("single"))
+    (mount / "config.yaml").symlink_to("..data/config.yaml")
+    path = mount / "config.yaml"
+    async with running(ConfigSource(config_file=path, overrides={}, poll_interval=FAST)) as s:
+        assert strategy(await next_update(s)) is MigStrategy.SINGLE
+        publish("2024_02", mig("mixed"))
+        assert strategy(await next_update(s)) is MigStrategy.MIXED
+
+
+async def test_poke_rereads_now(tmp_path: Path) -> None:
+    path = tmp_path / "config.yaml"
+    path.write_text(mig("single"))
+    source = ConfigSource(config_file=path, overrides={}, poll_interval=3600)
+    async with running(source) as s:
+        await next_update(s)
+        path.write_text(mig("mixed"))
+        source.poke()
+        assert strategy(await next_update(s)) is MigStrategy.MIXED
+
+
+async def test_poke_from_another_thread(tmp_path: Path) -> None:
+    path = tmp_path / "config.yaml"
+    path.write_text(mig("single"))
+    source = ConfigSource(config_file=path, overrides={}, poll_interval=3600)
+    async with running(source) as s:
+        await next_update(s)
+        path.write_text(mig("mixed"))
+        await asyncio.to_thread(source.poke)
+        assert strategy(await next_update(s)) is MigStrategy.MIXED
+
+
+async def test_missing_file_is_an_error_update(tmp_path: Path) -> None:
+    path = tmp_path / "absent.yaml"
+    async with running(ConfigSource(config_file=path, overrides={}, poll_interval=FAST)) as s:
+        update = await next_update(s)
+        assert update.config is None
+        assert "cannot read the config file" in str(update.error)
+        path.write_text(mig("mixed"))
+        assert strategy(await next_update(s)) is MigStrategy.MIXED
+
+
+# -- named configs ---------------------------------------------------------------------------
+
+
+@pytest.fixture
+def configs(tmp_path: Path) -> Path:
+    directory = tmp_path / "configs"
+    directory.mkdir()
+    (directory / "a100.yaml").write_text(mig("mixed"))
+    (directory / "t4").write_text(mig("single"))
+    (directory / "..data").mkdir()  # ConfigMap internals are not configs
+    return directory
+
+
+def named_source(directory: Path, **kwargs: Any) -> ConfigSource:
+    named = NamedConfigs(directory=directory, node_name="node-1", **kwargs)
+    return ConfigSource(config_file=None, overrides={}, named=named, poll_interval=FAST)
+
+
+async def test_label_picks_and_switches_config(configs: Path) -> None:
+    labels = FakeNodeLabels("a100")
+    async with running(named_source(configs, labels=labels)) as s:
+        first = await next_update(s)
+        assert strategy(first) is MigStrategy.MIXED
+        assert first.origin == "named config 'a100' (node label nvidia.com/device-plugin.config)"
+        assert labels.watched == [("node-1", "nvidia.com/device-plugin.config")]
+        labels.set("t4")
+        assert strategy(await next_update(s)) is MigStrategy.SINGLE
+
+
+async def test_label_naming_a_missing_config_is_an_error(configs: Path) -> None:
+    labels = FakeNodeLabels("a100")
+    async with running(named_source(configs, labels=labels)) as s:
+        await next_update(s)
+        labels.set("h100")
+        bad = await next_update(s)
+        assert bad.config is None
+        assert str(bad.error) == (
+            f"node label nvidia.com/device-plugin.config: no config of that name in {configs} "
+            "(got 'h100'); use one of: a100, t4, or add it to the ConfigMap"
+        )
+        (configs / "h100.yml").write_text(mig("none"))  # the ConfigMap catches up
+        assert strategy(await next_update(s)) is MigStrategy.NONE
+
+
+async def test_fallback_named_uses_default(configs: Path) -> None:
+    source = named_source(configs, labels=FakeNodeLabels(None), default="t4")
+    async with running(source) as s:
+        update = await next_update(s)
+        assert strategy(update) is MigStrategy.SINGLE
+        assert update.origin == "named config 't4' (default; node label unset)"
+
+
+async def test_fallback_single_uses_the_only_config(configs: Path) -> None:
+    (configs / "t4").unlink()
+    source = named_source(configs, fallback_strategies=("named", "single"))
+    async with running(source) as s:
+        assert strategy(await next_update(s)) is MigStrategy.MIXED
+
+
+async def test_fallback_empty_uses_defaults(configs: Path) -> None:
+    source = named_source(configs, fallback_strategies=("named", "single", "empty"))
+    async with running(source) as s:
+        update = await next_update(s)
+        assert update.config is not None and strategy(update) is MigStrategy.NONE
+        assert update.origin.startswith("defaults (fallback 'empty'")
+
+
+async def test_no_fallback_applies_is_an_error(configs: Path) -> None:
+    async with running(named_source(configs, default="missing")) as s:
+        update = await next_update(s)
+        assert update.config is None
+        assert "not set and fallbacks named,single chose nothing" in str(update.error)
+
+
+async def test_unsetting_the_label_falls_back(configs: Path) -> None:
+    labels = FakeNodeLabels("a100")
+    async with running(named_source(configs, labels=labels, default="t4")) as s:
+        assert strategy(await next_update(s)) is MigStrategy.MIXED
+        labels.set("")
+        assert strategy(await next_update(s)) is MigStrategy.SINGLE
+
+
+def test_unknown_fallback_strategy(tmp_path: Path) -> None:
+    with pytest.raises(ConfigError, match=r"--fallback-strategies: unknown strategy \(got 'x'\)"):
+        NamedConfigs(directory=tmp_path, fallback_strategies=("x",))
+
+
+# -- the Kubernetes watcher, against a fake API ----------------------------------------------
+
+
+class _Meta:
+    def __init__(self, labels: dict[str, str] | None, version: str = "1") -> None:
+        self.labels = labels
+        self.resource_version = version
+
+
+class _Node:
+    def __init__(self, labels: dict[str, str] | None) -> None:
+        self.metadata = _Meta(labels)
+
+
+class _Api:
+    def __init__(self, failures: list[Exception], node: _Node) -> None:
+        self.failures = failures
+        self.node = node
+
+    def read_node(self, name: str) -> _Node:
+        if self.failures:
+            raise self.failures.pop(0)
+        return self.node
+
+    def list_node(self, **kwargs: Any) -> None:
+        raise AssertionError("the fake watch does not call the API")
+
+
+class _Watch:
+    """Yields scripted events, then blocks like a quiet watch until stopped."""
+
+    def __init__(self, events: list[dict[str, Any]]) -> None:
+        self.events = events
+        self.stopped = threading.Event()
+        self.kwargs: dict[str, Any] = {}
+
+    def stream(self, func: Any, **kwargs: Any) -> Iterator[dict[str, Any]]:
+        self.kwargs = kwargs
+        yield from self.events
+        self.events = []
+        self.stopped.wait(WAIT)
+
+    def stop(self) -> None:
+        self.stopped.set()
+
+
+async def test_kubernetes_labels_retry_and_follow(caplog: pytest.LogCaptureFixture) -> None:
+    from kubernetes.client.exceptions import ApiException
+
+    label = "nvidia.com/device-plugin.config"
+    api = _Api([ApiException(status=403, reason="Forbidden")], _Node({label: "a100"}))
+    fake_watch = _Watch([{"type": "MODIFIED", "object": _Node({label: "t4"})}])
+    labels = KubernetesNodeLabels(api=api, watch_factory=lambda: fake_watch, backoff=(0.01, 0.02))
+    caplog.set_level(logging.WARNING, logger="kubegpu.config.source")
+    stream = labels.watch("node-1", label)
+    try:
+        assert await asyncio.wait_for(anext(stream), WAIT) == "a100"
+        assert await asyncio.wait_for(anext(stream), WAIT) == "t4"
+    finally:
+        await stream.aclose()  # type: ignore[attr-defined]
+    assert fake_watch.stopped.is_set()
+    assert fake_watch.kwargs["field_selector"] == "metadata.name=node-1"
+    warnings = [r.getMessage() for r in caplog.records]
+    assert warnings == [
+        f"node node-1: Kubernetes API error 403 Forbidden reading label {label}; retrying in 0.0s"
+    ]
+
+
+def test_symlinked_config_file_fingerprint_follows_target(tmp_path: Path) -> None:
+    """The fingerprint resolves links, so pointing a link elsewhere counts as a change."""
+    from kubegpu.config.source import _Selection, _stat
+
+    (tmp_path / "a").write_text("x")
+    (tmp_path / "b").write_text("x")
+    link = tmp_path / "link"
+    link.symlink_to("a")
+    before = _stat(_Selection(link, ""))
+    link.unlink()
+    link.symlink_to("b")
+    assert _stat(_Selection(link, "")) != before
