@@ -1,11 +1,11 @@
 """A faithful emulator of the kubelet's device manager, for integration tests and `demo`.
 
-    from kubegpu.kubelet import KubeletEmulator
+from kubegpu.kubelet import KubeletEmulator
 
-    async with KubeletEmulator(tmp_dir, grace_period=0.2) as kubelet:
-        ...  # start a plugin that registers on tmp_dir/kubelet.sock
-        await kubelet.wait_for_resource("nvidia.com/gpu", capacity=4, allocatable=4)
-        allocation = await kubelet.allocate("nvidia.com/gpu", 2, pod="p1")
+async with KubeletEmulator(tmp_dir, grace_period=0.2) as kubelet:
+    ...  # start a plugin that registers on tmp_dir/kubelet.sock
+    await kubelet.wait_for_resource("nvidia.com/gpu", capacity=4, allocatable=4)
+    allocation = await kubelet.allocate("nvidia.com/gpu", 2, pod="p1")
 """
 
 from kubegpu.kubelet.checkpoint import CHECKPOINT_FILE

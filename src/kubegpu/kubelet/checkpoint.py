@@ -58,16 +58,18 @@ def encode(checkpoint: Checkpoint) -> str:
         per_numa: dict[str, list[str]] = {}
         for dev, node in zip(e.device_ids, e.numa, strict=True):
             per_numa.setdefault(str(node), []).append(dev)
-        entries.append({
-            "PodUID": e.pod,
-            "ContainerName": e.container,
-            "ResourceName": e.resource,
-            "DeviceIDs": per_numa,
-            # The kubelet keeps device order inside AllocResp implicitly; we keep it explicit
-            # so a restored Allocation lists devices in the order they were allocated.
-            "DeviceOrder": list(e.device_ids),
-            "AllocResp": base64.b64encode(e.response.SerializeToString()).decode(),
-        })
+        entries.append(
+            {
+                "PodUID": e.pod,
+                "ContainerName": e.container,
+                "ResourceName": e.resource,
+                "DeviceIDs": per_numa,
+                # The kubelet keeps device order inside AllocResp implicitly; we keep it explicit
+                # so a restored Allocation lists devices in the order they were allocated.
+                "DeviceOrder": list(e.device_ids),
+                "AllocResp": base64.b64encode(e.response.SerializeToString()).decode(),
+            }
+        )
     registered = {k: list(v) for k, v in sorted((checkpoint.registered or {}).items())}
     data: dict[str, Any] = {"PodDeviceEntries": entries, "RegisteredDevices": registered}
     return json.dumps({"Data": data, "Checksum": _checksum(data)}, indent=1)
@@ -83,15 +85,18 @@ def decode(text: str) -> Checkpoint:
         for raw in data["PodDeviceEntries"]:
             numa_of = {dev: int(node) for node, devs in raw["DeviceIDs"].items() for dev in devs}
             order = raw.get("DeviceOrder") or sorted(numa_of)
-            entries.append(PodDevicesEntry(
-                pod=raw["PodUID"],
-                container=raw["ContainerName"],
-                resource=raw["ResourceName"],
-                device_ids=tuple(order),
-                numa=tuple(numa_of.get(d, -1) for d in order),
-                response=pb.ContainerAllocateResponse.FromString(
-                    base64.b64decode(raw["AllocResp"])),
-            ))
+            entries.append(
+                PodDevicesEntry(
+                    pod=raw["PodUID"],
+                    container=raw["ContainerName"],
+                    resource=raw["ResourceName"],
+                    device_ids=tuple(order),
+                    numa=tuple(numa_of.get(d, -1) for d in order),
+                    response=pb.ContainerAllocateResponse.FromString(
+                        base64.b64decode(raw["AllocResp"])
+                    ),
+                )
+            )
         registered = {k: tuple(v) for k, v in data["RegisteredDevices"].items()}
     except CheckpointError:
         raise

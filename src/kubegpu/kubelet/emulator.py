@@ -81,8 +81,9 @@ class _PluginClient:
     async def preferred(
         self, request: pb.PreferredAllocationRequest
     ) -> pb.PreferredAllocationResponse:
-        return cast(pb.PreferredAllocationResponse,
-                    await self._stub.GetPreferredAllocation(request))
+        return cast(
+            pb.PreferredAllocationResponse, await self._stub.GetPreferredAllocation(request)
+        )
 
     async def allocate(self, request: pb.AllocateRequest) -> pb.AllocateResponse:
         return cast(pb.AllocateResponse, await self._stub.Allocate(request))
@@ -90,8 +91,10 @@ class _PluginClient:
     async def pre_start(
         self, request: pb.PreStartContainerRequest, timeout: float
     ) -> pb.PreStartContainerResponse:
-        return cast(pb.PreStartContainerResponse,
-                    await self._stub.PreStartContainer(request, timeout=timeout))
+        return cast(
+            pb.PreStartContainerResponse,
+            await self._stub.PreStartContainer(request, timeout=timeout),
+        )
 
 
 @dataclass(eq=False)
@@ -193,14 +196,18 @@ class KubeletEmulator:
                 self._restored[resource] = self._spawn(self._expire_restored(resource))
         server = grpc.aio.server()
         pb_grpc.add_RegistrationServicer_to_server(  # type: ignore[no-untyped-call]
-            _RegistrationServicer(self), server)
+            _RegistrationServicer(self), server
+        )
         address = f"unix://{self.socket_path}"
         if not server.add_insecure_port(address):
             raise RuntimeError(f"cannot serve {address}")
         await server.start()
         self._server = server
-        log.info("kubelet emulator serving %s (%d allocations restored)",
-                 self.socket_path, len(self._entries))
+        log.info(
+            "kubelet emulator serving %s (%d allocations restored)",
+            self.socket_path,
+            len(self._entries),
+        )
         for resource in list(self._restored):
             await self._changed(resource)
 
@@ -269,15 +276,19 @@ class KubeletEmulator:
         """Handle one Register call; the error text to return, or None on success."""
         arrived = time.monotonic()
         resource, endpoint = request.resource_name, request.endpoint
-        log.info("got registration request from device plugin with resource %s (endpoint %s)",
-                 resource, endpoint)
+        log.info(
+            "got registration request from device plugin with resource %s (endpoint %s)",
+            resource,
+            endpoint,
+        )
         error = register_request_error(request.version, resource, endpoint)
         if error is None:
             error = await self._connect(resource, endpoint)
         if error is not None:
             log.warning("registration of %s from %s refused: %s", resource, endpoint, error)
         self.registrations.append(
-            RegistrationRecord(arrived, resource, endpoint, request.version, error))
+            RegistrationRecord(arrived, resource, endpoint, request.version, error)
+        )
         await self._notify()
         return error
 
@@ -320,8 +331,12 @@ class KubeletEmulator:
         if restored is not None:
             restored.cancel()
         ep.task = self._spawn(self._watch(ep))
-        log.info("registered device plugin for %s at %s (options: %s)", resource, endpoint,
-                 _options_text(options))
+        log.info(
+            "registered device plugin for %s at %s (options: %s)",
+            resource,
+            endpoint,
+            _options_text(options),
+        )
         await self._changed(resource)
         return None
 
@@ -352,8 +367,9 @@ class KubeletEmulator:
     async def _on_update(self, ep: _Endpoint, response: pb.ListAndWatchResponse) -> None:
         errors = [e for e in (device_id_error(d.ID) for d in response.devices) if e]
         if errors:
-            message = (f"ignoring ListAndWatch update of {ep.resource} from {ep.name}: "
-                       + "; ".join(errors))
+            message = f"ignoring ListAndWatch update of {ep.resource} from {ep.name}: " + "; ".join(
+                errors
+            )
             log.error("%s", message)
             self.rejected_updates.append(message)
             await self._notify()
@@ -367,16 +383,26 @@ class KubeletEmulator:
             )
             for d in response.devices
         }
-        log.debug("%s from %s: %d devices, %d healthy", ep.resource, ep.name, len(ep.devices),
-                  sum(d.healthy for d in ep.devices.values()))
+        log.debug(
+            "%s from %s: %d devices, %d healthy",
+            ep.resource,
+            ep.name,
+            len(ep.devices),
+            sum(d.healthy for d in ep.devices.values()),
+        )
         self._save()
         await self._changed(ep.resource)
 
     async def _on_disconnect(self, ep: _Endpoint, reason: str) -> None:
         ep.alive = False
-        log.warning("ListAndWatch of %s from %s ended (%s): its devices are unhealthy until "
-                    "the plugin registers again (grace period %ss)", ep.resource, ep.name,
-                    reason, self.grace_period)
+        log.warning(
+            "ListAndWatch of %s from %s ended (%s): its devices are unhealthy until "
+            "the plugin registers again (grace period %ss)",
+            ep.resource,
+            ep.name,
+            reason,
+            self.grace_period,
+        )
         ep.expiry = self._spawn(self._expire_endpoint(ep))
         self._save()
         await self._changed(ep.resource)
@@ -391,8 +417,11 @@ class KubeletEmulator:
         await ep.client.channel.close(None)
         if not endpoints:
             del self._endpoints[ep.resource]
-            log.info("resource %s removed: its plugin did not return within %ss",
-                     ep.resource, self.grace_period)
+            log.info(
+                "resource %s removed: its plugin did not return within %ss",
+                ep.resource,
+                self.grace_period,
+            )
         self._save()
         await self._changed(ep.resource)
 
@@ -400,8 +429,11 @@ class KubeletEmulator:
         await asyncio.sleep(self.grace_period)
         if self._restored.get(resource) is asyncio.current_task():
             del self._restored[resource]
-            log.info("resource %s removed: no plugin registered within %ss after restart",
-                     resource, self.grace_period)
+            log.info(
+                "resource %s removed: no plugin registered within %ss after restart",
+                resource,
+                self.grace_period,
+            )
             await self._changed(resource)
 
     # --------------------------------------------------------------- observation
@@ -413,8 +445,9 @@ class KubeletEmulator:
 
     def devices(self, resource: str) -> dict[str, DeviceState]:
         """The union of the resource's endpoints' devices; a live endpoint's report wins."""
-        ranked = sorted(self._endpoints.get(resource, {}).values(),
-                        key=lambda e: (e.alive, e.seq), reverse=True)
+        ranked = sorted(
+            self._endpoints.get(resource, {}).values(), key=lambda e: (e.alive, e.seq), reverse=True
+        )
         view: dict[str, DeviceState] = {}
         for ep in ranked:
             for dev_id, dev in ep.devices.items():
@@ -446,8 +479,11 @@ class KubeletEmulator:
 
     def calls(self, method: str, resource: str | None = None) -> list[RpcRecord]:
         """The kubelet's calls of `method` (e.g. "Allocate"), optionally for one resource."""
-        return [r for r in self.rpcs
-                if r.method == method and (resource is None or r.resource == resource)]
+        return [
+            r
+            for r in self.rpcs
+            if r.method == method and (resource is None or r.resource == resource)
+        ]
 
     def on_change(self, callback: Callable[[str], None]) -> Callable[[], None]:
         """Call `callback(resource)` after every state change; returns an unsubscribe."""
@@ -470,8 +506,11 @@ class KubeletEmulator:
                 async with self._cond:
                     await self._cond.wait_for(predicate)
         except TimeoutError:
-            what = describe() if describe is not None else (
-                f"{getattr(predicate, '__qualname__', predicate)!s} still false")
+            what = (
+                describe()
+                if describe is not None
+                else (f"{getattr(predicate, '__qualname__', predicate)!s} still false")
+            )
             raise TimeoutError(f"timed out after {timeout}s: {what}") from None
 
     async def wait_for_resource(
@@ -485,20 +524,24 @@ class KubeletEmulator:
 
         With both None, wait until the resource is reported at all.
         """
+
         def ok() -> bool:
             if capacity is None and allocatable is None:
                 return resource in self.resources
-            return ((capacity is None or self.capacity(resource) == capacity)
-                    and (allocatable is None or self.allocatable(resource) == allocatable))
+            return (capacity is None or self.capacity(resource) == capacity) and (
+                allocatable is None or self.allocatable(resource) == allocatable
+            )
 
         def describe() -> str:
-            return (f"expected {resource} capacity={capacity} allocatable={allocatable}, "
-                    f"actual capacity={self.capacity(resource)} "
-                    f"allocatable={self.allocatable(resource)} "
-                    f"(reported: {resource in self.resources}, "
-                    f"history: {self.history(resource)}, "
-                    f"endpoints: {self.endpoints(resource)}, "
-                    f"registrations: {[(r.endpoint, r.error) for r in self.registrations]})")
+            return (
+                f"expected {resource} capacity={capacity} allocatable={allocatable}, "
+                f"actual capacity={self.capacity(resource)} "
+                f"allocatable={self.allocatable(resource)} "
+                f"(reported: {resource in self.resources}, "
+                f"history: {self.history(resource)}, "
+                f"endpoints: {self.endpoints(resource)}, "
+                f"registrations: {[(r.endpoint, r.error) for r in self.registrations]})"
+            )
 
         await self.wait_for(ok, timeout, describe=describe)
 
@@ -525,19 +568,27 @@ class KubeletEmulator:
 
     def allocations(self, pod: str | None = None) -> list[Allocation]:
         """What containers hold now (restored from the checkpoint after a restart)."""
-        return [_allocation(e, cached=True) for e in self._entries.values()
-                if pod is None or e.pod == pod]
+        return [
+            _allocation(e, cached=True)
+            for e in self._entries.values()
+            if pod is None or e.pod == pod
+        ]
 
     def container_response(self, pod: str, container: str) -> pb.ContainerAllocateResponse:
         """The merged answer of every resource of one container, as given to the runtime."""
-        return merge_responses(e.response for e in self._entries.values()
-                               if e.pod == pod and e.container == container)
+        return merge_responses(
+            e.response for e in self._entries.values() if e.pod == pod and e.container == container
+        )
 
     def release(self, pod: str) -> list[str]:
         """Free a deleted pod's devices; returns their IDs."""
         self._require_running()
-        freed = [d for k, e in list(self._entries.items()) if k[0] == pod
-                 for d in self._entries.pop(k).device_ids]
+        freed = [
+            d
+            for k, e in list(self._entries.items())
+            if k[0] == pod
+            for d in self._entries.pop(k).device_ids
+        ]
         if freed:
             log.info("released devices %s of pod %s", freed, pod)
             self._save()
@@ -569,12 +620,23 @@ class KubeletEmulator:
         async with self._admission:
             entry = self._entries.get((pod, container, resource))
             if entry is not None:
-                log.info("container %s/%s already has %s devices %s: reusing its response",
-                         pod, container, resource, list(entry.device_ids))
+                log.info(
+                    "container %s/%s already has %s devices %s: reusing its response",
+                    pod,
+                    container,
+                    resource,
+                    list(entry.device_ids),
+                )
                 allocation = _allocation(entry, cached=True)
             else:
-                allocation = await self._admit(resource, count, pod, container,
-                                               list(dict.fromkeys(must_include)), numa_affinity)
+                allocation = await self._admit(
+                    resource,
+                    count,
+                    pod,
+                    container,
+                    list(dict.fromkeys(must_include)),
+                    numa_affinity,
+                )
         if start:
             await self._pre_start(allocation)
         return allocation
@@ -582,8 +644,9 @@ class KubeletEmulator:
     async def start_container(self, pod: str, container: str) -> None:
         """(Re)start a container: PreStartContainer for each of its resources that needs it."""
         self._require_running()
-        for entry in [e for e in self._entries.values()
-                      if e.pod == pod and e.container == container]:
+        for entry in [
+            e for e in self._entries.values() if e.pod == pod and e.container == container
+        ]:
             await self._pre_start(_allocation(entry, cached=True))
 
     async def _admit(
@@ -596,14 +659,22 @@ class KubeletEmulator:
         numa_affinity: Collection[int] | None,
     ) -> Allocation:
         def unexpected(why: str) -> AdmissionError:
-            return AdmissionError(UNEXPECTED, f"Allocate failed due to {why}, which is unexpected",
-                                  resource=resource, pod=pod, container=container)
+            return AdmissionError(
+                UNEXPECTED,
+                f"Allocate failed due to {why}, which is unexpected",
+                resource=resource,
+                pod=pod,
+                container=container,
+            )
 
         view = self.devices(resource)
-        held_by_pod = {d for e in self._entries.values()
-                       if e.resource == resource and e.pod == pod for d in e.device_ids}
-        in_use = {d for e in self._entries.values() if e.resource == resource
-                  for d in e.device_ids}
+        held_by_pod = {
+            d
+            for e in self._entries.values()
+            if e.resource == resource and e.pod == pod
+            for d in e.device_ids
+        }
+        in_use = {d for e in self._entries.values() if e.resource == resource for d in e.device_ids}
         for dev in must_include:
             if dev not in view:
                 raise unexpected(f"device {dev} to include is not a device of {resource}")
@@ -621,20 +692,27 @@ class KubeletEmulator:
                 f"OutOf{resource}",
                 f"Pod was rejected: Insufficient {resource}: Node didn't have enough resource: "
                 f"{resource}, requested: {requested}, used: {used}, capacity: {node_allocatable}",
-                resource=resource, pod=pod, container=container)
+                resource=resource,
+                pod=pod,
+                container=container,
+            )
 
         # devicesToAllocate: reusable devices first, then aligned, hint, the rest.
         allocated: list[str] = list(must_include)
         needed = count - len(allocated)
         preferred: tuple[str, ...] | None = None
         if needed > 0:
-            available = sorted(d for d, s in view.items()
-                               if s.healthy and d not in in_use and d not in allocated)
+            available = sorted(
+                d for d, s in view.items() if s.healthy and d not in in_use and d not in allocated
+            )
             if len(available) < needed:
-                raise unexpected(f"requested number of devices unavailable for {resource}. "
-                                 f"Requested: {needed}, Available: {len(available)}")
+                raise unexpected(
+                    f"requested number of devices unavailable for {resource}. "
+                    f"Requested: {needed}, Available: {len(available)}"
+                )
             aligned, unaligned, no_affinity = self._filter_by_affinity(
-                view, available, allocated, count, numa_affinity)
+                view, available, allocated, count, numa_affinity
+            )
 
             def take(candidates: Sequence[str], allowed: Collection[str]) -> None:
                 nonlocal needed
@@ -647,8 +725,9 @@ class KubeletEmulator:
 
             if needed < len(aligned):
                 # All of it fits in the aligned set: let the plugin choose within it.
-                preferred = await self._preferred(resource, pod, container,
-                                                  _union(aligned, allocated), allocated, count)
+                preferred = await self._preferred(
+                    resource, pod, container, _union(aligned, allocated), allocated, count
+                )
                 take(preferred or (), set(aligned))
                 take(aligned, aligned)
             else:
@@ -656,14 +735,17 @@ class KubeletEmulator:
                 take(aligned, aligned)
                 if needed > 0:
                     ordered = _union(aligned, unaligned, no_affinity, allocated)
-                    preferred = await self._preferred(resource, pod, container, ordered,
-                                                      allocated, count)
+                    preferred = await self._preferred(
+                        resource, pod, container, ordered, allocated, count
+                    )
                     take(preferred or (), set(available))
                     take(unaligned, unaligned)
                     take(no_affinity, no_affinity)
             if needed > 0:
-                raise unexpected(f"unexpectedly allocated less resources than required. "
-                                 f"Requested: {count}, Got: {count - needed}")
+                raise unexpected(
+                    f"unexpectedly allocated less resources than required. "
+                    f"Requested: {count}, Got: {count - needed}"
+                )
 
         ep = self._allocating_endpoint(resource, allocated)
         if ep is None:
@@ -671,9 +753,16 @@ class KubeletEmulator:
                 raise unexpected(f"unknown Device Plugin {resource}")
             raise unexpected(f"no live endpoint of {resource} advertises devices {allocated}")
         request = pb.AllocateRequest(
-            container_requests=[pb.ContainerAllocateRequest(devices_ids=allocated)])
-        log.info("allocating %s devices %s for %s/%s through %s", resource, allocated, pod,
-                 container, ep.name)
+            container_requests=[pb.ContainerAllocateRequest(devices_ids=allocated)]
+        )
+        log.info(
+            "allocating %s devices %s for %s/%s through %s",
+            resource,
+            allocated,
+            pod,
+            container,
+            ep.name,
+        )
         try:
             answer = await ep.client.allocate(request)
         except grpc.RpcError as exc:
@@ -685,9 +774,13 @@ class KubeletEmulator:
         response = pb.ContainerAllocateResponse()
         response.CopyFrom(answer.container_responses[0])
         entry = ckpt.PodDevicesEntry(
-            pod=pod, container=container, resource=resource, device_ids=tuple(allocated),
+            pod=pod,
+            container=container,
+            resource=resource,
+            device_ids=tuple(allocated),
             numa=tuple((view[d].numa_nodes or (-1,))[0] for d in allocated),
-            response=response)
+            response=response,
+        )
         self._entries[(pod, container, resource)] = entry
         self._save()
         return replace(_allocation(entry, cached=False), preferred=preferred)
@@ -703,8 +796,11 @@ class KubeletEmulator:
         """Split available devices into NUMA-aligned, unaligned and without topology."""
         if not self.topology_manager or not any(d.numa_nodes for d in view.values()):
             return [], [], list(available)
-        mask = (set(numa_affinity) if numa_affinity is not None
-                else _narrowest_hint(view, available, must_include, count))
+        mask = (
+            set(numa_affinity)
+            if numa_affinity is not None
+            else _narrowest_hint(view, available, must_include, count)
+        )
         aligned = [d for d in available if mask.intersection(view[d].numa_nodes)]
         unaligned = [d for d in available if view[d].numa_nodes and d not in aligned]
         no_affinity = [d for d in available if not view[d].numa_nodes]
@@ -723,12 +819,15 @@ class KubeletEmulator:
         ep = self._primary(resource)
         if ep is None or not ep.options.get_preferred_allocation_available:
             return None
-        request = pb.PreferredAllocationRequest(container_requests=[
-            pb.ContainerPreferredAllocationRequest(
-                available_deviceIDs=available,
-                must_include_deviceIDs=must_include,
-                allocation_size=size,
-            )])
+        request = pb.PreferredAllocationRequest(
+            container_requests=[
+                pb.ContainerPreferredAllocationRequest(
+                    available_deviceIDs=available,
+                    must_include_deviceIDs=must_include,
+                    allocation_size=size,
+                )
+            ]
+        )
         try:
             answer = await ep.client.preferred(request)
         except grpc.RpcError as exc:
@@ -737,7 +836,10 @@ class KubeletEmulator:
                 UNEXPECTED,
                 f"Allocate failed due to device plugin GetPreferredAllocation rpc failed with "
                 f"err: {go_error(exc)}, which is unexpected",
-                resource=resource, pod=pod, container=container) from exc
+                resource=resource,
+                pod=pod,
+                container=container,
+            ) from exc
         self._record(resource, ep.name, "GetPreferredAllocation", None)
         if not answer.container_responses:
             return ()
@@ -750,7 +852,8 @@ class KubeletEmulator:
             if resource in self._restored:
                 return  # the kubelet has no options for it yet, so it skips PreStart
             raise ContainerStartError(
-                f"endpoint not found in cache for a registered resource: {resource}")
+                f"endpoint not found in cache for a registered resource: {resource}"
+            )
         if not ep.options.pre_start_required:
             return
         prefix = "device plugin PreStartContainer rpc failed with err"
@@ -772,8 +875,9 @@ class KubeletEmulator:
         self, resource: str, device_ids: Sequence[str], *, live_only: bool = True
     ) -> _Endpoint | None:
         """The newest endpoint advertising all the devices (rolling updates have two)."""
-        ranked = sorted(self._endpoints.get(resource, {}).values(),
-                        key=lambda e: (e.alive, e.seq), reverse=True)
+        ranked = sorted(
+            self._endpoints.get(resource, {}).values(), key=lambda e: (e.alive, e.seq), reverse=True
+        )
         for ep in ranked:
             if (ep.alive or not live_only) and all(d in ep.devices for d in device_ids):
                 return ep
@@ -787,9 +891,15 @@ class KubeletEmulator:
 
 
 def _allocation(entry: ckpt.PodDevicesEntry, *, cached: bool) -> Allocation:
-    return Allocation(device_ids=entry.device_ids, response=entry.response, preferred=None,
-                      resource=entry.resource, pod=entry.pod, container=entry.container,
-                      cached=cached)
+    return Allocation(
+        device_ids=entry.device_ids,
+        response=entry.response,
+        preferred=None,
+        resource=entry.resource,
+        pod=entry.pod,
+        container=entry.container,
+        cached=cached,
+    )
 
 
 def _union(*groups: Sequence[str]) -> list[str]:
@@ -808,16 +918,21 @@ def _narrowest_hint(
     for size in range(1, len(nodes) + 1):
         for combo in itertools.combinations(nodes, size):
             mask = set(combo)
-            if not all(mask.intersection(view[d].numa_nodes) or not view[d].numa_nodes
-                       for d in must_include):
+            if not all(
+                mask.intersection(view[d].numa_nodes) or not view[d].numa_nodes
+                for d in must_include
+            ):
                 continue
-            fits = sum(1 for d in [*available, *must_include]
-                       if mask.intersection(view[d].numa_nodes))
+            fits = sum(
+                1 for d in [*available, *must_include] if mask.intersection(view[d].numa_nodes)
+            )
             if fits >= count:
                 return mask
     return set(nodes)
 
 
 def _options_text(options: pb.DevicePluginOptions) -> str:
-    return (f"pre_start_required={options.pre_start_required} "
-            f"get_preferred_allocation_available={options.get_preferred_allocation_available}")
+    return (
+        f"pre_start_required={options.pre_start_required} "
+        f"get_preferred_allocation_available={options.get_preferred_allocation_available}"
+    )

@@ -136,8 +136,11 @@ def merge_responses(
         for key, value in resp.envs.items():
             if key in merged.envs:
                 if merged.envs[key] != value:
-                    log.warning("environment variable %s has conflicting settings; keeping %r",
-                                key, merged.envs[key])
+                    log.warning(
+                        "environment variable %s has conflicting settings; keeping %r",
+                        key,
+                        merged.envs[key],
+                    )
                 continue
             merged.envs[key] = value
         for mount in resp.mounts:
@@ -155,8 +158,11 @@ def merge_responses(
         for key, value in resp.annotations.items():
             if key in merged.annotations:
                 if merged.annotations[key] != value:
-                    log.warning("annotation %s has conflicting settings; keeping %r",
-                                key, merged.annotations[key])
+                    log.warning(
+                        "annotation %s has conflicting settings; keeping %r",
+                        key,
+                        merged.annotations[key],
+                    )
                 continue
             merged.annotations[key] = value
         for cdi in resp.cdi_devices:
