@@ -409,6 +409,11 @@ class SimulatedBackend:
         with self._cond:
             self._fail(gpu, message)
 
+    def clear_fault(self, gpu: int | str) -> None:
+        """Probes pass again, silently: a transient fault the health probes should notice."""
+        with self._cond:
+            self._probe_errors.pop(self._target(gpu), None)
+
     def heal(self, gpu: int | str) -> None:
         """Probes pass again; the device (and a GPU's MIG slices) are declared healthy."""
         with self._cond:
