@@ -93,7 +93,7 @@ def pair_score(a: Unit, b: Unit) -> int:
     if link is None:
         return numa
     if link.kind is LinkKind.NVLINK:
-        return 100 + 10 * link.count
+        return 100 + 10 * link.count + numa
     return _LINK_SCORE[link.kind] + numa
 
 

@@ -1,0 +1,155 @@
+"""The Allocate answer: validation, device list strategies, device specs."""
+
+from __future__ import annotations
+
+import pytest
+
+from kubegpu.allocation import (
+    VOLUME_MOUNT_ROOT,
+    ContainerEdits,
+    MountSpec,
+    build_response,
+    cdi_device_name,
+    merge,
+    validate_request,
+)
+from kubegpu.config import Config, parse_config
+from kubegpu.errors import AllocationError
+from kubegpu.resources import ResourceSpec, build_resources
+from tests.builders import gpu, inventory
+
+INV = inventory(gpu(0), gpu(1), gpu(2, migs=["1g.10gb", "1g.10gb"]))
+
+
+def spec_for(config: Config, name: str = "nvidia.com/gpu") -> ResourceSpec:
+    return next(s for s in build_resources(INV, config) if s.name == name)
+
+
+def answer(config_text: str, ids: list[str], name: str = "nvidia.com/gpu") -> ContainerEdits:
+    config = parse_config(config_text)
+    spec = spec_for(config, name)
+    return build_response(spec, validate_request(spec, ids), config, response_id="r1")
+
+
+def test_envvar_uuid_strategy_default() -> None:
+    a = answer("version: v1", [INV.gpus[1].uuid, INV.gpus[0].uuid])
+    assert a.envs == {"NVIDIA_VISIBLE_DEVICES": f"{INV.gpus[1].uuid},{INV.gpus[0].uuid}"}
+    assert a.device_specs == () and a.mounts == () and a.cdi_devices == ()
+
+
+def test_index_strategy() -> None:
+    a = answer("version: v1\nflags: {plugin: {deviceIDStrategy: index}}", [INV.gpus[1].uuid])
+    assert a.envs["NVIDIA_VISIBLE_DEVICES"] == "1"
+
+
+def test_mig_index_strategy_uses_gpu_colon_gi() -> None:
+    config = "version: v1\nflags: {migStrategy: mixed, plugin: {deviceIDStrategy: index}}"
+    mig = INV.gpus[2].mig_devices[1]
+    a = answer(config, [mig.uuid], name="nvidia.com/mig-1g.10gb")
+    assert a.envs["NVIDIA_VISIBLE_DEVICES"] == "2:2"
+
+
+def test_pass_device_specs_lists_gpu_then_control_nodes() -> None:
+    a = answer("version: v1\nflags: {plugin: {passDeviceSpecs: true}}", [INV.gpus[1].uuid])
+    assert [d.container_path for d in a.device_specs] == [
+        "/dev/nvidia1",
+        "/dev/nvidiactl",
+        "/dev/nvidia-uvm",
+        "/dev/nvidia-uvm-tools",
+    ]
+    assert all(d.permissions == "rw" and d.host_path == d.container_path for d in a.device_specs)
+
+
+def test_device_specs_host_paths_under_dev_root() -> None:
+    text = (
+        "version: v1\nflags: {nvidiaDevRoot: /run/nvidia/driver, plugin: {passDeviceSpecs: true}}"
+    )
+    a = answer(text, [INV.gpus[0].uuid])
+    assert a.device_specs[0].host_path == "/run/nvidia/driver/dev/nvidia0"
+    assert a.device_specs[0].container_path == "/dev/nvidia0"
+
+
+def test_mig_device_specs_include_caps() -> None:
+    config = "version: v1\nflags: {migStrategy: mixed, plugin: {passDeviceSpecs: true}}"
+    mig = INV.gpus[2].mig_devices[0]
+    a = answer(config, [mig.uuid], name="nvidia.com/mig-1g.10gb")
+    paths = [d.container_path for d in a.device_specs]
+    assert "/dev/nvidia2" in paths and "/dev/nvidia-caps/nvidia-cap100" in paths
+
+
+def test_volume_mounts_strategy() -> None:
+    a = answer(
+        "version: v1\nflags: {plugin: {deviceListStrategy: volume-mounts}}", [INV.gpus[0].uuid]
+    )
+    assert a.envs["NVIDIA_VISIBLE_DEVICES"] == VOLUME_MOUNT_ROOT
+    assert a.mounts == (MountSpec(f"{VOLUME_MOUNT_ROOT}/{INV.gpus[0].uuid}", "/dev/null"),)
+
+
+def test_cdi_strategies_combined() -> None:
+    text = "version: v1\nflags: {plugin: {deviceListStrategy: [envvar, cdi-annotations, cdi-cri]}}"
+    a = answer(text, [INV.gpus[0].uuid])
+    name = cdi_device_name(INV.gpus[0].uuid)
+    assert name == f"k8s.device-plugin.nvidia.com/gpu={INV.gpus[0].uuid}"
+    assert a.cdi_devices == (name,)
+    assert a.annotations == {"cdi.k8s.io/kubegpu_r1": name}
+    assert a.envs["NVIDIA_VISIBLE_DEVICES"] == INV.gpus[0].uuid
+
+
+def test_cdi_only_sets_void_so_images_do_not_get_all_gpus() -> None:
+    a = answer("version: v1\nflags: {plugin: {deviceListStrategy: cdi-cri}}", [INV.gpus[0].uuid])
+    assert a.envs == {"NVIDIA_VISIBLE_DEVICES": "void"}
+
+
+def test_gds_mofed_gdrcopy_envs() -> None:
+    text = "version: v1\nflags: {gdsEnabled: true, mofedEnabled: true, gdrcopyEnabled: true}"
+    a = answer(text, [INV.gpus[0].uuid])
+    assert a.envs["NVIDIA_GDS"] == a.envs["NVIDIA_MOFED"] == a.envs["NVIDIA_GDRCOPY"] == "enabled"
+
+
+SHARED = """
+version: v1
+sharing:
+  timeSlicing:
+    failRequestsGreaterThanOne: {fail}
+    resources:
+    - name: nvidia.com/gpu
+      replicas: 4
+"""
+
+
+def test_replicas_map_back_to_unique_gpus() -> None:
+    u0, u1 = INV.gpus[0].uuid, INV.gpus[1].uuid
+    a = answer(SHARED.format(fail="false"), [f"{u0}::0", f"{u0}::3", f"{u1}::1"])
+    assert a.envs["NVIDIA_VISIBLE_DEVICES"] == f"{u0},{u1}"
+
+
+def test_fail_requests_greater_than_one() -> None:
+    u0 = INV.gpus[0].uuid
+    with pytest.raises(AllocationError, match="too large.*request 1"):
+        answer(SHARED.format(fail="true"), [f"{u0}::0", f"{u0}::1"])
+    assert answer(SHARED.format(fail="true"), [f"{u0}::2"]).envs
+
+
+@pytest.mark.parametrize(
+    ("ids", "message"),
+    [
+        ([], "lists no device IDs"),
+        (["GPU-nope"], "unknown device ID.*'GPU-nope'"),
+        (["GPU-00000000-0000-0000-0000-000000000000"] * 2, "requested twice"),
+        (["GPU-00000000-0000-0000-0000-000000000000::0"], "unknown device ID"),
+    ],
+)
+def test_bad_requests_name_the_problem(ids: list[str], message: str) -> None:
+    spec = spec_for(Config())
+    with pytest.raises(AllocationError, match=message):
+        validate_request(spec, ids)
+
+
+def test_merge_first_value_wins() -> None:
+    a = ContainerEdits(envs={"A": "1"}, mounts=(MountSpec("/x", "/h1"),))
+    b = ContainerEdits(
+        envs={"A": "2", "B": "3"}, mounts=(MountSpec("/x", "/h2"), MountSpec("/y", "/h3"))
+    )
+    m = merge(a, b)
+    assert m.envs == {"A": "1", "B": "3"}
+    assert [mm.host_path for mm in m.mounts] == ["/h1", "/h3"]
