@@ -125,7 +125,7 @@ def test_replicas_map_back_to_unique_gpus() -> None:
 
 def test_fail_requests_greater_than_one() -> None:
     u0 = INV.gpus[0].uuid
-    with pytest.raises(AllocationError, match="too large.*request 1"):
+    with pytest.raises(AllocationError, match=r"too large.*request 1"):
         answer(SHARED.format(fail="true"), [f"{u0}::0", f"{u0}::1"])
     assert answer(SHARED.format(fail="true"), [f"{u0}::2"]).envs
 
