@@ -16,6 +16,14 @@ from kubegpu.config.loader import (
     resolve,
 )
 from kubegpu.config.names import parse_quantity, qualify_resource_name
+from kubegpu.config.source import (
+    ConfigSource,
+    ConfigUpdate,
+    FakeNodeLabels,
+    KubernetesNodeLabels,
+    NamedConfigs,
+    NodeLabels,
+)
 from kubegpu.config.v1 import (
     MPS_MAX_REPLICAS,
     SUPPORTED_VERSIONS,
@@ -43,13 +51,19 @@ __all__ = [
     "VERSION",
     "AllocationPolicy",
     "Config",
+    "ConfigSource",
+    "ConfigUpdate",
     "DeviceIDStrategy",
     "DeviceListStrategy",
+    "FakeNodeLabels",
     "Flags",
     "GfdFlags",
     "HealthFlags",
     "Imex",
+    "KubernetesNodeLabels",
     "MigStrategy",
+    "NamedConfigs",
+    "NodeLabels",
     "PluginFlags",
     "ReplicatedResource",
     "ResourcePattern",
