@@ -1,0 +1,281 @@
+"""The `serve` daemon: lifecycle only.
+
+Startup (config, backend, first device list, plugins) → run (root tasks under one
+TaskGroup: kubelet watcher, health monitor, config follower, refresher, HTTP, events) →
+graceful shutdown (plugins stop, sockets removed). The first root task to fail stops all
+of them. Every change (health, MIG layout, config) funnels into one place, `_refresh`,
+which rebuilds the resource specs and lets the plugin manager reconcile.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import logging
+import os
+from collections.abc import AsyncIterator, Callable, Mapping
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+from kubegpu.allocation import ContainerEdits
+from kubegpu.api import DEVICE_PLUGIN_PATH
+from kubegpu.config import Config
+from kubegpu.config.loader import config_to_json
+from kubegpu.config.source import ConfigSource, ConfigUpdate, NamedConfigs
+from kubegpu.devices import DeviceBackend, Health, Inventory, NullBackend, open_backend
+from kubegpu.errors import ConfigError, InitError
+from kubegpu.events import NodeEvents, Reason
+from kubegpu.health import HealthMonitor, health_flags_from_env
+from kubegpu.httpserver import HttpServer
+from kubegpu.metrics import Metrics
+from kubegpu.plugin import PluginManager
+from kubegpu.resources import ResourceSpec, build_resources
+
+log = logging.getLogger("kubegpu.daemon")
+
+
+@dataclass(frozen=True)
+class DaemonSettings:
+    """What `serve` was asked to do; built from flags and env vars by the CLI."""
+
+    plugin_dir: Path = Path(DEVICE_PLUGIN_PATH)
+    backend: str = "auto"
+    simulate: str | None = None
+    config_file: Path | None = None
+    #: Flag and env values as dotted config paths; they beat the config file.
+    overrides: Mapping[str, Any] = field(default_factory=dict)
+    named: NamedConfigs | None = None
+    #: NVIDIA's DP_DISABLE_HEALTHCHECKS / DP_ENABLE_HEALTHCHECKS, as read at the edge.
+    health_env: Mapping[str, str] = field(default_factory=dict)
+    metrics_address: str = "127.0.0.1"
+    metrics_port: int = 0
+    health_address: str = "0.0.0.0"
+    health_port: int = 0
+    config_poll_interval: float = 0.5
+
+
+class Daemon:
+    def __init__(
+        self,
+        settings: DaemonSettings,
+        *,
+        backend: DeviceBackend | None = None,
+        metrics: Metrics | None = None,
+        events: NodeEvents | None = None,
+        on_registered: Callable[[str, float], None] | None = None,
+    ) -> None:
+        self.settings = settings
+        self.metrics = metrics or Metrics()
+        self.events = events or NodeEvents.disabled()
+        self._backend = backend
+        self.manager = PluginManager(
+            settings.plugin_dir,
+            metrics=self.metrics,
+            extra_edits=self._extra_edits,
+            on_registered=on_registered,
+        )
+        self.config = Config()
+        self.inventory = Inventory(gpus=())
+        self.health: Mapping[str, Health] = {}
+        self.specs: tuple[ResourceSpec, ...] = ()
+        self.source = ConfigSource(
+            config_file=settings.config_file,
+            overrides=settings.overrides,
+            named=settings.named,
+            poll_interval=settings.config_poll_interval,
+        )
+        self.started = asyncio.Event()
+        self._dirty = asyncio.Event()
+        self._rediscover = False
+
+    @property
+    def backend(self) -> DeviceBackend:
+        assert self._backend is not None, "daemon not started"
+        return self._backend
+
+    # -- lifecycle ----------------------------------------------------------------------
+
+    async def run(self, stop: asyncio.Event) -> None:
+        """Serve until `stop` is set. Raises `ConfigError`/`InitError` when startup fails."""
+        updates = self.source.updates()
+        await self._startup(updates)
+        http = await self._start_http()
+        try:
+            async with asyncio.TaskGroup() as tasks:
+                monitor = HealthMonitor(
+                    self.backend,
+                    health_flags_from_env(self.settings.health_env, self.config.flags.health),
+                    on_change=self._health_changed,
+                    on_reconfigured=self._reconfigured,
+                )
+                roots = [
+                    tasks.create_task(self.manager.run(), name="kubelet watcher"),
+                    tasks.create_task(monitor.run(), name="health monitor"),
+                    tasks.create_task(self._follow_config(updates), name="config follower"),
+                    tasks.create_task(self._refresher(), name="refresher"),
+                    tasks.create_task(self.events.run(), name="events"),
+                ]
+                self.started.set()
+                await stop.wait()
+                log.info("stopping: removing plugin sockets")
+                for task in roots:
+                    task.cancel()
+        finally:
+            await self.manager.stop()
+            if http is not None:
+                await http.stop()
+            closer = getattr(updates, "aclose", None)
+            if closer is not None:
+                with contextlib.suppress(Exception):
+                    await closer()
+            if self._backend is not None:
+                await asyncio.to_thread(self._backend.close)
+
+    async def _startup(self, updates: AsyncIterator[ConfigUpdate]) -> None:
+        first = await anext(updates)
+        if first.error is not None or first.config is None:
+            raise first.error or ConfigError("no configuration")
+        self.config = first.config
+        log.info("effective config (%s): %s", first.origin, config_to_json(self.config))
+        self._check_plugin_dir()
+        await self._open_backend()
+        self.specs = build_resources(self.inventory, self.config)
+        await self.manager.apply(self.specs, self.config)
+        for spec in self.specs:
+            log.info(
+                "advertising %s: %d device(s), %d healthy",
+                spec.name,
+                len(spec.devices),
+                spec.healthy_count,
+            )
+        if not self.specs:
+            log.warning("no GPUs to advertise on this node")
+
+    def _check_plugin_dir(self) -> None:
+        path = self.settings.plugin_dir
+        try:
+            path.mkdir(parents=True, exist_ok=True)
+        except OSError as exc:
+            raise InitError(
+                f"device-plugin directory {path}: cannot create it ({exc.strerror}); "
+                f"mount the kubelet's device-plugins directory or set --device-plugin-path"
+            ) from exc
+        if not os.access(path, os.W_OK | os.X_OK):
+            raise InitError(
+                f"device-plugin directory {path} is not writable; run as root or mount it "
+                f"read-write (set --device-plugin-path to test elsewhere)"
+            )
+
+    async def _open_backend(self) -> None:
+        try:
+            if self._backend is None:
+                self._backend = await asyncio.to_thread(
+                    open_backend,
+                    self.settings.backend,
+                    simulate=self.settings.simulate,
+                    driver_root=self.config.flags.nvidia_driver_root,
+                )
+            self.inventory = await asyncio.to_thread(self._backend.discover)
+            if not self.inventory.gpus:
+                raise InitError(f"the {self._backend.name} backend found no GPUs on this node")
+        except InitError as exc:
+            if self.config.flags.fail_on_init_error:
+                raise
+            log.error(
+                "%s; advertising nothing and staying up because --fail-on-init-error=false", exc
+            )
+            self._backend = NullBackend(str(exc))
+            self.inventory = Inventory(gpus=(), backend="null")
+        log.info(
+            "backend %s: %d GPU(s), driver %s",
+            self.inventory.backend or self.backend.name,
+            len(self.inventory.gpus),
+            self.inventory.driver_version or "unknown",
+        )
+
+    async def _start_http(self) -> HttpServer | None:
+        s = self.settings
+        if not s.health_port and not s.metrics_port:
+            return None
+        if s.metrics_port and s.health_port and s.metrics_port != s.health_port:
+            log.warning("metrics and health ports differ; serving both on the health port")
+        port = s.health_port or s.metrics_port
+        host = s.health_address if s.health_port else s.metrics_address
+        server = HttpServer(
+            host, port, metrics=self.metrics if s.metrics_port else None, ready=self.ready
+        )
+        await server.start()
+        log.info("HTTP endpoints on %s:%d", host, server.port)
+        return server
+
+    def ready(self) -> tuple[bool, str]:
+        if not self.started.is_set():
+            return False, "starting"
+        return self.manager.ready()
+
+    # -- changes ------------------------------------------------------------------------
+
+    def _health_changed(self, health: Mapping[str, Health]) -> None:
+        before = self.health
+        self.health = dict(health)
+        for uuid in set(before) | set(health):
+            old = before.get(uuid, Health.HEALTHY)
+            new = health.get(uuid, Health.HEALTHY)
+            if old is new:
+                continue
+            if new is Health.UNHEALTHY:
+                self.events.warning(Reason.GPU_UNHEALTHY, f"GPU {uuid} is unhealthy")
+            else:
+                self.events.emit(Reason.GPU_HEALTHY, f"GPU {uuid} is healthy again")
+        self._dirty.set()
+
+    def _reconfigured(self) -> None:
+        self._rediscover = True
+        self._dirty.set()
+
+    async def _refresher(self) -> None:
+        while True:
+            await self._dirty.wait()
+            self._dirty.clear()
+            if self._rediscover:
+                self._rediscover = False
+                try:
+                    self.inventory = await asyncio.to_thread(self.backend.discover)
+                except Exception as exc:  # keep serving the last inventory
+                    log.error("re-discovery failed, keeping the last device list: %s", exc)
+            await self._refresh(self.config)
+
+    async def _refresh(self, config: Config) -> None:
+        """Rebuild specs from inventory+health+config and reconcile the plugins.
+
+        Raises `ConfigError` if `config` can't apply; nothing changes then.
+        """
+        specs = build_resources(self.inventory.with_health(self.health), config)
+        await self.manager.apply(specs, config)
+        self.specs, self.config = specs, config
+
+    async def _follow_config(self, updates: AsyncIterator[ConfigUpdate]) -> None:
+        async for update in updates:
+            if update.config is None:
+                self._reject(update.origin, update.error)
+                continue
+            try:
+                await self._refresh(update.config)
+            except ConfigError as exc:
+                self._reject(update.origin, exc)
+                continue
+            self.metrics.config_reload(ok=True)
+            log.info("config reloaded from %s: %s", update.origin, config_to_json(update.config))
+
+    def _reject(self, origin: str, error: Exception | None) -> None:
+        self.metrics.config_reload(ok=False)
+        log.error("config from %s rejected, the last good one keeps serving: %s", origin, error)
+        self.events.warning(Reason.CONFIG_REJECTED, f"{origin}: {error}")
+
+    def poke_config(self) -> None:
+        """SIGHUP: re-read the config now."""
+        self.source.poke()
+
+    def _extra_edits(self, spec: ResourceSpec) -> ContainerEdits | None:
+        return None
