@@ -272,6 +272,18 @@ async def test_unsetting_the_label_falls_back(configs: Path) -> None:
         assert strategy(await next_update(s)) is MigStrategy.SINGLE
 
 
+class _BrokenLabels:
+    async def watch(self, node: str, label: str) -> AsyncIterator[str | None]:
+        raise RuntimeError("no API")
+        yield None  # an async generator, like real watchers
+
+
+async def test_broken_label_watch_falls_back_without_waiting(configs: Path) -> None:
+    source = named_source(configs, labels=_BrokenLabels(), default="t4", label_timeout=3600)
+    async with running(source) as s:
+        assert strategy(await next_update(s)) is MigStrategy.SINGLE
+
+
 def test_unknown_fallback_strategy(tmp_path: Path) -> None:
     with pytest.raises(ConfigError, match=r"--fallback-strategies: unknown strategy \(got 'x'\)"):
         NamedConfigs(directory=tmp_path, fallback_strategies=("x",))

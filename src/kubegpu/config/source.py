@@ -222,6 +222,8 @@ class ConfigSource:
                     self._wake.set()
         except Exception as exc:  # the watch is advisory: keep the last value
             log.error("node %s: label watch stopped (%s); keeping %r", node, exc, self._label_value)
+        finally:
+            self._label_seen.set()  # never hold the first load waiting for a dead watch
 
 
 def select_named(named: NamedConfigs, label_value: str | None) -> _Selection:
