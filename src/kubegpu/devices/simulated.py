@@ -251,13 +251,18 @@ class SimulatedBackend:
         self._pending: deque[HealthEvent] = deque()
         self._mig: dict[int, tuple[str, ...] | None] = {i: g.mig for i, g in enumerate(spec.gpus)}
         self._probe_errors: dict[str, str] = {}
-        for index, gpu in enumerate(spec.gpus):
-            if not gpu.healthy:
-                self._fail(index, gpu.probe_error or self._default_fault())
-            if gpu.xid is not None:
-                self._pending.append(
-                    HealthEvent(self._uuid(index), HealthEventKind.XID, gpu.xid, "node file")
-                )
+        with self._cond:
+            for index, gpu in enumerate(spec.gpus):
+                self._initial_faults(index, gpu)
+
+    def _initial_faults(self, index: int, gpu: GpuSpec) -> None:
+        """Faults written in the file before the node started are reported on the first watch."""
+        if not gpu.healthy:
+            self._fail(index, gpu.probe_error or self._default_fault())
+        if gpu.xid is not None:
+            self._pending.append(
+                HealthEvent(self._uuid(index), HealthEventKind.XID, gpu.xid, "node file")
+            )
 
     @classmethod
     def load(cls, spec: str) -> SimulatedBackend:
