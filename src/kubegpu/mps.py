@@ -1,0 +1,341 @@
+"""MPS (CUDA Multi-Process Service) control daemons for `sharing.mps` resources.
+
+An MPS-shared resource is only usable when a control daemon for its GPUs is running and
+its clients find its pipe directory, so the plugin supervises one
+`nvidia-cuda-mps-control -d` per resource and advertises the resource only once the
+daemon answers. Limits (pinned device memory per GPU, active thread percentage) are set
+as daemon defaults, so every client a pod starts is held to its share without the pod
+doing anything.
+
+The control binary is driven the way its manual describes: `-d` starts the daemon,
+every other interaction is one command line on the stdin of a client invocation that
+shares the daemon's `CUDA_MPS_PIPE_DIRECTORY`. The real binary forks and its parent
+exits; when the process we started is still running we wait on it, otherwise liveness
+is checked by querying the daemon every `health_interval` seconds.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import logging
+import os
+import shutil
+import time
+from collections.abc import Callable, Mapping, Sequence
+from pathlib import Path
+
+from kubegpu.allocation import MountSpec
+from kubegpu.devices.model import Gpu
+from kubegpu.errors import ConfigError, DeviceError
+
+log = logging.getLogger(__name__)
+
+#: The query used as readiness/liveness probe: cheap, read-only, answered by the daemon.
+PROBE = "get_default_active_thread_percentage"
+#: Where clients find the pipes inside containers (MPS's own default, so even clients
+#: that drop CUDA_MPS_PIPE_DIRECTORY find it).
+CONTAINER_PIPE_DIR = "/tmp/nvidia-mps"
+
+
+class MpsError(DeviceError):
+    """The MPS control daemon could not be started, configured or reached."""
+
+
+def resource_dir_name(resource: str) -> str:
+    """`nvidia.com/gpu` -> `nvidia.com_gpu`: one directory per resource under the root."""
+    return resource.replace("/", "_")
+
+
+class MpsDaemon:
+    """One supervised MPS control daemon serving `replicas` clients per GPU of a resource.
+
+    `root` is the MPS root as this process sees it; `host_root` (default the same) is
+    the host path that containers mount. `shm_dir` is the host directory mounted as the
+    clients' `/dev/shm`: it must be the daemon's own `/dev/shm`, because MPS server and
+    clients exchange data through shared memory.
+    """
+
+    def __init__(
+        self,
+        resource: str,
+        root: Path,
+        gpus: Sequence[Gpu],
+        replicas: int,
+        *,
+        memory_limit_mib: int | None = None,
+        active_thread_percentage: int | None = None,
+        control_binary: str = "nvidia-cuda-mps-control",
+        env: Mapping[str, str] | None = None,
+        host_root: Path | None = None,
+        shm_dir: Path = Path("/dev/shm"),
+        ready_timeout: float = 30.0,
+        command_timeout: float = 10.0,
+        probe_interval: float = 0.1,
+        health_interval: float = 5.0,
+        backoff: tuple[float, float] = (1.0, 60.0),
+        on_change: Callable[[bool], None] | None = None,
+    ) -> None:
+        if not gpus:
+            raise ConfigError(f"sharing.mps: resource {resource} has no GPUs to share")
+        if replicas < 1:
+            raise ConfigError(f"sharing.mps: {resource} replicas must be >= 1, got {replicas}")
+        if active_thread_percentage is not None and not 1 <= active_thread_percentage <= 100:
+            raise ConfigError(
+                f"sharing.mps: {resource} activeThreadPercentage must be 1..100, "
+                f"got {active_thread_percentage}"
+            )
+        if memory_limit_mib is not None and memory_limit_mib < 1:
+            raise ConfigError(f"sharing.mps: {resource} memoryLimit must be positive")
+        self.resource = resource
+        self.gpus = tuple(gpus)
+        self.replicas = replicas
+        self.memory_limit_mib = memory_limit_mib
+        self.active_thread_percentage = active_thread_percentage or max(1, 100 // replicas)
+        self.control_binary = control_binary
+        self.dir = Path(root) / resource_dir_name(resource)
+        self.pipe_dir = self.dir / "pipe"
+        self.log_dir = self.dir / "log"
+        self.host_pipe_dir = Path(host_root or root) / resource_dir_name(resource) / "pipe"
+        self.shm_dir = shm_dir
+        self.ready_timeout = ready_timeout
+        self.command_timeout = command_timeout
+        self.probe_interval = probe_interval
+        self.health_interval = health_interval
+        self.backoff = backoff
+        self.on_change = on_change
+        self.env = {
+            **os.environ,
+            **(env or {}),
+            "CUDA_VISIBLE_DEVICES": ",".join(g.uuid for g in self.gpus),
+            "CUDA_MPS_PIPE_DIRECTORY": str(self.pipe_dir),
+            "CUDA_MPS_LOG_DIRECTORY": str(self.log_dir),
+        }
+        #: Daemon (re)starts after the first, for metrics and tests.
+        self.restarts = 0
+        self._ready = False
+        self._proc: asyncio.subprocess.Process | None = None
+        self._stopping = False
+
+    @property
+    def ready(self) -> bool:
+        """True once the daemon answers and its limits are set; gate advertising on it."""
+        return self._ready
+
+    def memory_limits(self) -> dict[str, int]:
+        """Pinned device memory per client, MiB per GPU UUID (default: an equal share)."""
+        return {
+            g.uuid: self.memory_limit_mib or max(1, g.memory_mib // self.replicas)
+            for g in self.gpus
+        }
+
+    def allocate_edits(self) -> tuple[dict[str, str], tuple[MountSpec, ...]]:
+        """What a container of this resource needs to reach the daemon."""
+        envs = {"CUDA_MPS_PIPE_DIRECTORY": CONTAINER_PIPE_DIR}
+        mounts = (
+            MountSpec(container_path=CONTAINER_PIPE_DIR, host_path=str(self.host_pipe_dir)),
+            MountSpec(container_path="/dev/shm", host_path=str(self.shm_dir)),
+        )
+        return envs, mounts
+
+    # --- lifecycle -----------------------------------------------------------------
+
+    async def start(self) -> None:
+        """Start the daemon, wait until it answers, set its limits. Raises `MpsError`."""
+        self._stopping = False
+        await self._start()
+
+    async def _start(self) -> None:
+        binary = self._resolve_binary()
+        for d in (self.pipe_dir, self.log_dir):
+            d.mkdir(parents=True, exist_ok=True)
+        # stderr to a file, not a pipe: the forked daemon inherits it and would block
+        # on a pipe nobody reads.
+        with self.stderr_path.open("ab") as stderr:
+            try:
+                self._proc = await asyncio.create_subprocess_exec(
+                    binary,
+                    "-d",
+                    env=self.env,
+                    stdin=asyncio.subprocess.DEVNULL,
+                    stdout=asyncio.subprocess.DEVNULL,
+                    stderr=stderr,
+                )
+            except OSError as e:
+                raise MpsError(f"{self.resource}: cannot run {binary} -d: {e}") from e
+        try:
+            await self._wait_ready()
+            await self._configure()
+        except BaseException:
+            await self._shutdown()
+            raise
+        if self._stopping:  # stop() was called while we were starting
+            await self._shutdown()
+            return
+        self._set_ready(True)
+        log.info(
+            "MPS daemon for %s ready (%d GPUs, %d replicas, %d%% threads)",
+            self.resource,
+            len(self.gpus),
+            self.replicas,
+            self.active_thread_percentage,
+        )
+
+    async def stop(self) -> None:
+        """Ask the daemon to quit (ending its servers) and stop supervising it."""
+        self._stopping = True
+        self._set_ready(False)
+        await self._shutdown()
+
+    async def supervise(self) -> None:
+        """Restart the daemon whenever it dies, with exponential backoff, until `stop`.
+
+        Call after a successful `start`; run it as a task.
+        """
+        delay = self.backoff[0]
+        while not self._stopping:
+            started = time.monotonic()
+            reason = await self._wait_dead()
+            if self._stopping:
+                return
+            self._set_ready(False)
+            log.warning("MPS daemon for %s died (%s); restarting", self.resource, reason)
+            if time.monotonic() - started > 10 * self.backoff[1]:
+                delay = self.backoff[0]  # it had been healthy for long: start over
+            while not self._stopping:
+                await asyncio.sleep(delay)
+                delay = min(delay * 2, self.backoff[1])
+                if self._stopping:
+                    return
+                try:
+                    await self._start()
+                except MpsError as e:
+                    log.warning("restarting the MPS daemon for %s failed: %s", self.resource, e)
+                    continue
+                self.restarts += 1
+                break
+
+    async def command(self, line: str) -> str:
+        """Send one command through a control client; its stdout, or `MpsError`."""
+        try:
+            proc = await asyncio.create_subprocess_exec(
+                self._resolve_binary(),
+                env=self.env,
+                stdin=asyncio.subprocess.PIPE,
+                stdout=asyncio.subprocess.PIPE,
+                stderr=asyncio.subprocess.PIPE,
+            )
+        except OSError as e:
+            raise MpsError(f"{self.resource}: cannot run {self.control_binary}: {e}") from e
+        try:
+            out, err = await asyncio.wait_for(
+                proc.communicate((line + "\n").encode()), self.command_timeout
+            )
+        except TimeoutError:
+            with contextlib.suppress(ProcessLookupError):
+                proc.kill()
+            await proc.wait()
+            raise MpsError(
+                f"{self.resource}: MPS control did not answer {line!r} "
+                f"within {self.command_timeout}s"
+            ) from None
+        if proc.returncode != 0:
+            detail = (err or out).decode(errors="replace").strip() or f"exit {proc.returncode}"
+            raise MpsError(f"{self.resource}: MPS control refused {line!r}: {detail}")
+        return out.decode(errors="replace").strip()
+
+    # --- internals -----------------------------------------------------------------
+
+    def _resolve_binary(self) -> str:
+        found = shutil.which(self.control_binary, path=self.env.get("PATH"))
+        if found is None:
+            raise MpsError(
+                f"{self.resource}: MPS control binary {self.control_binary!r} not found or "
+                "not executable; it ships with the NVIDIA driver (check the driver root "
+                "mount and PATH)"
+            )
+        return found
+
+    async def _probe(self) -> bool:
+        try:
+            answer = await self.command(PROBE)
+        except MpsError:
+            return False
+        try:
+            float(answer)
+        except ValueError:
+            return False
+        return True
+
+    async def _wait_ready(self) -> None:
+        deadline = time.monotonic() + self.ready_timeout
+        daemonised = False
+        while True:
+            proc = self._proc
+            if proc is not None and proc.returncode is not None and not daemonised:
+                if proc.returncode != 0:
+                    raise MpsError(
+                        f"{self.resource}: {self.control_binary} -d exited with "
+                        f"{proc.returncode}: {self._stderr_tail()}; "
+                        f"see {self.log_dir}/control.log"
+                    )
+                daemonised = True  # the real binary forks: its parent exits 0
+            if await self._probe():
+                return
+            if time.monotonic() >= deadline:
+                raise MpsError(
+                    f"{self.resource}: MPS control daemon not answering after "
+                    f"{self.ready_timeout}s; see {self.log_dir}/control.log"
+                )
+            await asyncio.sleep(self.probe_interval)
+
+    async def _configure(self) -> None:
+        for uuid, mib in self.memory_limits().items():
+            await self.command(f"set_default_device_pinned_mem_limit {uuid} {mib}M")
+        await self.command(f"set_default_active_thread_percentage {self.active_thread_percentage}")
+
+    async def _wait_dead(self) -> str:
+        proc = self._proc
+        if proc is not None and proc.returncode is None:
+            rc = await proc.wait()
+            return f"exit status {rc}"
+        # Daemonised: nothing to wait on, so ask it regularly; two misses in a row count.
+        misses = 0
+        while misses < 2:
+            await asyncio.sleep(self.health_interval)
+            if self._stopping:
+                return "stopping"
+            misses = 0 if await self._probe() else misses + 1
+        return "it stopped answering"
+
+    async def _shutdown(self) -> None:
+        with contextlib.suppress(MpsError):
+            await self.command("quit")
+        proc, self._proc = self._proc, None
+        if proc is None or proc.returncode is not None:
+            return
+        try:
+            await asyncio.wait_for(proc.wait(), self.command_timeout)
+        except TimeoutError:
+            log.warning("MPS daemon for %s ignored quit; killing it", self.resource)
+            with contextlib.suppress(ProcessLookupError):
+                proc.kill()
+            await proc.wait()
+
+    @property
+    def stderr_path(self) -> Path:
+        return self.log_dir / "daemon.stderr"
+
+    def _stderr_tail(self) -> str:
+        try:
+            text = self.stderr_path.read_text(errors="replace")
+        except OSError:
+            return "no output"
+        lines = text.strip().splitlines()
+        return lines[-1] if lines else "no output"
+
+    def _set_ready(self, ready: bool) -> None:
+        if ready != self._ready:
+            self._ready = ready
+            if self.on_change is not None:
+                self.on_change(ready)
