@@ -156,7 +156,11 @@ def generate_spec(
             {posixpath.dirname(m["containerPath"]) for m in mounts if ".so" in m["containerPath"]}
         )
         if folders:
-            args = ["nvidia-ctk", "hook", "update-ldcache"]
+            # newer toolkits ship the hooks as a separate `nvidia-cdi-hook` binary
+            if posixpath.basename(nvidia_ctk_path) == "nvidia-cdi-hook":
+                args = ["nvidia-cdi-hook", "update-ldcache"]
+            else:
+                args = ["nvidia-ctk", "hook", "update-ldcache"]
             for folder in folders:
                 args += ["--folder", folder]
             edits["hooks"] = [

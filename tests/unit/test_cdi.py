@@ -215,6 +215,11 @@ def test_ldcache_hook_only_when_asked() -> None:
     assert hook["hookName"] == "createContainer"
     assert hook["path"] == "/usr/local/bin/nvidia-ctk"
     assert hook["args"] == ["nvidia-ctk", "hook", "update-ldcache", "--folder", LIBDIR]
+    spec = cdi.generate_spec(
+        PLAIN, container_driver_root=str(DEBIAN), nvidia_ctk_path="/usr/bin/nvidia-cdi-hook"
+    )
+    (hook,) = spec["containerEdits"]["hooks"]
+    assert hook["args"] == ["nvidia-cdi-hook", "update-ldcache", "--folder", LIBDIR]
 
 
 def test_device_id_strategy_checked() -> None:
