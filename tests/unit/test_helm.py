@@ -1,0 +1,439 @@
+"""The Helm chart, rendered by the real Helm engine and validated against Kubernetes schemas."""
+
+from __future__ import annotations
+
+import importlib.util
+import json
+import re
+from collections.abc import Iterator
+from pathlib import Path
+from typing import Any
+
+import pytest
+import yaml
+
+helm_python = pytest.importorskip("helm_python")
+kubernetes_validate = pytest.importorskip("kubernetes_validate")
+
+REPO = Path(__file__).resolve().parents[2]
+CHART = REPO / "deployments" / "helm" / "kubegpu"
+SCENARIOS = sorted(p.name for p in (CHART / "ci").glob("*-values.yaml"))
+KUBE_VERSION = "1.33.0"
+#: Custom resources: not in the core schemas, checked for shape instead.
+CRD_KINDS = {"ServiceMonitor", "NodeFeature"}
+
+Doc = dict[str, Any]
+
+
+@pytest.fixture(scope="module")
+def chart() -> Iterator[Any]:
+    with helm_python.Chart.load(str(CHART)) as loaded:
+        yield loaded
+
+
+def values(scenario: str) -> dict[str, Any]:
+    loaded = yaml.safe_load((CHART / "ci" / scenario).read_text())
+    return loaded or {}
+
+
+def render(chart: Any, vals: dict[str, Any] | None = None) -> list[Doc]:
+    out = chart.render(vals or {}, name="kubegpu", namespace="kube-system", is_install=True)
+    docs: list[Doc] = []
+    for template, text in sorted(out.items()):
+        if template.endswith(".yaml"):
+            docs.extend(d for d in yaml.safe_load_all(text) if d)
+    return docs
+
+
+def one(docs: list[Doc], kind: str, name: str | None = None) -> Doc:
+    found = [d for d in docs if d["kind"] == kind and name in (None, d["metadata"]["name"])]
+    assert len(found) == 1, f"expected one {kind} {name or ''}, got {len(found)}"
+    return found[0]
+
+
+def container(ds: Doc) -> Doc:
+    spec = ds["spec"]["template"]["spec"]
+    assert len(spec["containers"]) == 1
+    result: Doc = spec["containers"][0]
+    return result
+
+
+def env(ds: Doc) -> dict[str, Any]:
+    return {e["name"]: e.get("value", e.get("valueFrom")) for e in container(ds).get("env", [])}
+
+
+def mounts(ds: Doc) -> dict[str, Doc]:
+    return {m["mountPath"]: m for m in container(ds).get("volumeMounts", [])}
+
+
+def volumes(ds: Doc) -> dict[str, Doc]:
+    return {v["name"]: v for v in ds["spec"]["template"]["spec"].get("volumes", [])}
+
+
+def rules(docs: list[Doc], kind: str, name: str) -> dict[str, set[str]]:
+    """resource -> verbs of one Role/ClusterRole."""
+    out: dict[str, set[str]] = {}
+    for rule in one(docs, kind, name)["rules"]:
+        for resource in rule["resources"]:
+            out.setdefault(resource, set()).update(rule["verbs"])
+    return out
+
+
+# --- every scenario ------------------------------------------------------------------
+
+
+@pytest.mark.parametrize("scenario", SCENARIOS)
+def test_scenario_passes_schema_and_renders_valid_objects(chart: Any, scenario: str) -> None:
+    vals = values(scenario)
+    chart.validate_schema(vals)
+    docs = render(chart, vals)
+    assert docs
+    for doc in docs:
+        if doc["kind"] in CRD_KINDS:
+            assert doc["apiVersion"].count("/") == 1
+            assert doc["metadata"]["name"] and doc["metadata"]["namespace"]
+            assert isinstance(doc["spec"], dict)
+            continue
+        kubernetes_validate.validate(doc, KUBE_VERSION, strict=True)
+
+
+@pytest.mark.parametrize("scenario", SCENARIOS)
+def test_every_daemonset_is_least_privilege_and_tolerates_gpu_taints(
+    chart: Any, scenario: str
+) -> None:
+    for ds in (d for d in render(chart, values(scenario)) if d["kind"] == "DaemonSet"):
+        sc = container(ds)["securityContext"]
+        assert sc["privileged"] is False
+        assert sc["allowPrivilegeEscalation"] is False
+        assert sc["capabilities"]["drop"] == ["ALL"]
+        assert sc["capabilities"].get("add", []) in ([], ["SYS_ADMIN"])
+        pod = ds["spec"]["template"]["spec"]
+        assert pod["priorityClassName"] == "system-node-critical"
+        assert {"key": "nvidia.com/gpu", "operator": "Exists", "effect": "NoSchedule"} in pod[
+            "tolerations"
+        ]
+        assert {"key": "CriticalAddonsOnly", "operator": "Exists"} in pod["tolerations"]
+        for volume in volumes(ds).values():
+            # No host path beyond the ones the design names.
+            if "hostPath" in volume:
+                assert volume["hostPath"]["path"] in {
+                    "/var/lib/kubelet/device-plugins",
+                    "/",
+                    "/run/nvidia/driver",
+                    "/var/run/cdi",
+                    "/run/nvidia/mps",
+                    "/run/nvidia/mps/shm",
+                    "/sys",
+                    "/etc/kubernetes/node-feature-discovery/features.d",
+                }, volume
+
+
+def test_values_have_a_comment_on_every_key() -> None:
+    """Each key has a comment right above it; keys inside Kubernetes-shaped data don't."""
+    data_keys = {"affinity", "tolerations", "securityContext", "podSecurityContext"}
+    data_keys |= {"updateStrategy", "resources", "podAnnotations", "imagePullSecrets"}
+    lines = (CHART / "values.yaml").read_text().splitlines()
+    stack: list[tuple[int, str]] = []
+    for i, line in enumerate(lines):
+        match = re.match(r"^(\s*)([A-Za-z][\w.-]*):", line)
+        if not match:
+            continue
+        indent, key = len(match[1]), match[2]
+        while stack and stack[-1][0] >= indent:
+            stack.pop()
+        inside_data = any(k in data_keys for _, k in stack)
+        stack.append((indent, key))
+        if inside_data:
+            continue
+        assert lines[i - 1].strip().startswith("#"), f"values.yaml:{i + 1} {key!r} has no comment"
+
+
+def test_binary_owned_values_default_to_null(chart: Any) -> None:
+    vals = yaml.safe_load((CHART / "values.yaml").read_text())
+    for key in (
+        "migStrategy",
+        "failOnInitError",
+        "deviceListStrategy",
+        "deviceIDStrategy",
+        "nvidiaDriverRoot",
+        "compatWithCPUManager",
+        "runtimeClassName",
+    ):
+        assert vals[key] is None, key
+    # ... and null values produce no env var at all.
+    plugin = env(one(render(chart), "DaemonSet", "kubegpu"))
+    for var in ("MIG_STRATEGY", "FAIL_ON_INIT_ERROR", "DEVICE_LIST_STRATEGY", "NVIDIA_DRIVER_ROOT"):
+        assert var not in plugin
+
+
+def test_schema_rejects_bad_values(chart: Any) -> None:
+    for bad in (
+        {"migStrategy": "sideways"},
+        {"deviceListStrategy": ["envvar", "carrier-pigeon"]},
+        {"gfd": {"sleepInterval": "often"}},
+        {"metrics": {"port": 0}},
+        {"unknownKey": 1},
+    ):
+        with pytest.raises(helm_python.HelmValuesError):
+            chart.validate_schema(bad)
+
+
+def test_helm_lint_is_clean() -> None:
+    report = helm_python.lint(str(CHART), strict=True, kube_version=f"v{KUBE_VERSION}")
+    assert report["errors"] == []
+    assert [m for m in report["messages"] if m["severity"] >= 2] == []
+
+
+# --- defaults --------------------------------------------------------------------------
+
+
+def test_defaults_plugin_daemonset(chart: Any) -> None:
+    docs = render(chart)
+    ds = one(docs, "DaemonSet", "kubegpu")
+    c = container(ds)
+    assert c["command"] == ["kubegpu"] and c["args"] == ["serve"]
+    terms = ds["spec"]["template"]["spec"]["affinity"]["nodeAffinity"][
+        "requiredDuringSchedulingIgnoredDuringExecution"
+    ]["nodeSelectorTerms"]
+    exprs = [t["matchExpressions"][0] for t in terms]
+    assert {"key": "feature.node.kubernetes.io/pci-10de.present", "operator": "In",
+            "values": ["true"]} in exprs  # fmt: skip
+    assert {"key": "nvidia.com/gpu.present", "operator": "In", "values": ["true"]} in exprs
+    assert {"key": "nvidia.com/gpu.product", "operator": "Exists"} in exprs
+    e = env(ds)
+    assert e["NODE_NAME"] == {"fieldRef": {"fieldPath": "spec.nodeName"}}
+    assert e["POD_NAMESPACE"] == {"fieldRef": {"fieldPath": "metadata.namespace"}}
+    assert e["POD_IP"] == {"fieldRef": {"fieldPath": "status.podIP"}}
+    assert e["HEALTH_PORT"] == "8081"
+    assert e["METRICS_PORT"] == "9400"
+    assert e["DEVICE_PLUGIN_PATH"] == "/var/lib/kubelet/device-plugins"
+    assert e["CONTAINER_DRIVER_ROOT"] == "/driver-root"
+    assert "MPS_ROOT" not in e and "CONFIG_FILE_SRCDIR" not in e
+    m = mounts(ds)
+    assert m["/var/lib/kubelet/device-plugins"].get("readOnly") is not True
+    assert m["/driver-root"]["readOnly"] is True
+    assert "/var/run/cdi" not in m and "/dev/shm" not in m
+    assert c["livenessProbe"]["httpGet"] == {"path": "/healthz", "port": "health"}
+    assert c["readinessProbe"]["httpGet"] == {"path": "/readyz", "port": "health"}
+    assert {"name": "health", "containerPort": 8081, "protocol": "TCP"} in c["ports"]
+    assert "add" not in c["securityContext"]["capabilities"]
+    assert c["securityContext"]["readOnlyRootFilesystem"] is True
+    # Labeller is opt-in, as GFD is in NVIDIA's chart.
+    assert not [d for d in docs if d["metadata"]["name"].endswith("-labeller")]
+
+
+def test_defaults_rbac_is_read_nodes_and_write_events_only(chart: Any) -> None:
+    docs = render(chart)
+    assert rules(docs, "ClusterRole", "kubegpu") == {
+        "nodes": {"get", "list", "watch"},
+        "events": {"create", "patch"},
+    }
+    binding = one(docs, "ClusterRoleBinding", "kubegpu")
+    assert binding["subjects"] == [
+        {"kind": "ServiceAccount", "name": "kubegpu", "namespace": "kube-system"}
+    ]
+    assert one(docs, "ServiceAccount", "kubegpu")
+
+
+def test_metrics_service_selects_plugin_pods(chart: Any) -> None:
+    docs = render(chart)
+    svc = one(docs, "Service", "kubegpu-metrics")
+    ds = one(docs, "DaemonSet", "kubegpu")
+    pod_labels = ds["spec"]["template"]["metadata"]["labels"]
+    assert svc["spec"]["selector"].items() <= pod_labels.items()
+    assert svc["spec"]["ports"][0]["targetPort"] == "metrics"
+    off = render(chart, {"metrics": {"enabled": False}})
+    assert not [d for d in off if d["kind"] == "Service"]
+    assert "METRICS_PORT" not in env(one(off, "DaemonSet", "kubegpu"))
+
+
+# --- seed 003 --------------------------------------------------------------------------
+
+
+def test_seed_003_values_install_with_time_slicing_config(chart: Any) -> None:
+    docs = render(chart, values("seed-003-values.yaml"))
+    cm = one(docs, "ConfigMap", "kubegpu-config")
+    config = yaml.safe_load(cm["data"]["default"])
+    assert config["sharing"]["timeSlicing"]["resources"] == [
+        {"name": "nvidia.com/gpu", "replicas": 20}
+    ]
+    assert config["sharing"]["timeSlicing"]["failRequestsGreaterThanOne"] is True
+    ds = one(docs, "DaemonSet", "kubegpu")
+    e = env(ds)
+    assert e["CONFIG_FILE_SRCDIR"] == "/available-configs"
+    assert e["DEFAULT_CONFIG"] == "default"
+    assert e["FALLBACK_STRATEGIES"] == "named,single"
+    assert mounts(ds)["/available-configs"]["readOnly"] is True
+    assert volumes(ds)["available-configs"]["configMap"]["name"] == "kubegpu-config"
+    terms = ds["spec"]["template"]["spec"]["affinity"]["nodeAffinity"][
+        "requiredDuringSchedulingIgnoredDuringExecution"
+    ]["nodeSelectorTerms"]
+    assert terms == [
+        {"matchExpressions": [{"key": "nvidia.com/gpu.product", "operator": "Exists"}]}
+    ]
+
+
+def test_seed_003_time_slicing_config_is_valid_for_kubegpu() -> None:
+    from kubegpu.config import parse_config
+
+    text = values("seed-003-values.yaml")["config"]["map"]["default"]
+    cfg = parse_config(text)
+    assert cfg.sharing.time_slicing is not None
+    assert cfg.sharing.time_slicing.resources[0].replicas == 20
+
+
+def test_config_changes_roll_the_pods(chart: Any) -> None:
+    def checksum(vals: dict[str, Any]) -> str:
+        ds = one(render(chart, vals), "DaemonSet", "kubegpu")
+        result: str = ds["spec"]["template"]["metadata"]["annotations"]["checksum/config"]
+        return result
+
+    seed = values("seed-003-values.yaml")
+    changed = json.loads(json.dumps(seed))
+    changed["config"]["map"]["default"] = changed["config"]["map"]["default"].replace("20", "10")
+    assert checksum(seed) != checksum(changed)
+
+
+def test_external_configmap_is_mounted_not_created(chart: Any) -> None:
+    docs = render(chart, {"config": {"name": "my-configs", "default": "a100"}})
+    assert not [d for d in docs if d["kind"] == "ConfigMap"]
+    ds = one(docs, "DaemonSet", "kubegpu")
+    assert volumes(ds)["available-configs"]["configMap"]["name"] == "my-configs"
+    assert env(ds)["DEFAULT_CONFIG"] == "a100"
+
+
+# --- CDI, MPS, MIG, CPU manager ----------------------------------------------------------
+
+
+def test_cdi_scenario_mounts_cdi_dir_and_passes_strategies(chart: Any) -> None:
+    ds = one(render(chart, values("cdi-values.yaml")), "DaemonSet", "kubegpu")
+    e = env(ds)
+    assert e["DEVICE_LIST_STRATEGY"] == "cdi-cri,cdi-annotations"
+    assert e["DEVICE_ID_STRATEGY"] == "uuid"
+    assert e["NVIDIA_CTK_PATH"] == "/usr/local/nvidia/toolkit/nvidia-ctk"
+    assert e["NVIDIA_DRIVER_ROOT"] == "/run/nvidia/driver"
+    assert mounts(ds)["/var/run/cdi"].get("readOnly") is not True
+    assert volumes(ds)["driver-root"]["hostPath"]["path"] == "/run/nvidia/driver"
+
+
+def test_mps_scenario_mounts_mps_dirs_and_labeller_uses_node_feature_api(chart: Any) -> None:
+    docs = render(chart, values("mps-values.yaml"))
+    ds = one(docs, "DaemonSet", "kubegpu")
+    assert env(ds)["MPS_ROOT"] == "/run/nvidia/mps"
+    m = mounts(ds)
+    assert "/run/nvidia/mps" in m and "/dev/shm" in m
+    assert volumes(ds)["mps-shm"]["hostPath"]["path"] == "/run/nvidia/mps/shm"
+
+    labeller = one(docs, "DaemonSet", "kubegpu-labeller")
+    le = env(labeller)
+    assert le["GFD_USE_NODE_FEATURE_API"] == "true"
+    assert "GFD_OUTPUT_FILE" not in le
+    assert le["CONFIG_FILE"] == "/available-configs/mps4"
+    assert le["MPS_ROOT"] == "/run/nvidia/mps"
+    pod = labeller["spec"]["template"]["spec"]
+    assert pod["securityContext"]["runAsNonRoot"] is True
+    assert pod["automountServiceAccountToken"] is True
+    assert rules(docs, "Role", "kubegpu-labeller") == {"nodefeatures": {"get", "create", "update"}}
+    assert not [
+        d for d in docs if d["kind"] == "ClusterRole" and "labeller" in d["metadata"]["name"]
+    ]
+
+    sm = one(docs, "ServiceMonitor", "kubegpu")
+    assert sm["apiVersion"] == "monitoring.coreos.com/v1"
+    assert sm["metadata"]["labels"]["release"] == "prometheus"
+    assert sm["spec"]["endpoints"][0]["port"] == "metrics"
+    svc = one(docs, "Service", "kubegpu-metrics")
+    assert sm["spec"]["selector"]["matchLabels"].items() <= svc["metadata"]["labels"].items()
+
+
+def test_mig_adds_sys_admin_and_monitor_devices_only(chart: Any) -> None:
+    for vals in (
+        {"migStrategy": "mixed"},
+        {"config": {"map": {"mig": "version: v1\nflags:\n  migStrategy: single\n"}}},
+    ):
+        ds = one(render(chart, vals), "DaemonSet", "kubegpu")
+        caps = container(ds)["securityContext"]["capabilities"]
+        assert caps == {"drop": ["ALL"], "add": ["SYS_ADMIN"]}
+        assert env(ds)["NVIDIA_MIG_MONITOR_DEVICES"] == "all"
+    ds = one(render(chart, {"migStrategy": "none"}), "DaemonSet", "kubegpu")
+    assert "add" not in container(ds)["securityContext"]["capabilities"]
+    assert "NVIDIA_MIG_MONITOR_DEVICES" not in env(ds)
+
+
+def test_compat_with_cpu_manager_is_privileged_and_passes_device_specs(chart: Any) -> None:
+    ds = one(render(chart, {"compatWithCPUManager": True}), "DaemonSet", "kubegpu")
+    assert container(ds)["securityContext"] == {"privileged": True}
+    assert env(ds)["PASS_DEVICE_SPECS"] == "true"
+
+
+# --- labeller ----------------------------------------------------------------------------
+
+
+def test_labeller_only_patches_nodes_with_minimal_rbac(chart: Any) -> None:
+    docs = render(chart, values("labeller-only-values.yaml"))
+    assert [d["metadata"]["name"] for d in docs if d["kind"] == "DaemonSet"] == ["kubegpu-labeller"]
+    ds = one(docs, "DaemonSet", "kubegpu-labeller")
+    c = container(ds)
+    assert c["command"] == ["kubegpu"] and c["args"] == ["labels"]
+    e = env(ds)
+    assert e["GFD_NODE_PATCH"] == "true"
+    assert e["GFD_NO_TIMESTAMP"] == "true"
+    assert e["GFD_SLEEP_INTERVAL"] == "5m"
+    assert e["MIG_STRATEGY"] == "mixed"
+    assert e["FAIL_ON_INIT_ERROR"] == "false"  # runs on CPU nodes too
+    assert e["NODE_NAME"] == {"fieldRef": {"fieldPath": "spec.nodeName"}}
+    assert rules(docs, "ClusterRole", "kubegpu-labeller") == {"nodes": {"get", "patch"}}
+    assert mounts(ds)["/host/sys"]["readOnly"] is True
+    assert "/etc/kubernetes/node-feature-discovery/features.d" not in mounts(ds)
+    # Runs on every node (no GPU affinity), so gpu.present can appear in the first place.
+    assert "affinity" not in ds["spec"]["template"]["spec"]
+
+
+def test_labeller_file_mode_needs_no_api_access(chart: Any) -> None:
+    docs = render(chart, {"gfd": {"enabled": True}})
+    ds = one(docs, "DaemonSet", "kubegpu-labeller")
+    pod = ds["spec"]["template"]["spec"]
+    assert pod["automountServiceAccountToken"] is False
+    assert env(ds)["GFD_OUTPUT_FILE"] == "/etc/kubernetes/node-feature-discovery/features.d/gfd"
+    features = mounts(ds)["/etc/kubernetes/node-feature-discovery/features.d"]
+    assert features.get("readOnly") is not True
+    assert not [d for d in docs if "labeller" in d["metadata"]["name"] and "Role" in d["kind"]]
+
+
+def test_labeller_env_names_are_flags_of_kubegpu_labels(chart: Any) -> None:
+    """Every env var the chart gives the labeller is one `kubegpu labels` reads."""
+    from kubegpu.labeller import _OPTIONS
+
+    known = {opt.env for opt in _OPTIONS} | {"POD_NAMESPACE"}
+    for scenario in ("mps-values.yaml", "labeller-only-values.yaml"):
+        ds = one(render(chart, values(scenario)), "DaemonSet", "kubegpu-labeller")
+        assert set(env(ds)) <= known
+
+
+# --- static manifests --------------------------------------------------------------------
+
+
+def _render_static_module() -> Any:
+    spec = importlib.util.spec_from_file_location(
+        "render_static", REPO / "deployments" / "render-static.py"
+    )
+    assert spec is not None and spec.loader is not None
+    module = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(module)
+    return module
+
+
+def test_static_manifests_are_in_sync_with_the_chart() -> None:
+    module = _render_static_module()
+    for name, text in module.render_all().items():
+        path = REPO / "deployments" / "static" / name
+        assert path.exists(), f"missing {path}; run python deployments/render-static.py"
+        assert path.read_text() == text, f"{name} is stale; run python deployments/render-static.py"
+
+
+def test_static_manifests_are_valid_and_carry_no_helm_labels() -> None:
+    for path in sorted((REPO / "deployments" / "static").glob("*.yaml")):
+        for doc in (d for d in yaml.safe_load_all(path.read_text()) if d):
+            kubernetes_validate.validate(doc, KUBE_VERSION, strict=True)
+            labels = doc["metadata"].get("labels", {})
+            assert "helm.sh/chart" not in labels and "app.kubernetes.io/managed-by" not in labels
