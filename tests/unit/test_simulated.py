@@ -223,10 +223,12 @@ def test_probe_unknown_device() -> None:
 
 def test_injection_is_thread_safe(watched: tuple[SimulatedBackend, Watch]) -> None:
     backend, watch = watched
-    threads = [
-        threading.Thread(target=lambda i=i: [backend.inject_xid(i % 2, 48) for _ in range(50)])
-        for i in range(4)
-    ]
+
+    def hammer(gpu: int) -> None:
+        for _ in range(50):
+            backend.inject_xid(gpu, 48)
+
+    threads = [threading.Thread(target=hammer, args=(i % 2,)) for i in range(4)]
     for thread in threads:
         thread.start()
     for thread in threads:
