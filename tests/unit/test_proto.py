@@ -1,0 +1,84 @@
+"""The checked-in generated code matches api.proto, and the wire contract is the kubelet's."""
+
+from __future__ import annotations
+
+import shutil
+import subprocess
+import sys
+from pathlib import Path
+
+from kubegpu.api import pb
+
+SRC = Path(__file__).resolve().parents[2] / "src"
+GENERATED = ("api_pb2.py", "api_pb2.pyi", "api_pb2_grpc.py")
+
+
+def test_generated_files_match_the_proto(tmp_path: Path) -> None:
+    proto_dir = tmp_path / "kubegpu" / "api"
+    proto_dir.mkdir(parents=True)
+    shutil.copy(SRC / "kubegpu" / "api" / "api.proto", proto_dir)
+    subprocess.run(
+        [
+            sys.executable,
+            "-m",
+            "grpc_tools.protoc",
+            f"-I{tmp_path}",
+            f"--python_out={tmp_path}",
+            f"--grpc_python_out={tmp_path}",
+            f"--pyi_out={tmp_path}",
+            "kubegpu/api/api.proto",
+        ],
+        check=True,
+    )
+    for name in GENERATED:
+        fresh = (proto_dir / name).read_text()
+        checked_in = (SRC / "kubegpu" / "api" / name).read_text()
+        assert fresh == checked_in, f"{name} is stale: run `make proto`"
+
+
+def test_package_and_method_paths() -> None:
+    services = pb.DESCRIPTOR.services_by_name
+    assert pb.DESCRIPTOR.package == "v1beta1"
+    assert [m.full_name for m in services["Registration"].methods] == [
+        "v1beta1.Registration.Register"
+    ]
+    assert [m.name for m in services["DevicePlugin"].methods] == [
+        "GetDevicePluginOptions",
+        "ListAndWatch",
+        "GetPreferredAllocation",
+        "Allocate",
+        "PreStartContainer",
+    ]
+    assert services["DevicePlugin"].methods_by_name["ListAndWatch"].server_streaming
+
+
+def test_field_numbers_are_the_kubelets() -> None:
+    def numbers(message: str) -> dict[str, int]:
+        return {f.name: f.number for f in pb.DESCRIPTOR.message_types_by_name[message].fields}
+
+    assert numbers("ContainerAllocateResponse") == {
+        "envs": 1,
+        "mounts": 2,
+        "devices": 3,
+        "annotations": 4,
+        "cdi_devices": 5,
+    }
+    assert numbers("Device") == {"ID": 1, "health": 2, "topology": 3}
+    assert numbers("RegisterRequest") == {
+        "version": 1,
+        "endpoint": 2,
+        "resource_name": 3,
+        "options": 4,
+    }
+    assert numbers("ContainerPreferredAllocationRequest") == {
+        "available_deviceIDs": 1,
+        "must_include_deviceIDs": 2,
+        "allocation_size": 3,
+    }
+    assert numbers("ContainerAllocateRequest") == {"devices_ids": 1}
+    assert numbers("DevicePluginOptions") == {
+        "pre_start_required": 1,
+        "get_preferred_allocation_available": 2,
+    }
+    assert numbers("Mount") == {"container_path": 1, "host_path": 2, "read_only": 3}
+    assert numbers("DeviceSpec") == {"container_path": 1, "host_path": 2, "permissions": 3}
