@@ -1,0 +1,82 @@
+"""The container image definition, checked without Docker."""
+
+from __future__ import annotations
+
+import re
+import tomllib
+from pathlib import Path
+
+import kubegpu
+
+REPO = Path(__file__).resolve().parents[2]
+DOCKERFILE = REPO / "deployments" / "container" / "Dockerfile"
+
+
+def instructions() -> list[tuple[str, str]]:
+    """(INSTRUCTION, arguments) pairs, with continuation lines joined and comments dropped."""
+    text = re.sub(r"\\\n", " ", DOCKERFILE.read_text())
+    out = []
+    for line in text.splitlines():
+        line = line.strip()
+        if line and not line.startswith("#"):
+            word, _, rest = line.partition(" ")
+            out.append((word.upper(), rest.strip()))
+    return out
+
+
+def test_every_copy_source_exists_in_the_repository() -> None:
+    copies = [args for word, args in instructions() if word == "COPY"]
+    assert copies
+    for args in copies:
+        parts = args.split()
+        if any(p.startswith("--from=") for p in parts):
+            continue  # from another stage, not the build context
+        sources = [p for p in parts if not p.startswith("--")][:-1]
+        for source in sources:
+            assert (REPO / source).exists(), f"COPY source {source} is not in the repo"
+
+
+def test_base_images_are_pinned() -> None:
+    stages = [args.split()[0] for word, args in instructions() if word == "FROM"]
+    assert len(stages) >= 2, "expected a multi-stage build"
+    for image in stages:
+        if "@sha256:" in image:
+            continue
+        tag = image.partition(":")[2]
+        assert tag, f"{image} has no tag"
+        assert re.match(r"^\d+\.\d+\.\d+-", tag), f"{image}: pin an exact patch release"
+        assert tag != "latest"
+    assert stages[-1].startswith("python:3.11") and "slim" in stages[-1]
+
+
+def test_entrypoint_is_the_declared_console_script() -> None:
+    project = tomllib.loads((REPO / "pyproject.toml").read_text())["project"]
+    assert project["scripts"]["kubegpu"] == "kubegpu.cli:main"
+    cmds = dict(instructions())
+    assert cmds["ENTRYPOINT"] == '["kubegpu"]'
+    assert cmds["CMD"] == '["serve"]'
+    # The console script lands on PATH through the copied virtual environment.
+    assert "/opt/kubegpu/bin" in cmds["ENV"]
+
+
+def test_version_label_matches_the_package() -> None:
+    labels = " ".join(args for word, args in instructions() if word == "LABEL")
+    match = re.search(r'org\.opencontainers\.image\.version="([^"]+)"', labels)
+    assert match, "no OCI version label"
+    assert match[1] == kubegpu.__version__
+    project = tomllib.loads((REPO / "pyproject.toml").read_text())["project"]
+    assert project["version"] == kubegpu.__version__
+
+
+def test_final_stage_ships_only_the_environment_and_has_a_non_root_user() -> None:
+    ins = instructions()
+    last_from = max(i for i, (word, _) in enumerate(ins) if word == "FROM")
+    final = ins[last_from:]
+    copies = [args for word, args in final if word == "COPY"]
+    assert copies == ["--from=builder /opt/kubegpu /opt/kubegpu"]
+    assert any(word == "RUN" and "useradd" in args and "65532" in args for word, args in final)
+
+
+def test_chart_image_and_app_version_follow_the_package() -> None:
+    chart = (REPO / "deployments" / "helm" / "kubegpu" / "Chart.yaml").read_text()
+    assert f'appVersion: "{kubegpu.__version__}"' in chart
