@@ -139,12 +139,12 @@ def gpu_labels(
     """All `nvidia.com/*` labels for the node.
 
     `machine_type` None leaves out `gpu.machine`; `timestamp` None leaves out
-    `gfd.timestamp` (`--no-timestamp`). `present` None derives `gpu.present` from the
-    inventory alone; the labeller passes the PCI scan's answer.
+    `gfd.timestamp` (`--no-timestamp`). `present` is the PCI scan's answer (None: no
+    scan); readable NVIDIA GPUs mark the node present either way.
     """
     labels: dict[str, str] = {}
     gpus = tuple(g for g in inventory.gpus if g.vendor is Vendor.NVIDIA)
-    if present or (present is None and gpus):
+    if present or gpus:  # GPUs we can read are present even if the PCI scan missed them
         labels[PRESENT_LABEL] = "true"
     if machine_type is not None:
         labels[f"{PREFIX}/gpu.machine"] = machine_type.strip().replace(" ", "-") or "unknown"

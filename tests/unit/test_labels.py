@@ -213,6 +213,11 @@ def test_no_gpus_only_present_machine_and_timestamp() -> None:
     )
 
 
+def test_readable_gpus_are_present_even_if_the_pci_scan_says_no() -> None:
+    labels = gpu_labels(inv(gpu()), cfg(), machine_type=None, timestamp=None, present=False)
+    assert labels["nvidia.com/gpu.present"] == "true"
+
+
 def test_amd_gpus_are_not_labelled_as_nvidia() -> None:
     labels = gpu_labels(
         Inventory(gpus=(gpu(vendor=Vendor.AMD),)), cfg(), machine_type=None, timestamp=None
