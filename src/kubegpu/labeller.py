@@ -564,6 +564,7 @@ _OPTIONS = (
         "use the simulated backend: a preset name (t4-1, h100-8, ...) or a YAML path",
     ),
     _Option("--node-name", "NODE_NAME", "node_name", "this node's name (NodeFeature, patch)"),
+    _Option("--backend", "BACKEND", "backend", "GPU backend: auto, nvml, amd or simulated"),
     _Option(
         "--driver-root",
         "CONTAINER_DRIVER_ROOT",
@@ -772,12 +773,11 @@ def _discoverer(opts: Mapping[str, Any], cfg: Config) -> Callable[[], Inventory]
     from kubegpu.devices import open_backend
 
     simulate = opts.get("simulate")
+    kind = opts.get("backend") or "auto"
     driver_root = opts.get("driver_root") or cfg.flags.nvidia_driver_root
 
     def discover() -> Inventory:
-        backend = open_backend(
-            cfg.flags.device_discovery_strategy, simulate=simulate, driver_root=driver_root
-        )
+        backend = open_backend(kind, simulate=simulate, driver_root=driver_root)
         try:
             return backend.discover()
         finally:

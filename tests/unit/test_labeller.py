@@ -337,6 +337,8 @@ def test_cli_oneshot_writes_features_file(
     assert "nvidia.com/mig.strategy=single" in lines  # from the env var
     assert not any(line.startswith("nvidia.com/gfd.timestamp=") for line in lines)
     assert fake_backend[0]["kind"] == "auto"
+    assert run_cli(["--oneshot", "-o", str(out), "--backend", "nvml"]) == 0
+    assert fake_backend[1]["kind"] == "nvml"
 
 
 def test_cli_flag_beats_env_and_env_beats_config_file(
