@@ -18,10 +18,12 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
+from kubegpu import cdi
 from kubegpu.allocation import ContainerEdits
 from kubegpu.api import DEVICE_PLUGIN_PATH
-from kubegpu.config import Config
+from kubegpu.config import Config, DeviceListStrategy
 from kubegpu.config.loader import config_to_json
+from kubegpu.config.names import parse_quantity
 from kubegpu.config.source import ConfigSource, ConfigUpdate, NamedConfigs
 from kubegpu.devices import DeviceBackend, Health, Inventory, NullBackend, open_backend
 from kubegpu.errors import ConfigError, InitError
@@ -29,8 +31,9 @@ from kubegpu.events import NodeEvents, Reason
 from kubegpu.health import HealthMonitor, health_flags_from_env
 from kubegpu.httpserver import HttpServer
 from kubegpu.metrics import Metrics
+from kubegpu.mps import MpsDaemon, MpsError
 from kubegpu.plugin import PluginManager
-from kubegpu.resources import ResourceSpec, build_resources
+from kubegpu.resources import ResourceSpec, SharingKind, build_resources
 
 log = logging.getLogger("kubegpu.daemon")
 
@@ -53,6 +56,9 @@ class DaemonSettings:
     health_address: str = "0.0.0.0"
     health_port: int = 0
     config_poll_interval: float = 0.5
+    #: Where CDI specs go when a CDI device-list strategy is on.
+    cdi_dir: Path = Path(cdi.DEFAULT_DIRECTORY)
+    mps_control_binary: str = "nvidia-cuda-mps-control"
 
 
 class Daemon:
@@ -88,6 +94,10 @@ class Daemon:
         self.started = asyncio.Event()
         self._dirty = asyncio.Event()
         self._rediscover = False
+        #: One supervised MPS control daemon per MPS-shared resource, and its supervisor.
+        self.mps: dict[str, MpsDaemon] = {}
+        self._mps_tasks: dict[str, asyncio.Task[None]] = {}
+        self._mps_keys: dict[str, tuple[object, ...]] = {}
 
     @property
     def backend(self) -> DeviceBackend:
@@ -99,9 +109,10 @@ class Daemon:
     async def run(self, stop: asyncio.Event) -> None:
         """Serve until `stop` is set. Raises `ConfigError`/`InitError` when startup fails."""
         updates = self.source.updates()
-        await self._startup(updates)
-        http = await self._start_http()
+        http: list[HttpServer] = []
         try:
+            await self._startup(updates)
+            http = await self._start_http()
             async with asyncio.TaskGroup() as tasks:
                 monitor = HealthMonitor(
                     self.backend,
@@ -123,8 +134,10 @@ class Daemon:
                     task.cancel()
         finally:
             await self.manager.stop()
-            if http is not None:
-                await http.stop()
+            for server in http:
+                await server.stop()
+            for name in list(self.mps):
+                await self._stop_mps(name)
             closer = getattr(updates, "aclose", None)
             if closer is not None:
                 with contextlib.suppress(Exception):
@@ -140,8 +153,8 @@ class Daemon:
         log.info("effective config (%s): %s", first.origin, config_to_json(self.config))
         self._check_plugin_dir()
         await self._open_backend()
-        self.specs = build_resources(self.inventory, self.config)
-        await self.manager.apply(self.specs, self.config)
+        await self._write_cdi_spec()
+        await self._refresh(self.config)
         for spec in self.specs:
             log.info(
                 "advertising %s: %d device(s), %d healthy",
@@ -194,24 +207,32 @@ class Daemon:
             self.inventory.driver_version or "unknown",
         )
 
-    async def _start_http(self) -> HttpServer | None:
+    async def _start_http(self) -> list[HttpServer]:
+        """Probes and metrics on their own ports: probes may listen on every address for
+        the kubelet while metrics stay on the pod IP."""
         s = self.settings
-        if not s.health_port and not s.metrics_port:
-            return None
-        if s.metrics_port and s.health_port and s.metrics_port != s.health_port:
-            log.warning("metrics and health ports differ; serving both on the health port")
-        port = s.health_port or s.metrics_port
-        host = s.health_address if s.health_port else s.metrics_address
-        server = HttpServer(
-            host, port, metrics=self.metrics if s.metrics_port else None, ready=self.ready
-        )
-        await server.start()
-        log.info("HTTP endpoints on %s:%d", host, server.port)
-        return server
+        servers = []
+        if s.health_port:
+            servers.append(
+                HttpServer(s.health_address, s.health_port, metrics=None, ready=self.ready)
+            )
+        if s.metrics_port:
+            servers.append(
+                HttpServer(
+                    s.metrics_address, s.metrics_port, metrics=self.metrics, ready=self.ready
+                )
+            )
+        for server in servers:
+            await server.start()
+            log.info("HTTP endpoints on %s:%d", server.host, server.port)
+        return servers
 
     def ready(self) -> tuple[bool, str]:
         if not self.started.is_set():
             return False, "starting"
+        waiting = [name for name, d in self.mps.items() if not d.ready]
+        if waiting:
+            return False, f"MPS control daemon not ready: {', '.join(waiting)}"
         return self.manager.ready()
 
     # -- changes ------------------------------------------------------------------------
@@ -244,7 +265,15 @@ class Daemon:
                     self.inventory = await asyncio.to_thread(self.backend.discover)
                 except Exception as exc:  # keep serving the last inventory
                     log.error("re-discovery failed, keeping the last device list: %s", exc)
-            await self._refresh(self.config)
+                else:
+                    await self._write_cdi_spec()
+            try:
+                await self._refresh(self.config)
+            except ConfigError as exc:
+                # A MIG layout the config can't use (e.g. single with mixed profiles).
+                log.error(
+                    "the new device layout does not fit the config; keeping the last: %s", exc
+                )
 
     async def _refresh(self, config: Config) -> None:
         """Rebuild specs from inventory+health+config and reconcile the plugins.
@@ -252,6 +281,14 @@ class Daemon:
         Raises `ConfigError` if `config` can't apply; nothing changes then.
         """
         specs = build_resources(self.inventory.with_health(self.health), config)
+        await self._reconcile_mps(specs, config)
+        not_ready = {
+            g.uuid: Health.UNHEALTHY for d in self.mps.values() if not d.ready for g in d.gpus
+        }
+        if not_ready:
+            # An MPS resource whose daemon is down is shown but not allocatable.
+            health = {**self.health, **not_ready}
+            specs = build_resources(self.inventory.with_health(health), config)
         await self.manager.apply(specs, config)
         self.specs, self.config = specs, config
 
@@ -278,4 +315,96 @@ class Daemon:
         self.source.poke()
 
     def _extra_edits(self, spec: ResourceSpec) -> ContainerEdits | None:
-        return None
+        mps = self.mps.get(spec.name)
+        if spec.sharing is not SharingKind.MPS or mps is None:
+            return None
+        envs, mounts = mps.allocate_edits()
+        return ContainerEdits(envs=envs, mounts=mounts)
+
+    # -- CDI and MPS ----------------------------------------------------------------------
+
+    async def _write_cdi_spec(self) -> None:
+        plugin = self.config.flags.plugin
+        wanted = {DeviceListStrategy.CDI_ANNOTATIONS, DeviceListStrategy.CDI_CRI}
+        if not wanted & set(plugin.device_list_strategy) or not self.inventory.gpus:
+            return
+        flags = self.config.flags
+        try:
+            spec = await asyncio.to_thread(
+                cdi.generate_spec,
+                self.inventory,
+                driver_root=flags.nvidia_driver_root,
+                container_driver_root=plugin.container_driver_root,
+                device_id_strategy=plugin.device_id_strategy.value,
+                dev_root=flags.nvidia_dev_root,
+            )
+            path = await asyncio.to_thread(cdi.write_spec, spec, str(self.settings.cdi_dir))
+        except OSError as exc:
+            log.error(
+                "cannot write the CDI spec to %s (%s): CDI device names will not resolve; "
+                "mount /var/run/cdi read-write",
+                self.settings.cdi_dir,
+                exc,
+            )
+            return
+        log.info("wrote CDI spec %s (%d devices)", path, len(spec.get("devices", [])))
+
+    async def _reconcile_mps(self, specs: tuple[ResourceSpec, ...], config: Config) -> None:
+        """Start a control daemon for each MPS resource, stop those no longer wanted.
+
+        A daemon is restarted when its resource's GPUs or limits change.
+        """
+        wanted: dict[str, ResourceSpec] = {s.name: s for s in specs if s.sharing is SharingKind.MPS}
+        for name in list(self.mps):
+            spec = wanted.get(name)
+            if spec is None or self._mps_key(spec) != self._mps_keys.get(name):
+                await self._stop_mps(name)
+        for name, spec in wanted.items():
+            if name not in self.mps:
+                await self._start_mps(spec, config)
+
+    @staticmethod
+    def _mps_key(spec: ResourceSpec) -> tuple[object, ...]:
+        entry = spec.shared_by
+        gpus = tuple(sorted({d.unit.gpu.uuid for d in spec.devices}))
+        limits = (entry.memory_limit, entry.active_thread_percentage) if entry else (None, None)
+        return (gpus, spec.replicas, *limits)
+
+    async def _start_mps(self, spec: ResourceSpec, config: Config) -> None:
+        root = config.flags.mps_root
+        if root is None:  # validation requires it; be explicit anyway
+            raise ConfigError("sharing.mps needs flags.mpsRoot (--mps-root); set it")
+        entry = spec.shared_by
+        memory = entry.memory_limit if entry else None
+        gpus = {d.unit.gpu.uuid: d.unit.gpu for d in spec.devices}
+        daemon = MpsDaemon(
+            spec.name,
+            Path(root),
+            list(gpus.values()),
+            spec.replicas,
+            memory_limit_mib=parse_quantity(memory) // (1 << 20) if memory else None,
+            active_thread_percentage=entry.active_thread_percentage if entry else None,
+            control_binary=self.settings.mps_control_binary,
+            on_change=lambda ready: self._dirty.set(),
+        )
+        self._mps_keys[spec.name] = self._mps_key(spec)
+        self.mps[spec.name] = daemon
+        try:
+            await daemon.start()
+        except MpsError as exc:
+            log.error("%s: advertised as unhealthy until it starts", exc)
+        self._mps_tasks[spec.name] = asyncio.create_task(
+            daemon.supervise(), name=f"mps {spec.name}"
+        )
+        log.info("MPS control daemon for %s: ready=%s", spec.name, daemon.ready)
+
+    async def _stop_mps(self, name: str) -> None:
+        task = self._mps_tasks.pop(name, None)
+        if task is not None:
+            task.cancel()
+            with contextlib.suppress(asyncio.CancelledError):
+                await task
+        daemon = self.mps.pop(name)
+        self._mps_keys.pop(name, None)
+        with contextlib.suppress(MpsError):
+            await daemon.stop()

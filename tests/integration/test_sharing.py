@@ -1,0 +1,184 @@
+"""Sharing, CDI, probes and metrics through the real daemon and the kubelet emulator."""
+
+from __future__ import annotations
+
+import asyncio
+import json
+from pathlib import Path
+
+from kubegpu.cdi import cdi_device_name
+from tests.integration.test_plugin import GPU, running_node
+
+FAKE_MPS = str(Path(__file__).parent.parent / "fixtures" / "fake-mps-control")
+
+SEED_003 = """
+version: v1
+sharing:
+  timeSlicing:
+    resources:
+    - name: nvidia.com/gpu
+      replicas: 20
+"""
+
+
+async def test_seed_003_one_gpu_shared_by_20_pods(socket_dir: Path) -> None:
+    config = socket_dir / "config.yaml"
+    config.write_text(SEED_003)
+    async with running_node(socket_dir, "t4-1", config_file=config) as node:
+        k = node.kubelet
+        await k.wait_for_resource(GPU, capacity=20, allocatable=20)
+        uuid = node.uuids[0]
+        allocations = [await k.allocate(GPU, 1, pod=f"pod-{i}") for i in range(20)]
+        assert {a.envs["NVIDIA_VISIBLE_DEVICES"] for a in allocations} == {uuid}
+        assert len({a.device_ids[0] for a in allocations}) == 20
+
+
+async def test_shared_and_whole_gpus_side_by_side_with_distributed_policy(
+    socket_dir: Path,
+) -> None:
+    config = socket_dir / "config.yaml"
+    config.write_text(
+        """
+version: v1
+sharing:
+  timeSlicing:
+    renameByDefault: true
+    resources:
+    - name: nvidia.com/gpu
+      replicas: 4
+      devices: [0, 1]
+"""
+    )
+    async with running_node(socket_dir, "a10g-4", config_file=config) as node:
+        k = node.kubelet
+        await k.wait_for_resource(GPU, capacity=2, allocatable=2)
+        await k.wait_for_resource("nvidia.com/gpu.shared", capacity=8, allocatable=8)
+        a = await k.allocate("nvidia.com/gpu.shared", 2, pod="spread")
+        # distributed: two replicas on two different GPUs, both named to the runtime.
+        assert sorted(a.envs["NVIDIA_VISIBLE_DEVICES"].split(",")) == sorted(node.uuids[:2])
+        whole = await k.allocate(GPU, 1, pod="whole")
+        assert whole.device_ids[0] in node.uuids[2:]
+
+
+async def test_xid_marks_every_replica_and_healing_restores_them(socket_dir: Path) -> None:
+    config = socket_dir / "config.yaml"
+    config.write_text(SEED_003.replace("replicas: 20", "replicas: 5"))
+    overrides = {"flags.health.recoverySeconds": 0}
+    async with running_node(socket_dir, "a10g-4", overrides, config_file=config) as node:
+        k = node.kubelet
+        await k.wait_for_resource(GPU, capacity=20, allocatable=20)
+        node.backend.inject_xid(2, 79)
+        await k.wait_for_resource(GPU, capacity=20, allocatable=15)
+        bad = {i for i, d in k.devices(GPU).items() if not d.healthy}
+        assert bad == {f"{node.uuids[2]}::{n}" for n in range(5)}
+        node.backend.heal(2)
+        await k.wait_for_resource(GPU, capacity=20, allocatable=20)
+
+
+async def test_fail_requests_greater_than_one_rejects_admission(socket_dir: Path) -> None:
+    config = socket_dir / "config.yaml"
+    config.write_text(
+        SEED_003.replace("timeSlicing:", "timeSlicing:\n    failRequestsGreaterThanOne: true")
+    )
+    async with running_node(socket_dir, "t4-1", config_file=config) as node:
+        k = node.kubelet
+        await k.wait_for_resource(GPU, capacity=20)
+        from kubegpu.kubelet import AdmissionError
+
+        try:
+            await k.allocate(GPU, 2, pod="greedy")
+        except AdmissionError as exc:
+            assert "too large" in str(exc)
+        else:
+            raise AssertionError("a 2-replica request should be refused")
+        assert (await k.allocate(GPU, 1, pod="modest")).device_ids
+
+
+async def test_mps_resource_waits_for_its_daemon_and_allocates_pipes(socket_dir: Path) -> None:
+    config = socket_dir / "config.yaml"
+    mps_root = socket_dir / "mps"
+    config.write_text(
+        f"""
+version: v1
+flags: {{mpsRoot: {mps_root}}}
+sharing:
+  mps:
+    resources:
+    - name: nvidia.com/gpu
+      replicas: 4
+"""
+    )
+    async with running_node(
+        socket_dir, "a10g-4", config_file=config, mps_control_binary=FAKE_MPS
+    ) as node:
+        k = node.kubelet
+        await k.wait_for_resource(GPU, capacity=16, allocatable=16)
+        daemon = node.daemon.mps[GPU]
+        assert daemon.ready
+        commands = (daemon.pipe_dir / "commands.log").read_text()
+        assert "set_default_active_thread_percentage 25" in commands
+        a = await k.allocate(GPU, 1, pod="mps-client")
+        assert a.envs["CUDA_MPS_PIPE_DIRECTORY"] == "/tmp/nvidia-mps"
+        mounts = {m.container_path: m.host_path for m in a.mounts}
+        assert mounts["/tmp/nvidia-mps"] == str(daemon.host_pipe_dir)
+        assert "/dev/shm" in mounts
+    # Shutting the plugin down asks the control daemon to quit.
+    assert "quit" in (daemon.pipe_dir / "commands.log").read_text().splitlines()
+
+
+async def test_cdi_cri_writes_spec_and_answers_with_its_names(socket_dir: Path) -> None:
+    cdi_dir = socket_dir / "cdi"
+    overrides = {"flags.plugin.deviceListStrategy": ["cdi-cri", "cdi-annotations"]}
+    async with running_node(socket_dir, "a10g-4", overrides, cdi_dir=cdi_dir) as node:
+        k = node.kubelet
+        await k.wait_for_resource(GPU, allocatable=4)
+        (spec_file,) = cdi_dir.iterdir()
+        spec = json.loads(spec_file.read_text())
+        assert spec["kind"] == "k8s.device-plugin.nvidia.com/gpu"
+        a = await k.allocate(GPU, 1)
+        name = cdi_device_name(a.device_ids[0])
+        assert list(a.cdi_devices) == [name]
+        assert name.split("=", 1)[1] in {d["name"] for d in spec["devices"]}
+        assert a.envs["NVIDIA_VISIBLE_DEVICES"] == "void"
+        (annotation,) = a.annotations.values()
+        assert annotation == name
+
+
+async def _get(port: int, path: str) -> tuple[int, str]:
+    reader, writer = await asyncio.open_connection("127.0.0.1", port)
+    writer.write(f"GET {path} HTTP/1.1\r\nHost: x\r\n\r\n".encode())
+    await writer.drain()
+    data = await reader.read()
+    writer.close()
+    head, _, body = data.decode().partition("\r\n\r\n")
+    return int(head.split()[1]), body.strip()
+
+
+async def test_probes_and_metrics(socket_dir: Path) -> None:
+    import socket
+
+    def free_port() -> int:
+        with socket.socket() as s:
+            s.bind(("127.0.0.1", 0))
+            return int(s.getsockname()[1])
+
+    health, metrics = free_port(), free_port()
+    async with running_node(
+        socket_dir,
+        "a10g-4",
+        health_port=health,
+        health_address="127.0.0.1",
+        metrics_port=metrics,
+    ) as node:
+        await node.kubelet.wait_for_resource(GPU, allocatable=4)
+        await node.kubelet.wait_for(lambda: node.daemon.ready()[0], 5)
+        assert await _get(health, "/healthz") == (200, "ok")
+        status, _ = await _get(health, "/readyz")
+        assert status == 200
+        await node.kubelet.allocate(GPU, 1)
+        status, text = await _get(metrics, "/metrics")
+        assert status == 200
+        assert 'kubegpu_devices{resource="nvidia.com/gpu"} 4.0' in text
+        assert 'kubegpu_allocations_total{resource="nvidia.com/gpu"} 1.0' in text
+        assert 'kubegpu_registrations_total{resource="nvidia.com/gpu",result="ok"} 1.0' in text
+        assert (await _get(health, "/metrics"))[0] == 404
