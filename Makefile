@@ -5,7 +5,7 @@ VENV := .venv
 BIN := $(VENV)/bin
 STAMP := $(VENV)/.installed
 
-.PHONY: demo test lint bench proto venv clean static-manifests image-context
+.PHONY: demo test lint bench proto venv clean static-manifests image
 
 $(STAMP): pyproject.toml
 	@test -x $(BIN)/python || $(PYTHON) -m venv $(VENV)
@@ -22,9 +22,10 @@ test: $(STAMP)
 	$(BIN)/python -m pytest -q
 
 lint: $(STAMP)
-	$(BIN)/ruff check src tests benchmarks
-	$(BIN)/ruff format --check src tests benchmarks
+	$(BIN)/ruff check src tests benchmarks deployments/render-static.py
+	$(BIN)/ruff format --check src tests benchmarks deployments/render-static.py
 	$(BIN)/mypy
+	$(BIN)/mypy --strict deployments/render-static.py
 	$(BIN)/lint-imports
 
 bench: $(STAMP)
@@ -32,6 +33,13 @@ bench: $(STAMP)
 
 proto: $(STAMP)
 	$(BIN)/python -m grpc_tools.protoc -I src --python_out=src --grpc_python_out=src --pyi_out=src src/kubegpu/api/api.proto
+
+static-manifests: $(STAMP)
+	$(BIN)/python deployments/render-static.py
+
+# Needs a Docker engine (none runs on CI); tests/unit/test_image.py checks the context.
+image: $(STAMP)
+	docker build -f deployments/container/Dockerfile -t kubegpu:$$($(BIN)/python -c 'import kubegpu; print(kubegpu.__version__)') .
 
 clean:
 	rm -rf $(VENV) build dist .mypy_cache .ruff_cache .pytest_cache

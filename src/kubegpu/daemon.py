@@ -188,6 +188,7 @@ class Daemon:
                     self.settings.backend,
                     simulate=self.settings.simulate,
                     driver_root=self.config.flags.nvidia_driver_root,
+                    dev_root=self.config.flags.nvidia_dev_root,
                 )
             self.inventory = await asyncio.to_thread(self._backend.discover)
             if not self.inventory.gpus:

@@ -56,6 +56,7 @@ def open_backend(
     *,
     simulate: str | None = None,
     driver_root: str = "/",
+    dev_root: str | None = None,
     sysfs_root: str = "/",
 ) -> DeviceBackend:
     """Open the named backend; `simulate` (a preset name or YAML path) implies `simulated`.
@@ -74,11 +75,14 @@ def open_backend(
         return AmdBackend(root=sysfs_root)
     from kubegpu.devices.nvml import NvmlBackend
 
+    def nvml() -> DeviceBackend:
+        return NvmlBackend.open(driver_root=driver_root, dev_root=dev_root, host_root=sysfs_root)
+
     if kind == "nvml":
-        return NvmlBackend.open(driver_root=driver_root)
+        return nvml()
     # auto: NVIDIA first (the common case), then AMD, else a combined explanation.
     try:
-        return NvmlBackend.open(driver_root=driver_root)
+        return nvml()
     except InitError as nvml_error:
         from kubegpu.devices.amd import AmdBackend
 

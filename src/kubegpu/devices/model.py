@@ -151,9 +151,8 @@ class Inventory:
         gpus = []
         for g in self.gpus:
             h = health.get(g.uuid, Health.HEALTHY)
-            gpus.append(
-                dataclasses.replace(g, health=h, mig_devices=tuple(mig(m, h) for m in g.mig_devices))
-            )
+            migs = tuple(mig(m, h) for m in g.mig_devices)
+            gpus.append(dataclasses.replace(g, health=h, mig_devices=migs))
         return dataclasses.replace(self, gpus=tuple(gpus))
 
 
