@@ -235,6 +235,9 @@ def _apply_sharing(
             key = f"sharing.{section}.resources[{i}]"
             base = _qualify(entry.name, Vendor.NVIDIA)
             units = groups.get(base, [])
+            if not units:
+                # One cluster-wide config meets nodes without this resource: nothing to share.
+                continue
             selected = _select(units, entry, key)
             if kind is SharingKind.MPS:
                 _check_mps(selected, entry, key)

@@ -240,3 +240,20 @@ def test_parent_xid_takes_down_every_mig_slice() -> None:
     inv = inv.with_health({inv.gpus[0].uuid: Health.UNHEALTHY})
     (spec,) = build_resources(inv, parse_config("version: v1\nflags: {migStrategy: mixed}"))
     assert all(d.health is Health.UNHEALTHY for d in spec.devices)
+
+
+def test_sharing_a_resource_the_node_lacks_advertises_nothing_extra() -> None:
+    inv = inventory(gpu(0, product="NVIDIA A100-SXM4-40GB"))
+    config = parse_config(
+        """
+version: v1
+resources:
+  gpus: [{pattern: "*A100*", name: a100}]
+sharing:
+  timeSlicing:
+    resources:
+    - name: nvidia.com/gpu
+      replicas: 4
+"""
+    )
+    assert names(build_resources(inv, config)) == ["nvidia.com/a100"]

@@ -71,7 +71,7 @@ class MigDevice:
     #: Extra device nodes that grant access to this slice (`/dev/nvidia-caps/nvidia-capN`).
     device_paths: tuple[str, ...] = ()
     #: Attributes reported by NVML for GFD-style labels (engines, slices).
-    attributes: Mapping[str, int] = field(default_factory=dict)
+    attributes: Mapping[str, int] = field(default_factory=dict, hash=False)
     health: Health = Health.HEALTHY
 
     @property
