@@ -226,6 +226,13 @@ SERVE_FLAGS: tuple[Flag, ...] = (
     ),
     Flag("--health-address", "HEALTH_ADDRESS", "address for probes", default="0.0.0.0"),
     Flag(
+        "--with-labels",
+        "WITH_LABELS",
+        "also write GPU Feature Discovery labels (to flags.gfd.outputFile)",
+        kind="bool",
+        default=False,
+    ),
+    Flag(
         "--log-level",
         "LOG_LEVEL",
         "debug, info, warning, error",
@@ -319,6 +326,7 @@ def cmd_serve(args: argparse.Namespace) -> int:
         metrics_address=values["metrics_address"] or env.get("POD_IP") or "127.0.0.1",
         health_port=values["health_port"],
         health_address=values["health_address"],
+        with_labels=values["with_labels"],
     )
 
     async def main() -> None:

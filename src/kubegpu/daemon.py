@@ -18,7 +18,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-from kubegpu import cdi
+from kubegpu import cdi, labeller
 from kubegpu.allocation import ContainerEdits
 from kubegpu.api import DEVICE_PLUGIN_PATH
 from kubegpu.config import Config, DeviceListStrategy
@@ -26,7 +26,7 @@ from kubegpu.config.loader import config_to_json
 from kubegpu.config.names import parse_quantity
 from kubegpu.config.source import ConfigSource, ConfigUpdate, NamedConfigs
 from kubegpu.devices import DeviceBackend, Health, Inventory, NullBackend, open_backend
-from kubegpu.errors import ConfigError, InitError
+from kubegpu.errors import ConfigError, InitError, KubegpuError
 from kubegpu.events import NodeEvents, Reason
 from kubegpu.health import HealthMonitor, health_flags_from_env
 from kubegpu.httpserver import HttpServer
@@ -59,6 +59,8 @@ class DaemonSettings:
     #: Where CDI specs go when a CDI device-list strategy is on.
     cdi_dir: Path = Path(cdi.DEFAULT_DIRECTORY)
     mps_control_binary: str = "nvidia-cuda-mps-control"
+    #: Also write GPU Feature Discovery labels (NFD features.d file), as `kubegpu labels`.
+    with_labels: bool = False
 
 
 class Daemon:
@@ -127,6 +129,8 @@ class Daemon:
                     tasks.create_task(self._refresher(), name="refresher"),
                     tasks.create_task(self.events.run(), name="events"),
                 ]
+                if self.settings.with_labels:
+                    roots.append(tasks.create_task(self._label(), name="labeller"))
                 self.started.set()
                 await stop.wait()
                 log.info("stopping: removing plugin sockets")
@@ -321,6 +325,25 @@ class Daemon:
             return None
         envs, mounts = mps.allocate_edits()
         return ContainerEdits(envs=envs, mounts=mounts)
+
+    async def _label(self) -> None:
+        """Publish node labels from the daemon's own view; a failure never stops serving."""
+        gfd = self.config.flags.gfd
+        interval = labeller.parse_duration(gfd.sleep_interval)
+        sink = labeller.FeatureFileSink(gfd.output_file)
+        while True:
+            try:
+                await labeller.run_labeller(
+                    lambda: self.inventory.with_health(self.health),
+                    lambda: self.config,
+                    sink,
+                    interval=interval,
+                    machine_type=lambda: labeller.read_machine_type(gfd.machine_type_file),
+                    timestamps=not gfd.no_timestamp,
+                )
+            except KubegpuError as exc:
+                log.error("labelling failed, retrying in %.0f s: %s", min(interval, 60), exc)
+            await asyncio.sleep(min(interval, 60))
 
     # -- CDI and MPS ----------------------------------------------------------------------
 

@@ -182,3 +182,15 @@ async def test_probes_and_metrics(socket_dir: Path) -> None:
         assert 'kubegpu_allocations_total{resource="nvidia.com/gpu"} 1.0' in text
         assert 'kubegpu_registrations_total{resource="nvidia.com/gpu",result="ok"} 1.0' in text
         assert (await _get(health, "/metrics"))[0] == 404
+
+
+async def test_serve_with_labels_writes_gfd_labels_from_its_own_view(socket_dir: Path) -> None:
+    features = socket_dir / "features.d" / "gfd"
+    overrides = {"flags.gfd.outputFile": str(features), "flags.gfd.noTimestamp": True}
+    async with running_node(socket_dir, "a10g-4", overrides, with_labels=True) as node:
+        await node.kubelet.wait_for_resource(GPU, allocatable=4)
+        await node.kubelet.wait_for(features.exists, 5)
+        labels = dict(line.split("=", 1) for line in features.read_text().splitlines())
+        assert labels["nvidia.com/gpu.product"] == "NVIDIA-A10G"
+        assert labels["nvidia.com/gpu.count"] == "4"
+        assert "nvidia.com/gfd.timestamp" not in labels
