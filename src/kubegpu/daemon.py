@@ -25,7 +25,15 @@ from kubegpu.config import Config, DeviceListStrategy
 from kubegpu.config.loader import config_to_json
 from kubegpu.config.names import parse_quantity
 from kubegpu.config.source import ConfigSource, ConfigUpdate, NamedConfigs
-from kubegpu.devices import DeviceBackend, Health, Inventory, NullBackend, open_backend
+from kubegpu.devices import (
+    DeviceBackend,
+    Health,
+    HealthEvent,
+    HealthEventKind,
+    Inventory,
+    NullBackend,
+    open_backend,
+)
 from kubegpu.errors import ConfigError, InitError, KubegpuError
 from kubegpu.events import NodeEvents, Reason
 from kubegpu.health import HealthMonitor, health_flags_from_env
@@ -122,6 +130,7 @@ class Daemon:
                     on_change=self._health_changed,
                     on_reconfigured=self._reconfigured,
                 )
+                monitor.on_event = self._count_event
                 roots = [
                     tasks.create_task(self.manager.run(), name="kubelet watcher"),
                     tasks.create_task(monitor.run(), name="health monitor"),
@@ -242,14 +251,22 @@ class Daemon:
 
     # -- changes ------------------------------------------------------------------------
 
+    def _count_event(self, event: HealthEvent) -> None:
+        if event.kind is HealthEventKind.XID and event.xid is not None:
+            self.metrics.xid(event.uuid, event.xid)
+
     def _health_changed(self, health: Mapping[str, Health]) -> None:
         before = self.health
         self.health = dict(health)
+        owners = {d.unit.uuid: s.name for s in self.specs for d in s.devices}
+        owners.update({d.unit.gpu.uuid: s.name for s in self.specs for d in s.devices})
         for uuid in set(before) | set(health):
             old = before.get(uuid, Health.HEALTHY)
             new = health.get(uuid, Health.HEALTHY)
             if old is new:
                 continue
+            if uuid in owners:
+                self.metrics.health_transition(owners[uuid], healthy=new is Health.HEALTHY)
             if new is Health.UNHEALTHY:
                 self.events.warning(Reason.GPU_UNHEALTHY, f"GPU {uuid} is unhealthy")
             else:

@@ -197,6 +197,8 @@ class HealthMonitor:
         self._on_change = on_change
         self._on_reconfigured = on_reconfigured
         self._join_timeout = join_timeout
+        #: Sees every raw event first (metrics count Xids even when they are ignored).
+        self.on_event: Callable[[HealthEvent], None] | None = None
 
     async def run(self) -> None:
         """Watch and probe until cancelled; the watch thread is stopped and joined on exit."""
@@ -256,6 +258,8 @@ class HealthMonitor:
 
     def handle(self, event: HealthEvent) -> None:
         """Feed one event (on the loop thread); report and log any change."""
+        if self.on_event is not None:
+            self.on_event(event)
         if event.kind is HealthEventKind.RECONFIGURED:
             log.info("%s reconfigured: rediscovering devices", event.uuid)
             self._on_reconfigured()

@@ -182,6 +182,17 @@ async def test_probes_and_metrics(socket_dir: Path) -> None:
         assert 'kubegpu_allocations_total{resource="nvidia.com/gpu"} 1.0' in text
         assert 'kubegpu_registrations_total{resource="nvidia.com/gpu",result="ok"} 1.0' in text
         assert (await _get(health, "/metrics"))[0] == 404
+        node.backend.inject_xid(1, 79)
+        node.backend.inject_xid(0, 13)  # ignored for health, still counted
+        await node.kubelet.wait_for_resource(GPU, allocatable=3)
+        _, text = await _get(metrics, "/metrics")
+        xid_line = f'kubegpu_xid_errors_total{{uuid="{node.uuids[1]}",xid="79"}} 1.0'
+        assert xid_line in text
+        assert f'kubegpu_xid_errors_total{{uuid="{node.uuids[0]}",xid="13"}} 1.0' in text
+        assert (
+            'kubegpu_health_transitions_total{health="Unhealthy",resource="nvidia.com/gpu"} 1.0'
+            in text
+        )
 
 
 async def test_serve_with_labels_writes_gfd_labels_from_its_own_view(socket_dir: Path) -> None:
