@@ -8,6 +8,7 @@ from pathlib import Path
 
 from kubegpu.cdi import cdi_device_name
 from tests.integration.test_plugin import GPU, running_node
+from tests.integration.waiting import eventually
 
 FAKE_MPS = str(Path(__file__).parent.parent / "fixtures" / "fake-mps-control")
 
@@ -171,7 +172,7 @@ async def test_probes_and_metrics(socket_dir: Path) -> None:
         metrics_port=metrics,
     ) as node:
         await node.kubelet.wait_for_resource(GPU, allocatable=4)
-        await node.kubelet.wait_for(lambda: node.daemon.ready()[0], 5)
+        await eventually(lambda: node.daemon.ready()[0], 5)
         assert await _get(health, "/healthz") == (200, "ok")
         status, _ = await _get(health, "/readyz")
         assert status == 200
@@ -200,8 +201,35 @@ async def test_serve_with_labels_writes_gfd_labels_from_its_own_view(socket_dir:
     overrides = {"flags.gfd.outputFile": str(features), "flags.gfd.noTimestamp": True}
     async with running_node(socket_dir, "a10g-4", overrides, with_labels=True) as node:
         await node.kubelet.wait_for_resource(GPU, allocatable=4)
-        await node.kubelet.wait_for(features.exists, 5)
+        await eventually(features.exists, 5)
         labels = dict(line.split("=", 1) for line in features.read_text().splitlines())
         assert labels["nvidia.com/gpu.product"] == "NVIDIA-A10G"
         assert labels["nvidia.com/gpu.count"] == "4"
         assert "nvidia.com/gfd.timestamp" not in labels
+
+
+async def test_node_label_switches_named_config_live(socket_dir: Path) -> None:
+    from kubegpu.config.source import FakeNodeLabels, NamedConfigs
+
+    configs = socket_dir / "configs"
+    configs.mkdir()
+    (configs / "whole.yaml").write_text("version: v1\n")
+    (configs / "shared").write_text(SEED_003.replace("replicas: 20", "replicas: 3"))
+    labels = FakeNodeLabels("whole")
+    named = NamedConfigs(directory=configs, default="whole", node_name="node-1", labels=labels)
+    async with running_node(socket_dir, "a10g-4", named=named) as node:
+        k = node.kubelet
+        await k.wait_for_resource(GPU, capacity=4, allocatable=4)
+        held = await k.allocate(GPU, 1, pod="before-switch")
+        labels.set("shared")
+        await k.wait_for_resource(GPU, capacity=12, timeout=10)
+        labels.set("missing-config")  # refused: the last good config keeps serving
+        await eventually(
+            lambda: (
+                node.daemon.metrics.value("kubegpu_config_reloads_total", {"result": "failed"})
+                == 1.0
+            )
+        )
+        assert k.capacity(GPU) == 12
+        (kept,) = k.allocations("before-switch")
+        assert kept.device_ids == held.device_ids
