@@ -14,6 +14,10 @@ names of pynvml's ctypes structures (including `busId` as bytes). Pass it to
 
 Builders are plain mutable objects: tests change them between calls to model hot-plug,
 MIG reconfiguration or a GPU falling off the bus.
+
+The other two fakes a user of kubegpu needs are re-exported here: `KubeletEmulator` (a
+faithful kubelet device manager over real sockets) and `SimulatedBackend` (a GPU node
+from a preset or YAML file, with fault injection).
 """
 
 from __future__ import annotations
@@ -602,8 +606,13 @@ class FakeNvml(types.ModuleType):
                 self._event_sets.remove(eventSet)
 
 
+from kubegpu.devices.simulated import SimulatedBackend  # noqa: E402 - re-export
+from kubegpu.kubelet import KubeletEmulator  # noqa: E402 - re-export
+
 __all__ = [
     "DEFAULT_EVENTS",
+    "KubeletEmulator",
+    "SimulatedBackend",
     "DeviceAttributes",
     "EventData",
     "FakeGpu",
