@@ -611,14 +611,14 @@ from kubegpu.kubelet import KubeletEmulator  # noqa: E402 - re-export
 
 __all__ = [
     "DEFAULT_EVENTS",
-    "KubeletEmulator",
-    "SimulatedBackend",
     "DeviceAttributes",
     "EventData",
     "FakeGpu",
     "FakeMig",
     "FakeNvml",
     "GpuInstanceInfo",
+    "KubeletEmulator",
     "Memory",
     "PciInfo",
+    "SimulatedBackend",
 ]
