@@ -30,6 +30,7 @@ from collections.abc import Iterable
 from pathlib import Path
 from typing import Any
 
+from kubegpu.allocation import cdi_device_name
 from kubegpu.devices.model import Gpu, Inventory, MigDevice
 from kubegpu.errors import ConfigError, KubegpuError
 
@@ -37,7 +38,7 @@ from kubegpu.errors import ConfigError, KubegpuError
 CDI_VERSION = "0.6.0"
 VENDOR = "k8s.device-plugin.nvidia.com"
 CLASS = "gpu"
-KIND = f"{VENDOR}/{CLASS}"
+KIND = f"{VENDOR}/{CLASS}"  # Allocate names devices in it: see allocation.cdi_device_name
 DEFAULT_DIRECTORY = "/var/run/cdi"
 DEFAULT_NAME = "k8s.device-plugin.nvidia.com-gpu.json"
 
@@ -82,10 +83,6 @@ BINARIES = (
 IPC_SOCKETS = ("run/nvidia-persistenced/socket",)
 MOUNT_OPTIONS = ("ro", "nosuid", "nodev", "bind")
 
-
-def cdi_device_name(id: str) -> str:
-    """`k8s.device-plugin.nvidia.com/gpu=<id>`: what `Allocate` hands the runtime."""
-    return f"{KIND}={id}"
 
 
 def gpu_name(gpu: Gpu, device_id_strategy: str) -> str:

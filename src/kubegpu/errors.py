@@ -3,12 +3,20 @@
     KubegpuError
     ├── ConfigError          a flag, env var or config file is invalid (names the key and value)
     ├── DeviceError          a GPU backend failed (NVML, sysfs, simulated node file)
-    │   └── InitError        no GPU backend could start (no driver, no library, no devices)
+    │   ├── InitError        no GPU backend could start (no driver, no library, no devices)
+    │   └── MpsError         an MPS control daemon could not start or answer (kubegpu.mps)
     ├── AllocationError      an Allocate / GetPreferredAllocation request is malformed
     │                        (gRPC INVALID_ARGUMENT)
     ├── PreconditionError    a request is well-formed but cannot be served now
     │                        (gRPC FAILED_PRECONDITION)
-    └── RegistrationError    the kubelet refused or did not answer a registration
+    ├── RegistrationError    the kubelet refused or did not answer a registration
+    ├── PublishError         node labels could not be written (kubegpu.labeller)
+    ├── EventError           a Kubernetes Event could not be recorded (kubegpu.events)
+    ├── UsageError           a bad flag or env var value; exit 2 (kubegpu.cli)
+    └── AdmissionError, ContainerStartError, CheckpointError
+                             the kubelet emulator's own failures (kubegpu.kubelet)
+
+The subclasses outside this module live beside the only code that raises them.
 
 Third-party errors (pynvml.NVMLError, grpc.RpcError, kubernetes ApiException) are
 translated into these at the one module that talks to that library, raised `from` the
