@@ -1,0 +1,199 @@
+"""Shared pieces of the benchmarks: subprocesses, timing loops, statistics, /proc reads.
+
+Everything waits on conditions (a "ready" line, the kubelet emulator's state), never on
+fixed sleeps, and every subprocess and temp dir is cleaned up by the context managers here.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import os
+import re
+import shutil
+import socket
+import statistics
+import sys
+import tempfile
+import time
+from collections.abc import AsyncIterator, Awaitable, Callable, Iterator, Mapping, Sequence
+from dataclasses import dataclass
+from pathlib import Path
+
+from kubegpu.kubelet import KubeletEmulator
+
+RESOURCE = "nvidia.com/gpu"
+_REGISTERED = re.compile(r"registered \S+ with the kubelet \(socket \S+\) in ([0-9.]+) s")
+
+
+def kubegpu_command() -> list[str]:
+    """The `kubegpu` console script of this interpreter's environment (what a node runs)."""
+    script = Path(sys.executable).with_name("kubegpu")
+    if script.exists():
+        return [str(script)]
+    return [sys.executable, "-m", "kubegpu.cli"]
+
+
+@contextlib.contextmanager
+def temp_dir(prefix: str) -> Iterator[Path]:
+    # Short paths under /tmp: unix socket paths are limited to 107 bytes.
+    path = Path(tempfile.mkdtemp(prefix=prefix, dir="/tmp"))
+    try:
+        yield path
+    finally:
+        shutil.rmtree(path, ignore_errors=True)
+
+
+@dataclass
+class Child:
+    """A subprocess whose output goes to a log file (shown when something fails)."""
+
+    proc: asyncio.subprocess.Process
+    log: Path
+    spawned: float  # time.perf_counter() just before the spawn
+
+    @property
+    def pid(self) -> int:
+        return self.proc.pid
+
+    def registrations_s(self) -> list[float]:
+        """The "registered ... in X s" figures `serve` logged: since the plugin server was
+        up (first time) or since it noticed the kubelet restart (later ones)."""
+        text = self.log.read_text(errors="replace")
+        return [float(m) for m in _REGISTERED.findall(text)]
+
+    def tail(self, lines: int = 20) -> str:
+        try:
+            return "\n".join(self.log.read_text(errors="replace").splitlines()[-lines:])
+        except OSError:
+            return "(no log)"
+
+
+async def _terminate(proc: asyncio.subprocess.Process) -> None:
+    if proc.returncode is not None:
+        return
+    with contextlib.suppress(ProcessLookupError):
+        proc.terminate()
+    try:
+        await asyncio.wait_for(proc.wait(), 10)
+    except TimeoutError:
+        with contextlib.suppress(ProcessLookupError):
+            proc.kill()
+        await proc.wait()
+
+
+@contextlib.asynccontextmanager
+async def child(
+    args: Sequence[str],
+    log: Path,
+    *,
+    stdin_pipe: bool = False,
+    env: Mapping[str, str] | None = None,
+) -> AsyncIterator[Child]:
+    """Run `args` until the block ends (SIGTERM, then SIGKILL after 10 s)."""
+    with log.open("wb") as out:
+        spawned = time.perf_counter()
+        proc = await asyncio.create_subprocess_exec(
+            *args,
+            stdin=asyncio.subprocess.PIPE if stdin_pipe else asyncio.subprocess.DEVNULL,
+            stdout=asyncio.subprocess.PIPE if stdin_pipe else out,
+            stderr=out,
+            env=None if env is None else dict(env),
+        )
+    try:
+        yield Child(proc, log, spawned)
+    finally:
+        if proc.stdin is not None:
+            proc.stdin.close()
+        await _terminate(proc)
+
+
+@contextlib.asynccontextmanager
+async def serve(
+    plugin_dir: Path,
+    log: Path,
+    *extra: str,
+    simulate: str = "h100-8",
+    env: Mapping[str, str] | None = None,
+) -> AsyncIterator[Child]:
+    """`kubegpu serve --simulate <preset> --device-plugin-path <dir>` as a subprocess."""
+    args = [
+        *kubegpu_command(),
+        "serve",
+        "--simulate",
+        simulate,
+        "--device-plugin-path",
+        str(plugin_dir),
+        *extra,
+    ]
+    async with child(args, log, env=env) as proc:
+        yield proc
+
+
+@contextlib.asynccontextmanager
+async def module_server(module: str, sock: Path, log: Path) -> AsyncIterator[Child]:
+    """`python -m <module> <socket>` (echo_server, servicer_server) until it prints "ready"."""
+    args = [sys.executable, "-m", module, str(sock)]
+    async with child(args, log, stdin_pipe=True) as proc:
+        assert proc.proc.stdout is not None
+        line = await asyncio.wait_for(proc.proc.stdout.readline(), 30)
+        if line.strip() != b"ready":
+            raise RuntimeError(f"{module} did not start: {line!r}\n{proc.tail()}")
+        yield proc
+
+
+def free_port() -> int:
+    """A TCP port free right now on 127.0.0.1 (for the HTTP endpoints of `serve`)."""
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return int(s.getsockname()[1])
+
+
+@contextlib.asynccontextmanager
+async def emulator(plugin_dir: Path) -> AsyncIterator[KubeletEmulator]:
+    kubelet = KubeletEmulator(plugin_dir)
+    await kubelet.start()
+    try:
+        yield kubelet
+    finally:
+        await kubelet.stop()
+
+
+async def timed_calls(call: Callable[[], Awaitable[object]], count: int) -> list[int]:
+    """Latency in ns of `count` sequential awaits of `call()`."""
+    out: list[int] = []
+    clock = time.perf_counter_ns
+    for _ in range(count):
+        start = clock()
+        await call()
+        out.append(clock() - start)
+    return out
+
+
+def percentile(samples_ns: Sequence[int], q: float) -> float:
+    """Nearest-rank percentile, in milliseconds."""
+    ordered = sorted(samples_ns)
+    rank = max(1, min(len(ordered), round(q / 100 * len(ordered) + 0.5)))
+    return ordered[rank - 1] / 1e6
+
+
+def median(values: Sequence[float]) -> float:
+    return statistics.median(values)
+
+
+def proc_status(pid: int) -> dict[str, float]:
+    """VmRSS and VmHWM of a process, in MB (MiB, as the kernel counts kB)."""
+    out: dict[str, float] = {}
+    for line in Path(f"/proc/{pid}/status").read_text().splitlines():
+        key, _, value = line.partition(":")
+        if key in ("VmRSS", "VmHWM"):
+            out[key] = int(value.split()[0]) / 1024
+    return out
+
+
+def machine() -> dict[str, str | int]:
+    return {
+        "nproc": os.cpu_count() or 0,
+        "affinity": len(os.sched_getaffinity(0)),
+        "python": sys.version.split()[0],
+    }
