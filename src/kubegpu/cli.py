@@ -331,7 +331,8 @@ def cmd_serve(args: argparse.Namespace) -> int:
 
     async def main() -> None:
         stop = asyncio.Event()
-        daemon = Daemon(settings, events=NodeEvents.from_environment(env))
+        events = NodeEvents.from_environment(env, lazy=True)
+        daemon = Daemon(settings, events=events)
         loop = asyncio.get_running_loop()
         # Signal handlers only set flags; the daemon does the work on its own schedule.
         for sig in (signal.SIGTERM, signal.SIGINT):

@@ -133,6 +133,25 @@ class KubernetesEventSink:
             raise EventError(f"cannot reach the API server: {e}") from e
 
 
+class LazySink:
+    """Connects on the first event, in the delivery thread.
+
+    The official client costs ~12 MiB and ~0.13 s to import; most nodes never post an
+    event, so the plugin should not pay that at start (docs/performance.md).
+    """
+
+    def __init__(self, connect: Callable[[], EventSink]) -> None:
+        self._connect = connect
+        self._sink: EventSink | None = None
+        self._lock = threading.Lock()
+
+    def create(self, event: NodeEvent) -> None:
+        with self._lock:
+            if self._sink is None:
+                self._sink = self._connect()  # EventError: logged once, event dropped
+        self._sink.create(event)
+
+
 class FakeEventSink:
     """Records events in memory; `fail` makes the next writes raise; `block` holds them."""
 
@@ -195,12 +214,19 @@ class NodeEvents:
         *,
         metrics: Metrics | None = None,
         connect: Callable[[], EventSink] = KubernetesEventSink.connect,
+        lazy: bool = False,
     ) -> NodeEvents:
-        """Enabled when `NODE_NAME` is set (downward API) and a cluster is reachable."""
+        """Enabled when `NODE_NAME` is set (downward API) and a cluster is reachable.
+
+        `lazy` defers connecting (and importing the client) to the first event; a
+        cluster that turns out unreachable then shows as one logged delivery failure.
+        """
         node = (os.environ if env is None else env).get("NODE_NAME", "").strip()
         if not node:
             log.info("NODE_NAME is not set: not recording Kubernetes events")
             return cls.disabled()
+        if lazy:
+            return cls(node, LazySink(connect), metrics=metrics)
         try:
             sink = connect()
         except EventError as e:

@@ -193,3 +193,24 @@ def test_kubernetes_sink_translates_errors(error: Exception, text: str) -> None:
     with pytest.raises(EventError, match=text) as info:
         sink.create(NodeEvent("n", "R", "m"))
     assert info.value.__cause__ is error
+
+
+async def test_lazy_sink_connects_on_first_event_only() -> None:
+    from kubegpu.events import FakeEventSink, NodeEvents
+
+    fake = FakeEventSink()
+    connects: list[int] = []
+
+    def connect() -> FakeEventSink:
+        connects.append(1)
+        return fake
+
+    events = NodeEvents.from_environment({"NODE_NAME": "n1"}, connect=connect, lazy=True)
+    assert events.enabled and connects == []
+    events.start()
+    assert events.emit("GPUUnhealthy", "GPU 3 is unhealthy")
+    assert events.emit("GPUHealthy", "GPU 3 is healthy again")
+    await events.drain()
+    await events.stop()
+    assert connects == [1]
+    assert [e.reason for e in fake.events] == ["GPUUnhealthy", "GPUHealthy"]
