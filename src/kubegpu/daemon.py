@@ -109,6 +109,7 @@ class Daemon:
         self.mps: dict[str, MpsDaemon] = {}
         self._mps_tasks: dict[str, asyncio.Task[None]] = {}
         self._mps_keys: dict[str, tuple[object, ...]] = {}
+        self._refresh_lock = asyncio.Lock()
 
     @property
     def backend(self) -> DeviceBackend:
@@ -303,6 +304,12 @@ class Daemon:
 
         Raises `ConfigError` if `config` can't apply; nothing changes then.
         """
+        # Health, MIG and config changes all land here; MPS start-up awaits midway, so
+        # one refresh at a time keeps two of them from starting the same daemon.
+        async with self._refresh_lock:
+            await self._refresh_locked(config)
+
+    async def _refresh_locked(self, config: Config) -> None:
         specs = build_resources(self.inventory.with_health(self.health), config)
         await self._reconcile_mps(specs, config)
         not_ready = {
