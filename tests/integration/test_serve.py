@@ -120,15 +120,29 @@ async def test_env_vars_configure_like_nvidia(kubelet: KubeletEmulator) -> None:
 
 
 async def test_no_nvml_exits_1_with_a_clear_message(socket_dir: Path) -> None:
-    code, out = await run_to_end(serve_cmd(socket_dir, "--backend", "nvml"))
+    # An empty driver root: no NVML library there, even on a GPU machine.
+    empty = socket_dir / "no-driver"
+    empty.mkdir()
+    code, out = await run_to_end(
+        serve_cmd(socket_dir, "--backend", "nvml", "--nvidia-driver-root", str(empty))
+    )
     assert code == 1
     assert "NVML" in out and "driver" in out
     assert "Traceback" not in out
 
 
 async def test_no_nvml_with_fail_on_init_error_false_stays_up(kubelet: KubeletEmulator) -> None:
+    empty = kubelet.plugin_dir.parent / "no-driver"
+    empty.mkdir()
     serve = await start(
-        serve_cmd(kubelet.plugin_dir, "--backend", "nvml", "--fail-on-init-error=false")
+        serve_cmd(
+            kubelet.plugin_dir,
+            "--backend",
+            "nvml",
+            "--nvidia-driver-root",
+            str(empty),
+            "--fail-on-init-error=false",
+        )
     )
     await serve.wait_for_line("advertising nothing")
     code, out = await serve.stop()
