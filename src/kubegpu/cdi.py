@@ -84,7 +84,6 @@ IPC_SOCKETS = ("run/nvidia-persistenced/socket",)
 MOUNT_OPTIONS = ("ro", "nosuid", "nodev", "bind")
 
 
-
 def gpu_name(gpu: Gpu, device_id_strategy: str) -> str:
     return str(gpu.index) if device_id_strategy == "index" else gpu.uuid
 
