@@ -21,6 +21,7 @@ from typing import Any, NoReturn
 
 from kubegpu import __version__
 from kubegpu.api import DEVICE_PLUGIN_PATH
+from kubegpu.devices import Inventory
 from kubegpu.errors import KubegpuError
 
 log = logging.getLogger("kubegpu")
@@ -360,7 +361,7 @@ def cmd_info(args: argparse.Namespace) -> int:
     return 0
 
 
-def format_inventory(inventory: Any) -> str:
+def format_inventory(inventory: Inventory) -> str:
     rows = [("IDX", "UUID", "PRODUCT", "MEMORY", "PCI", "NUMA", "CC", "MIG", "HEALTH")]
     for g in inventory.gpus:
         mig = f"{len(g.mig_devices)} slices" if g.mig_enabled else ("off" if g.mig_capable else "-")

@@ -51,7 +51,6 @@ async def _demo(preset: str, workdir: Path) -> None:
     await kubelet.start()
     out.say(f"kubelet emulator serving {kubelet.socket_path.name}")
 
-    registered: list[tuple[str, float]] = []
     settings = DaemonSettings(
         plugin_dir=plugin_dir,
         backend="simulated",
@@ -61,7 +60,7 @@ async def _demo(preset: str, workdir: Path) -> None:
             "flags.health.probeIntervalSeconds": 0.1,
         },
     )
-    daemon = Daemon(settings, backend=backend, on_registered=lambda r, t: registered.append((r, t)))
+    daemon = Daemon(settings, backend=backend)
     stop = asyncio.Event()
     started = time.monotonic()
     serving = asyncio.create_task(daemon.run(stop))
@@ -114,7 +113,6 @@ async def _demo(preset: str, workdir: Path) -> None:
         )
 
         out.say("kubelet restarts: it wipes the device-plugin directory and serves a new socket")
-        registered.clear()
         restarted = time.monotonic()
         await kubelet.restart()
         await kubelet.wait_for_resource(RESOURCE, capacity=total, allocatable=total, timeout=10)

@@ -22,6 +22,7 @@ from kubegpu.api import add_device_plugin_servicer, pb, pb_grpc
 from kubegpu.config import AllocationPolicy, Config
 from kubegpu.errors import AllocationError, PreconditionError
 from kubegpu.metrics import Metrics
+from kubegpu.plugin.registration import register
 from kubegpu.resources import ResourceSpec
 from kubegpu.topology import preferred_allocation
 
@@ -29,6 +30,11 @@ log = logging.getLogger("kubegpu.plugin")
 
 #: Extra edits for a resource's containers (the MPS pipe directory), or None.
 ExtraEdits = Callable[[ResourceSpec], ContainerEdits | None]
+
+
+def plugin_options() -> pb.DevicePluginOptions:
+    """What every kubegpu plugin offers; the kubelet reads it back from the plugin itself."""
+    return pb.DevicePluginOptions(pre_start_required=False, get_preferred_allocation_available=True)
 
 
 def device_list(spec: ResourceSpec) -> pb.ListAndWatchResponse:
@@ -80,7 +86,6 @@ class DevicePluginServicer(pb_grpc.DevicePluginServicer):
         self._closed = False
         #: Set once a ListAndWatch stream has sent a list (readiness).
         self.list_sent = asyncio.Event()
-        self.streams = 0
 
     async def update(self, spec: ResourceSpec, config: Config) -> None:
         """Swap in a new spec; open ListAndWatch streams send the new list at once."""
@@ -103,34 +108,28 @@ class DevicePluginServicer(pb_grpc.DevicePluginServicer):
     async def GetDevicePluginOptions(
         self, request: pb.Empty, context: grpc.aio.ServicerContext[pb.Empty, pb.DevicePluginOptions]
     ) -> pb.DevicePluginOptions:
-        return pb.DevicePluginOptions(
-            pre_start_required=False, get_preferred_allocation_available=True
-        )
+        return plugin_options()
 
     async def ListAndWatch(
         self,
         request: pb.Empty,
         context: grpc.aio.ServicerContext[pb.Empty, pb.ListAndWatchResponse],
     ) -> AsyncIterator[pb.ListAndWatchResponse]:
-        self.streams += 1
-        try:
-            seen = -1
+        seen = -1
 
-            def changed() -> bool:
-                return self._closed or self._version != seen
+        def changed() -> bool:
+            return self._closed or self._version != seen
 
-            while True:
-                async with self._changed:
-                    await self._changed.wait_for(changed)
-                    if self._closed:
-                        return
-                    seen, spec = self._version, self.spec
-                yield device_list(spec)
-                self.list_sent.set()
-                if self._metrics is not None:
-                    self._metrics.set_devices(spec.name, len(spec.devices), spec.healthy_count)
-        finally:
-            self.streams -= 1
+        while True:
+            async with self._changed:
+                await self._changed.wait_for(changed)
+                if self._closed:
+                    return
+                seen, spec = self._version, self.spec
+            yield device_list(spec)
+            self.list_sent.set()
+            if self._metrics is not None:
+                self._metrics.set_devices(spec.name, len(spec.devices), spec.healthy_count)
 
     async def GetPreferredAllocation(
         self,
@@ -253,16 +252,12 @@ class ResourceServer:
 
     async def register(self, kubelet_socket: Path, timeout: float = 5.0) -> None:
         """One Register call; `RegistrationError` if the kubelet is absent or refuses."""
-        from kubegpu.plugin.registration import register
-
         try:
             await register(
                 kubelet_socket,
                 endpoint=self.socket_name,
                 resource=self.name,
-                options=pb.DevicePluginOptions(
-                    pre_start_required=False, get_preferred_allocation_available=True
-                ),
+                options=plugin_options(),
                 timeout=timeout,
             )
         except Exception:
