@@ -3,7 +3,7 @@
 from __future__ import annotations
 
 import logging
-from collections.abc import Iterable
+from collections.abc import Iterable, Mapping, MutableMapping
 from dataclasses import dataclass
 
 from kubegpu.api import HEALTHY, pb
@@ -133,16 +133,7 @@ def merge_responses(
     cdi_names: set[str] = set()
     for item in responses:
         resp = item.response if isinstance(item, Allocation) else item
-        for key, value in resp.envs.items():
-            if key in merged.envs:
-                if merged.envs[key] != value:
-                    log.warning(
-                        "environment variable %s has conflicting settings; keeping %r",
-                        key,
-                        merged.envs[key],
-                    )
-                continue
-            merged.envs[key] = value
+        _merge_first_wins(merged.envs, resp.envs, "environment variable")
         for mount in resp.mounts:
             if mount.container_path in mount_paths:
                 log.info("mount %s already specified; skipping", mount.container_path)
@@ -155,18 +146,20 @@ def merge_responses(
                 continue
             device_paths.add(dev.container_path)
             merged.devices.append(dev)
-        for key, value in resp.annotations.items():
-            if key in merged.annotations:
-                if merged.annotations[key] != value:
-                    log.warning(
-                        "annotation %s has conflicting settings; keeping %r",
-                        key,
-                        merged.annotations[key],
-                    )
-                continue
-            merged.annotations[key] = value
+        _merge_first_wins(merged.annotations, resp.annotations, "annotation")
         for cdi in resp.cdi_devices:
             if cdi.name not in cdi_names:
                 cdi_names.add(cdi.name)
                 merged.cdi_devices.append(cdi)
     return merged
+
+
+def _merge_first_wins(
+    target: MutableMapping[str, str], source: Mapping[str, str], what: str
+) -> None:
+    """Copy `source` into `target`, keeping the first value on a conflict (as the kubelet)."""
+    for key, value in source.items():
+        if key not in target:
+            target[key] = value
+        elif target[key] != value:
+            log.warning("%s %s has conflicting settings; keeping %r", what, key, target[key])
