@@ -142,7 +142,9 @@ def build_response(
             envs[var] = "enabled"
 
     specs: tuple[DeviceNodeSpec, ...] = ()
-    if plugin.pass_device_specs:
+    # AMD runtimes have no hook that reads an env var by default: the device nodes
+    # (/dev/kfd, /dev/dri/renderD*) are how a container gets an AMD GPU at all.
+    if plugin.pass_device_specs or spec.vendor is Vendor.AMD:
         specs = device_node_specs(units, spec.control_device_paths, flags.dev_root)
 
     edits = ContainerEdits(

@@ -153,3 +153,19 @@ def test_merge_first_value_wins() -> None:
     m = merge(a, b)
     assert m.envs == {"A": "1", "B": "3"}
     assert [mm.host_path for mm in m.mounts] == ["/h1", "/h3"]
+
+
+def test_amd_always_gets_device_nodes() -> None:
+    import dataclasses
+
+    from kubegpu.devices import Vendor
+
+    g = dataclasses.replace(
+        gpu(0), vendor=Vendor.AMD, uuid="AMD-1", device_paths=("/dev/dri/renderD128",)
+    )
+    inv = dataclasses.replace(inventory(g), control_device_paths=("/dev/kfd",))
+    config = parse_config("version: v1")
+    (spec,) = build_resources(inv, config)
+    a = build_response(spec, validate_request(spec, ["AMD-1"]), config, response_id="r")
+    assert a.envs == {"AMD_VISIBLE_DEVICES": "AMD-1"}
+    assert [d.container_path for d in a.device_specs] == ["/dev/dri/renderD128", "/dev/kfd"]
