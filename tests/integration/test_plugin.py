@@ -278,3 +278,21 @@ async def test_kubelet_down_for_a_while_then_back(socket_dir: Path) -> None:
         await k.start()
         await k.wait_for_resource(GPU, capacity=1, allocatable=1, timeout=5)
         assert node.daemon.manager.kubelet_restarts == 1
+
+
+@pytest.mark.parametrize(
+    ("env", "marked"), [({"DP_DISABLE_HEALTHCHECKS": "all"}, False), ({}, True)]
+)
+async def test_dp_disable_healthchecks_reaches_the_daemon(
+    socket_dir: Path, env: dict[str, str], marked: bool
+) -> None:
+    async with running_node(socket_dir, "a10g-4", health_env=env) as node:
+        await node.kubelet.wait_for_resource(GPU, allocatable=4)
+        node.backend.inject_xid(1, 79)
+        counted = {"uuid": node.uuids[1], "xid": "79"}
+        # The Xid is counted before the health policy sees it, in the same step.
+        await eventually(
+            lambda: node.daemon.metrics.value("kubegpu_xid_errors_total", counted) == 1.0
+        )
+        assert (node.uuids[1] in node.daemon.health) is marked
+        await node.kubelet.wait_for_resource(GPU, allocatable=3 if marked else 4)
