@@ -5,7 +5,7 @@ VENV := .venv
 BIN := $(VENV)/bin
 STAMP := $(VENV)/.installed
 
-.PHONY: demo test lint bench proto venv clean static-manifests image
+.PHONY: demo test lint bench proto venv clean static-manifests image image-offline
 
 $(STAMP): pyproject.toml
 	@test -x $(BIN)/python || $(PYTHON) -m venv $(VENV)
@@ -40,6 +40,11 @@ static-manifests: $(STAMP)
 # Needs a Docker engine (none runs on CI); tests/unit/test_image.py checks the context.
 image: $(STAMP)
 	docker build -f deployments/container/Dockerfile -t kubegpu:$$($(BIN)/python -c 'import kubegpu; print(kubegpu.__version__)') .
+
+# No Docker engine or image registry needed (root, Debian's archive and PyPI): buildah builds
+# the Dockerfile unchanged on a debootstrap stand-in base, then runs `kubegpu info` inside.
+image-offline: $(STAMP)
+	deployments/container/build-offline.sh
 
 clean:
 	rm -rf $(VENV) build dist .mypy_cache .ruff_cache .pytest_cache
