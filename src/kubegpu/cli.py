@@ -414,9 +414,21 @@ def cmd_serve(args: argparse.Namespace) -> int:
         loop.add_signal_handler(signal.SIGHUP, daemon.poke_config)
         await daemon.run(stop)
 
-    asyncio.run(main())
+    try:
+        asyncio.run(main())
+    except BaseExceptionGroup as group:
+        # A root task's own error (one line) rather than the task group's traceback.
+        first = _first_leaf(group)
+        if isinstance(first, KubegpuError):
+            raise first from group
+        raise
     log.info("stopped cleanly")
     return 0
+
+
+def _first_leaf(group: BaseExceptionGroup[BaseException]) -> BaseException:
+    first = group.exceptions[0]
+    return _first_leaf(first) if isinstance(first, BaseExceptionGroup) else first
 
 
 def check_serve(values: Mapping[str, Any], env: Mapping[str, str]) -> None:

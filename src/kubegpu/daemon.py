@@ -44,6 +44,7 @@ from kubegpu.httpserver import HttpServer
 from kubegpu.metrics import Metrics
 from kubegpu.mps import MpsDaemon, MpsError
 from kubegpu.plugin import PluginManager
+from kubegpu.plugin.manager import MAX_SOCKET_PATH
 from kubegpu.resources import ResourceSpec, SharingKind, build_resources
 
 log = logging.getLogger("kubegpu.daemon")
@@ -216,6 +217,7 @@ class Daemon:
         self.config = first.config
         log.info("effective config (%s): %s", first.origin, config_to_json(self.config))
         await self._open_backend()
+        self._check_socket_paths(build_resources(self.inventory, self.config))
         await self._write_cdi_spec()
         await self._refresh(self.config)
         for spec in self.specs:
@@ -242,6 +244,17 @@ class Daemon:
                 f"device-plugin directory {path} is not writable; run as root or mount it "
                 f"read-write (set --device-plugin-path to test elsewhere)"
             )
+
+    def _check_socket_paths(self, specs: tuple[ResourceSpec, ...]) -> None:
+        """A socket path over the unix limit can never be served: say so and stop, rather
+        than retry forever (the CLI only knows the kubelet's socket name, not ours)."""
+        for spec in specs:
+            path = self.settings.plugin_dir / spec.socket_name
+            if len(os.fsencode(path)) > MAX_SOCKET_PATH:
+                raise StartupError(
+                    f"socket path {path} for {spec.name} is longer than {MAX_SOCKET_PATH} "
+                    f"bytes (the unix limit); use a shorter --device-plugin-path"
+                )
 
     def _lock_plugin_dir(self) -> None:
         """Refuse to share the plugin directory with another `serve` (they would delete

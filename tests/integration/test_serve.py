@@ -458,3 +458,14 @@ async def test_reload_adding_a_resource_while_the_plugin_dir_is_missing_keeps_se
         code, out = await ends_after(serve)
     assert code == 0, out
     assert "Failed to bind" not in out
+
+
+async def test_plugin_dir_too_long_for_our_sockets_is_one_line_exit_1(socket_dir: Path) -> None:
+    # kubelet.sock fits under the 107-byte limit, kubegpu-nvidia.com-gpu.sock does not.
+    pad = 90 - len(str(socket_dir)) - 1
+    plugin_dir = socket_dir / ("p" * pad)
+    code, out = await run_to_end(serve_cmd(plugin_dir, "--simulate", "t4-1"))
+    assert code == 1, out
+    (line,) = error_lines(out)
+    assert "107 bytes" in line and "--device-plugin-path" in line
+    assert "Traceback" not in out
