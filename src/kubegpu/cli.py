@@ -9,7 +9,6 @@ file, which beats the default. Bad values exit 2 with one line naming the flag o
 from __future__ import annotations
 
 import argparse
-import asyncio
 import logging
 import os
 import re
@@ -19,12 +18,20 @@ import threading
 from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any, NoReturn
+from typing import TYPE_CHECKING, Any, NoReturn
 
 from kubegpu import __version__
-from kubegpu.api import DEVICE_PLUGIN_PATH, KUBELET_SOCKET
-from kubegpu.devices import Inventory
 from kubegpu.errors import ConfigError, KubegpuError
+
+if TYPE_CHECKING:
+    from kubegpu.devices import Inventory
+
+# asyncio, grpc (kubegpu.api) and the backends are imported where used: importing this
+# module is all that happens before `main` ignores SIGHUP, so it is kept light.
+
+#: The kubelet's device-plugin directory and its socket (as `kubegpu.api` has them).
+DEVICE_PLUGIN_PATH = "/var/lib/kubelet/device-plugins/"
+KUBELET_SOCKET = "kubelet.sock"
 
 log = logging.getLogger("kubegpu")
 
@@ -368,6 +375,8 @@ def overrides_from(values: Mapping[str, Any], flags: Sequence[Flag]) -> dict[str
 
 
 def cmd_serve(args: argparse.Namespace) -> int:
+    import asyncio
+
     from kubegpu.config.source import KubernetesNodeLabels, NamedConfigs
     from kubegpu.daemon import Daemon, DaemonSettings
     from kubegpu.events import NodeEvents

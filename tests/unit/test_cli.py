@@ -165,3 +165,20 @@ def test_sighup_is_ignored_while_serve_starts_and_restored_after(
     assert cli.main(["serve"]) == 0
     assert seen == [signal.SIG_IGN]
     assert signal.getsignal(signal.SIGHUP) == before
+
+
+def test_cli_paths_match_the_api_and_importing_the_cli_stays_light() -> None:
+    """The CLI keeps its own copy of the kubelet paths so that importing it (all that runs
+    before `main` ignores SIGHUP) pulls in neither grpc nor asyncio."""
+    import subprocess
+    import sys
+
+    from kubegpu import api, cli
+
+    assert cli.DEVICE_PLUGIN_PATH == api.DEVICE_PLUGIN_PATH
+    assert cli.KUBELET_SOCKET == api.KUBELET_SOCKET
+    probe = "import sys, kubegpu.cli; print(sorted({'grpc', 'asyncio'} & set(sys.modules)))"
+    out = subprocess.run(
+        [sys.executable, "-c", probe], capture_output=True, text=True, check=True
+    ).stdout
+    assert out.strip() == "[]"
