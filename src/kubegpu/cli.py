@@ -467,6 +467,16 @@ def check_serve(values: Mapping[str, Any], env: Mapping[str, str]) -> None:
 def cmd_info(args: argparse.Namespace) -> int:
     from kubegpu.devices import open_backend
 
+    if args.simulate is not None:
+        try:
+            check_simulate(args.simulate)
+        except ValueError as exc:
+            raise UsageError(f"--simulate: {exc}") from exc
+        if args.backend not in ("auto", "simulated"):
+            raise UsageError(
+                f"--simulate shows a simulated node but --backend is {args.backend!r}; "
+                f"drop one of them"
+            )
     backend = open_backend(args.backend, simulate=args.simulate, driver_root=args.driver_root)
     try:
         inventory = backend.discover()

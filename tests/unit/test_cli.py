@@ -182,3 +182,18 @@ def test_cli_paths_match_the_api_and_importing_the_cli_stays_light() -> None:
         [sys.executable, "-c", probe], capture_output=True, text=True, check=True
     ).stdout
     assert out.strip() == "[]"
+
+
+@pytest.mark.parametrize(
+    ("argv", "named"),
+    [
+        (["info", "--simulate", ""], "--simulate"),
+        (["info", "--simulate", "t4-1", "--backend", "amd"], "--backend"),
+    ],
+)
+def test_info_mistakes_exit_2_with_one_line(
+    argv: list[str], named: str, capsys: pytest.CaptureFixture[str]
+) -> None:
+    assert run_main(argv) == 2
+    err = capsys.readouterr().err.strip()
+    assert len(err.splitlines()) == 1 and named in err
