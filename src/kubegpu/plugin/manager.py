@@ -192,7 +192,7 @@ class PluginManager:
                     delay = min(delay * 2, BACKOFF_CAP)
                     continue
                 serve = False
-                log.info("serving %s on %s again", server.name, server.socket_path)
+                log.info("now serving %s on %s", server.name, server.socket_path)
             try:
                 await server.register(self.kubelet_socket)
             except RegistrationError as exc:
