@@ -9,20 +9,29 @@ file, which beats the default. Bad values exit 2 with one line naming the flag o
 from __future__ import annotations
 
 import argparse
-import asyncio
 import logging
 import os
+import re
 import signal
 import sys
+import threading
 from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any, NoReturn
+from typing import TYPE_CHECKING, Any, NoReturn
 
 from kubegpu import __version__
-from kubegpu.api import DEVICE_PLUGIN_PATH
-from kubegpu.devices import Inventory
-from kubegpu.errors import KubegpuError
+from kubegpu.errors import ConfigError, KubegpuError
+
+if TYPE_CHECKING:
+    from kubegpu.devices import Inventory
+
+# asyncio, grpc (kubegpu.api) and the backends are imported where used: importing this
+# module is all that happens before `main` ignores SIGHUP, so it is kept light.
+
+#: The kubelet's device-plugin directory and its socket (as `kubegpu.api` has them).
+DEVICE_PLUGIN_PATH = "/var/lib/kubelet/device-plugins/"
+KUBELET_SOCKET = "kubelet.sock"
 
 log = logging.getLogger("kubegpu")
 
@@ -64,6 +73,13 @@ class Flag:
         return self.flag.lstrip("-").replace("-", "_")
 
     def convert(self, text: str) -> Any:
+        value = self._parse(text)
+        check = VALIDATORS.get(self.dest)
+        if check is not None:
+            check(value)
+        return value
+
+    def _parse(self, text: str) -> Any:
         if self.kind == "bool":
             return parse_bool(text)
         if self.kind == "list":
@@ -75,6 +91,68 @@ class Flag:
         if self.kind == "choice" and text not in self.choices:
             raise ValueError(f"invalid choice {text!r} (choose from {', '.join(self.choices)})")
         return text
+
+
+# -- value checks, one per flag that needs more than its kind --------------------------
+
+#: sun_path holds 108 bytes with its NUL; the kubelet's own socket must fit in the directory.
+MAX_SOCKET_PATH = 107
+_LABEL_NAME = re.compile(r"[A-Za-z0-9]([-A-Za-z0-9_.]{0,61}[A-Za-z0-9])?")
+_DNS_SUBDOMAIN = re.compile(r"[a-z0-9]([-a-z0-9]*[a-z0-9])?(\.[a-z0-9]([-a-z0-9]*[a-z0-9])?)*")
+
+
+def check_port(value: int) -> None:
+    if not 0 <= value <= 65535:
+        raise ValueError(f"port {value} is out of range; use 1-65535, or 0 for off")
+
+
+def check_plugin_path(value: str) -> None:
+    if not value:
+        raise ValueError("empty; give the kubelet's directory, /var/lib/kubelet/device-plugins")
+    if not value.startswith("/"):
+        raise ValueError(f"{value!r} is relative; give an absolute path")
+    longest = len(os.fsencode(Path(value) / KUBELET_SOCKET))
+    if longest > MAX_SOCKET_PATH:
+        raise ValueError(
+            f"{value!r} is too long: its socket paths would exceed the {MAX_SOCKET_PATH}-byte "
+            f"unix limit; use a shorter directory"
+        )
+
+
+def check_simulate(value: str) -> None:
+    if not value:
+        raise ValueError("empty; name a preset or a node description YAML file")
+
+
+def check_absolute(value: str) -> None:
+    if not value.startswith("/"):
+        raise ValueError(f"{value!r} is not an absolute path; give one (e.g. /run/nvidia/mps)")
+
+
+def check_label_key(value: str) -> None:
+    """A Kubernetes label key: `[prefix/]name`, prefix a DNS subdomain."""
+    prefix, _, name = value.rpartition("/")
+    if (
+        not _LABEL_NAME.fullmatch(name)
+        or (prefix and (len(prefix) > 253 or not _DNS_SUBDOMAIN.fullmatch(prefix)))
+        or ("/" in value and not prefix)
+    ):
+        raise ValueError(
+            f"{value!r} is not a Kubernetes label key ([prefix/]name, e.g. "
+            f"nvidia.com/device-plugin.config)"
+        )
+
+
+#: Checks on a flag's value after its kind is parsed, by `Flag.dest`; each raises
+#: ValueError with what is wrong and what to do, for the flag and its env var alike.
+VALIDATORS: dict[str, Callable[[Any], None]] = {
+    "metrics_port": check_port,
+    "health_port": check_port,
+    "device_plugin_path": check_plugin_path,
+    "simulate": check_simulate,
+    "mps_root": check_absolute,
+    "node_label": check_label_key,
+}
 
 
 SERVE_FLAGS: tuple[Flag, ...] = (
@@ -297,12 +375,15 @@ def overrides_from(values: Mapping[str, Any], flags: Sequence[Flag]) -> dict[str
 
 
 def cmd_serve(args: argparse.Namespace) -> int:
+    import asyncio
+
     from kubegpu.config.source import KubernetesNodeLabels, NamedConfigs
     from kubegpu.daemon import Daemon, DaemonSettings
     from kubegpu.events import NodeEvents
 
     env = os.environ
     values = resolve_flags(args, SERVE_FLAGS, env)
+    check_serve(values, env)
     _setup_logging(values["log_level"])
     named = None
     if values["config_dir"]:
@@ -332,18 +413,52 @@ def cmd_serve(args: argparse.Namespace) -> int:
 
     async def main() -> None:
         stop = asyncio.Event()
-        events = NodeEvents.from_environment(env, lazy=True)
-        daemon = Daemon(settings, events=events)
         loop = asyncio.get_running_loop()
-        # Signal handlers only set flags; the daemon does the work on its own schedule.
+        # Signals first, before anything that can wait: handlers only set flags, and the
+        # daemon abandons whatever it is doing when `stop` is set.
         for sig in (signal.SIGTERM, signal.SIGINT):
             loop.add_signal_handler(sig, stop.set)
+        events = NodeEvents.from_environment(env, lazy=True)
+        daemon = Daemon(settings, events=events)
         loop.add_signal_handler(signal.SIGHUP, daemon.poke_config)
         await daemon.run(stop)
 
-    asyncio.run(main())
+    try:
+        asyncio.run(main())
+    except BaseExceptionGroup as group:
+        # A root task's own error (one line) rather than the task group's traceback.
+        first = _first_leaf(group)
+        if isinstance(first, KubegpuError):
+            raise first from group
+        raise
     log.info("stopped cleanly")
     return 0
+
+
+def _first_leaf(group: BaseExceptionGroup[BaseException]) -> BaseException:
+    first = group.exceptions[0]
+    return _first_leaf(first) if isinstance(first, BaseExceptionGroup) else first
+
+
+def check_serve(values: Mapping[str, Any], env: Mapping[str, str]) -> None:
+    """Combinations that cannot mean anything; `UsageError` names both sides."""
+    from kubegpu.config.v1 import HealthFlags
+    from kubegpu.health import health_flags_from_env
+
+    if values["config_file"] and values["config_dir"]:
+        raise UsageError(
+            "--config-file (CONFIG_FILE) and --config-dir (CONFIG_FILE_SRCDIR) both given; "
+            "use one: a single file, or a directory of named configs"
+        )
+    if values["simulate"] and values["backend"] not in ("auto", "simulated"):
+        raise UsageError(
+            f"--simulate (SIMULATE) serves a simulated node but --backend (BACKEND) is "
+            f"{values['backend']!r}; drop one of them"
+        )
+    try:
+        health_flags_from_env(env, HealthFlags())
+    except ConfigError as exc:
+        raise UsageError(f"environment variable {exc}") from exc
 
 
 # -- info ------------------------------------------------------------------------------
@@ -352,6 +467,16 @@ def cmd_serve(args: argparse.Namespace) -> int:
 def cmd_info(args: argparse.Namespace) -> int:
     from kubegpu.devices import open_backend
 
+    if args.simulate is not None:
+        try:
+            check_simulate(args.simulate)
+        except ValueError as exc:
+            raise UsageError(f"--simulate: {exc}") from exc
+        if args.backend not in ("auto", "simulated"):
+            raise UsageError(
+                f"--simulate shows a simulated node but --backend is {args.backend!r}; "
+                f"drop one of them"
+            )
     backend = open_backend(args.backend, simulate=args.simulate, driver_root=args.driver_root)
     try:
         inventory = backend.discover()
@@ -461,9 +586,14 @@ def _setup_logging(level: str) -> None:
 
 
 def main(argv: Sequence[str] | None = None) -> int:
+    # SIGHUP's default action kills the process; `serve` re-reads its config on it, so
+    # ignore it from the first line (imports take ~0.2 s) until the loop's handler is in.
+    previous_hup = _set_hup(signal.SIG_IGN)
     parser = build_parser()
     args = parser.parse_args(argv)
     func: Callable[[argparse.Namespace], int] = args.func
+    if func is not cmd_serve:
+        _set_hup(previous_hup)
     try:
         return func(args)
     except UsageError as exc:
@@ -472,8 +602,21 @@ def main(argv: Sequence[str] | None = None) -> int:
     except KubegpuError as exc:
         print(f"kubegpu: {exc}", file=sys.stderr)
         return 1
+    except OSError as exc:  # the environment (a file, a port): one line, never a traceback
+        log.debug("environment error", exc_info=True)
+        print(f"kubegpu: {exc}", file=sys.stderr)
+        return 1
     except KeyboardInterrupt:
         return 130
+    finally:
+        _set_hup(previous_hup)
+
+
+def _set_hup(handler: Any) -> Any:
+    """Install a SIGHUP disposition; the previous one (None outside the main thread)."""
+    if threading.current_thread() is not threading.main_thread() or handler is None:
+        return None
+    return signal.signal(signal.SIGHUP, handler)
 
 
 if __name__ == "__main__":

@@ -11,9 +11,12 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import errno
+import fcntl
 import logging
 import os
-from collections.abc import AsyncIterator, Callable, Mapping
+import socket
+from collections.abc import AsyncIterator, Callable, Coroutine, Mapping
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
@@ -41,9 +44,41 @@ from kubegpu.httpserver import HttpServer
 from kubegpu.metrics import Metrics
 from kubegpu.mps import MpsDaemon, MpsError
 from kubegpu.plugin import PluginManager
+from kubegpu.plugin.manager import MAX_SOCKET_PATH
 from kubegpu.resources import ResourceSpec, SharingKind, build_resources
 
 log = logging.getLogger("kubegpu.daemon")
+
+
+class StartupError(KubegpuError):
+    """This node cannot host the daemon as asked: the plugin directory is taken, a port is
+    in use, an address is not this host's (exit 1: the environment, not the flags)."""
+
+
+async def _unless_stopped(work: Coroutine[Any, Any, None], stop: asyncio.Event) -> bool:
+    """Run `work` until it ends (True) or `stop` is set first (False, `work` cancelled)."""
+    task = asyncio.ensure_future(work)
+    stopped = asyncio.ensure_future(stop.wait())
+    try:
+        await asyncio.wait({task, stopped}, return_when=asyncio.FIRST_COMPLETED)
+    finally:
+        stopped.cancel()
+        if not task.done():
+            task.cancel()
+            with contextlib.suppress(asyncio.CancelledError):
+                await task
+    if task.cancelled():
+        return False
+    task.result()  # start-up's own error, if any
+    return True
+
+
+def _os_reason(exc: OSError) -> str:
+    """The cause alone: asyncio wraps it in `error while attempting to bind on ...`."""
+    if isinstance(exc, socket.gaierror):
+        return f"cannot resolve the address ({exc.strerror})"
+    text = os.strerror(exc.errno) if exc.errno else str(exc)
+    return text[:1].lower() + text[1:]
 
 
 @dataclass(frozen=True)
@@ -110,6 +145,8 @@ class Daemon:
         self._mps_tasks: dict[str, asyncio.Task[None]] = {}
         self._mps_keys: dict[str, tuple[object, ...]] = {}
         self._refresh_lock = asyncio.Lock()
+        #: The open plugin directory holding our flock, while we run.
+        self._lock_fd: int | None = None
 
     @property
     def backend(self) -> DeviceBackend:
@@ -119,16 +156,28 @@ class Daemon:
     # -- lifecycle ----------------------------------------------------------------------
 
     async def run(self, stop: asyncio.Event) -> None:
-        """Serve until `stop` is set. Raises `ConfigError`/`InitError` when startup fails."""
+        """Serve until `stop` is set. Raises `ConfigError`/`InitError` when startup fails.
+
+        Order matters for a DaemonSet: the plugin-directory lock and `/healthz` come first
+        (both instant), then what may wait (the API server for the config label, NVML, MPS),
+        and all of that is abandoned the moment `stop` is set, so SIGTERM always ends us.
+        """
         updates = self.source.updates()
         http: list[HttpServer] = []
         try:
-            await self._startup(updates)
+            self._check_plugin_dir()
+            self._lock_plugin_dir()
             http = await self._start_http()
+            if not await _unless_stopped(self._startup(updates), stop):
+                log.info("stopped during start-up")
+                return
+            # Computed before the task group so a bad DP_*_HEALTHCHECKS value is one
+            # ConfigError, not an ExceptionGroup.
+            health_flags = health_flags_from_env(self.settings.health_env, self.config.flags.health)
             async with asyncio.TaskGroup() as tasks:
                 monitor = HealthMonitor(
                     self.backend,
-                    health_flags_from_env(self.settings.health_env, self.config.flags.health),
+                    health_flags,
                     on_change=self._health_changed,
                     on_reconfigured=self._reconfigured,
                 )
@@ -159,6 +208,7 @@ class Daemon:
                     await closer()
             if self._backend is not None:
                 await asyncio.to_thread(self._backend.close)
+            self._unlock_plugin_dir()
 
     async def _startup(self, updates: AsyncIterator[ConfigUpdate]) -> None:
         first = await anext(updates)
@@ -166,8 +216,8 @@ class Daemon:
             raise first.error or ConfigError("no configuration")
         self.config = first.config
         log.info("effective config (%s): %s", first.origin, config_to_json(self.config))
-        self._check_plugin_dir()
         await self._open_backend()
+        self._check_socket_paths(build_resources(self.inventory, self.config))
         await self._write_cdi_spec()
         await self._refresh(self.config)
         for spec in self.specs:
@@ -194,6 +244,46 @@ class Daemon:
                 f"device-plugin directory {path} is not writable; run as root or mount it "
                 f"read-write (set --device-plugin-path to test elsewhere)"
             )
+
+    def _check_socket_paths(self, specs: tuple[ResourceSpec, ...]) -> None:
+        """A socket path over the unix limit can never be served: say so and stop, rather
+        than retry forever (the CLI only knows the kubelet's socket name, not ours)."""
+        for spec in specs:
+            path = self.settings.plugin_dir / spec.socket_name
+            if len(os.fsencode(path)) > MAX_SOCKET_PATH:
+                raise StartupError(
+                    f"socket path {path} for {spec.name} is longer than {MAX_SOCKET_PATH} "
+                    f"bytes (the unix limit); use a shorter --device-plugin-path"
+                )
+
+    def _lock_plugin_dir(self) -> None:
+        """Refuse to share the plugin directory with another `serve` (they would delete
+        each other's sockets and register twice).
+
+        The lock is `flock` on the directory itself, not on a file in it: the kubelet
+        empties that directory when it restarts, which would delete a lock file and let a
+        second instance in. The directory's inode outlives the wipe, is the one every
+        container mounting the host path sees, and the kernel drops the lock when the
+        process dies, even by SIGKILL, so nothing stale is ever left behind.
+        """
+        path = self.settings.plugin_dir
+        fd = os.open(path, os.O_RDONLY | os.O_DIRECTORY | os.O_CLOEXEC)
+        try:
+            fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
+        except OSError as exc:
+            os.close(fd)
+            if exc.errno in (errno.EWOULDBLOCK, errno.EAGAIN):
+                raise StartupError(
+                    f"device-plugin directory {path} is in use by another kubegpu serve; "
+                    f"stop it first or give this one another --device-plugin-path"
+                ) from exc
+            raise StartupError(f"device-plugin directory {path}: cannot lock it ({exc})") from exc
+        self._lock_fd = fd
+
+    def _unlock_plugin_dir(self) -> None:
+        fd, self._lock_fd = self._lock_fd, None
+        if fd is not None:
+            os.close(fd)  # closing the last descriptor releases the flock
 
     async def _open_backend(self) -> None:
         try:
@@ -238,9 +328,27 @@ class Daemon:
                     s.metrics_address, s.metrics_port, metrics=self.metrics, ready=self.ready
                 )
             )
-        for server in servers:
-            await server.start()
-            log.info("HTTP endpoints on %s:%d", server.host, server.port)
+        started: list[HttpServer] = []
+        try:
+            for server in servers:
+                try:
+                    await server.start()
+                except OSError as exc:
+                    which = (
+                        "--health-address/--health-port"
+                        if server.metrics is None
+                        else "--metrics-address/--metrics-port"
+                    )
+                    raise StartupError(
+                        f"cannot listen on {server.host}:{server.port} ({which}): "
+                        f"{_os_reason(exc)}; pick a free port or an address of this host"
+                    ) from exc
+                started.append(server)
+                log.info("HTTP endpoints on %s:%d", server.host, server.port)
+        except StartupError:
+            for server in started:
+                await server.stop()
+            raise
         return servers
 
     def ready(self) -> tuple[bool, str]:

@@ -1,6 +1,6 @@
 """`kubegpu demo`: the whole flow of a GPU pod, on a simulated node, over real sockets.
 
-A simulated 8-GPU node, the real plugin daemon and the kubelet emulator run in one
+A simulated node (any preset), the real plugin daemon and the kubelet emulator run in one
 process and talk gRPC over unix sockets in a temp directory, exactly as on a node:
 registration -> capacity -> a pod asking for 2 GPUs -> an Xid makes a GPU unhealthy ->
 its checks pass again and it heals -> the kubelet restarts -> the plugin re-registers.
@@ -21,6 +21,8 @@ from kubegpu.health import describe_xid
 from kubegpu.kubelet import KubeletEmulator
 
 RESOURCE = "nvidia.com/gpu"
+#: The pod asks for this many GPUs, or for every GPU on a smaller node (t4-1, h100-mig).
+POD_GPUS = 2
 #: Short recovery window so the demo shows a GPU healing by itself in about a second.
 RECOVERY_SECONDS = 1.0
 FAULTY_GPU = 3
@@ -44,6 +46,9 @@ async def _demo(preset: str, workdir: Path) -> None:
     plugin_dir = workdir / "device-plugins"
     backend = SimulatedBackend.load(preset)
     inventory = backend.discover()
+    total = len(inventory.gpus)
+    want = min(POD_GPUS, total)
+    faulty = min(FAULTY_GPU, total - 1)  # one of the node's GPUs, whatever its size
     print(f"kubegpu demo: simulated node '{preset}' with {len(inventory.gpus)} GPUs")
     print(f"plugin and kubelet emulator talk gRPC over unix sockets in {plugin_dir}\n")
 
@@ -65,7 +70,7 @@ async def _demo(preset: str, workdir: Path) -> None:
     started = time.monotonic()
     serving = asyncio.create_task(daemon.run(stop))
     try:
-        await kubelet.wait_for_resource(RESOURCE, capacity=len(inventory.gpus), timeout=10)
+        await kubelet.wait_for_resource(RESOURCE, capacity=total, timeout=10)
         took = time.monotonic() - started
         out.say(f"plugin registered {RESOURCE} and sent its device list ({took * 1000:.0f} ms)")
         out.say(
@@ -73,8 +78,8 @@ async def _demo(preset: str, workdir: Path) -> None:
             f"allocatable: {kubelet.allocatable(RESOURCE)}"
         )
 
-        out.say("pod 'cuda-job' asks for 2 GPUs (resources.limits nvidia.com/gpu: 2)")
-        allocation = await kubelet.allocate(RESOURCE, 2, pod="cuda-job", container="main")
+        out.say(f"pod 'cuda-job' asks for {want} GPU(s) (resources.limits nvidia.com/gpu: {want})")
+        allocation = await kubelet.allocate(RESOURCE, want, pod="cuda-job", container="main")
         by_uuid = {g.uuid: g for g in inventory.gpus}
         picked = [by_uuid[i] for i in allocation.device_ids]
         out.detail(
@@ -95,20 +100,19 @@ async def _demo(preset: str, workdir: Path) -> None:
             f"{in_use} in use by cuda-job"
         )
 
-        gpu = inventory.gpus[FAULTY_GPU]
-        out.say(f"inject {describe_xid(XID)} on GPU {FAULTY_GPU}")
+        gpu = inventory.gpus[faulty]
+        out.say(f"inject {describe_xid(XID)} on GPU {faulty}")
         hit = time.monotonic()
-        backend.inject_xid(FAULTY_GPU, XID)
-        total = len(inventory.gpus)
+        backend.inject_xid(faulty, XID)
         await kubelet.wait_for_resource(RESOURCE, capacity=total, allocatable=total - 1)
         out.say(
-            f"kubelet sees GPU {FAULTY_GPU} Unhealthy: allocatable {total - 1}/{total} "
+            f"kubelet sees GPU {faulty} Unhealthy: allocatable {total - 1}/{total} "
             f"({(time.monotonic() - hit) * 1000:.1f} ms after the Xid)"
         )
         await kubelet.wait_for_resource(RESOURCE, allocatable=total, timeout=RECOVERY_SECONDS + 10)
         state = kubelet.devices(RESOURCE)[gpu.uuid].health
         out.say(
-            f"GPU {FAULTY_GPU} passed its checks for {RECOVERY_SECONDS:.0f} s and is {state} "
+            f"GPU {faulty} passed its checks for {RECOVERY_SECONDS:.0f} s and is {state} "
             f"again: allocatable {kubelet.allocatable(RESOURCE)}/{total}"
         )
 

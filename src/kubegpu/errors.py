@@ -13,6 +13,8 @@
     ├── PublishError         node labels could not be written (kubegpu.labeller)
     ├── EventError           a Kubernetes Event could not be recorded (kubegpu.events)
     ├── UsageError           a bad flag or env var value; exit 2 (kubegpu.cli)
+    ├── StartupError         the node cannot host `serve` as asked: plugin directory taken,
+    │                        port in use, address not this host's; exit 1 (kubegpu.daemon)
     └── AdmissionError, ContainerStartError, CheckpointError
                              the kubelet emulator's own failures (kubegpu.kubelet)
 

@@ -4,7 +4,9 @@ from __future__ import annotations
 
 import asyncio
 import os
+import shutil
 import signal
+import socket
 import sys
 from collections.abc import AsyncIterator
 from pathlib import Path
@@ -195,3 +197,275 @@ async def test_config_reload_changes_replicas_and_keeps_last_good(
     finally:
         code, out = await serve.stop()
     assert code == 0, out
+
+
+# -- start-up order, signals, the plugin-directory lock, readiness ----------------------
+
+#: How long a process may take to end after SIGTERM before the test calls it stuck. The
+#: promise is "ends within 2 s"; the margin absorbs a loaded CI machine, not a threshold.
+ENDS_WITHIN = 5.0
+
+
+def free_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return int(s.getsockname()[1])
+
+
+async def probe(port: int, path: str) -> tuple[int, str]:
+    """One GET; (status, body), or (0, error) when nothing answers yet."""
+    try:
+        reader, writer = await asyncio.open_connection("127.0.0.1", port)
+    except OSError as exc:
+        return 0, str(exc)
+    try:
+        writer.write(f"GET {path} HTTP/1.1\r\nHost: x\r\n\r\n".encode())
+        data = await asyncio.wait_for(reader.read(), 5)
+    finally:
+        writer.close()
+    head, _, body = data.decode().partition("\r\n\r\n")
+    return int(head.split()[1]), body.strip()
+
+
+async def until_probe(port: int, path: str, status: int, timeout: float = 15) -> str:
+    """Wait until `path` answers `status`; its body."""
+    async with asyncio.timeout(timeout):
+        while True:
+            code, body = await probe(port, path)
+            if code == status:
+                return body
+            await asyncio.sleep(0.05)  # nothing signals "port open"; re-probe
+
+
+async def ends_after(serve: Serve, sig: int = signal.SIGTERM) -> tuple[int, str]:
+    serve.proc.send_signal(sig)
+    code = await asyncio.wait_for(serve.proc.wait(), ENDS_WITHIN)
+    await asyncio.wait_for(serve._reader, 5)
+    return code, "".join(serve.lines)
+
+
+def error_lines(out: str) -> list[str]:
+    return [line for line in out.splitlines() if line.startswith("kubegpu")]
+
+
+def unanswering_api_server() -> tuple[socket.socket, dict[str, str]]:
+    """A listening socket that never answers, posing as the API server; the env to use it."""
+    listener = socket.socket()
+    listener.bind(("127.0.0.1", 0))
+    listener.listen(16)
+    env = {
+        "NODE_NAME": "node-1",
+        "KUBERNETES_SERVICE_HOST": "127.0.0.1",
+        "KUBERNETES_SERVICE_PORT": str(listener.getsockname()[1]),
+        "KUBECONFIG": "/nonexistent/kubeconfig",
+    }
+    return listener, env
+
+
+def named_configs(root: Path) -> Path:
+    configs = root / "configs"
+    configs.mkdir()
+    (configs / "default").write_text(SHARED.format(replicas=2))
+    return configs
+
+
+@pytest.mark.parametrize("sig", [signal.SIGTERM, signal.SIGHUP])
+async def test_healthz_answers_and_sigterm_ends_while_waiting_for_the_api_server(
+    socket_dir: Path, sig: int
+) -> None:
+    listener, env = unanswering_api_server()
+    port = free_port()
+    try:
+        serve = await start(
+            serve_cmd(
+                socket_dir / "dp",
+                "--simulate",
+                "a10g-4",
+                "--config-dir",
+                str(named_configs(socket_dir)),
+                "--default-config",
+                "default",
+                "--health-port",
+                str(port),
+                "--health-address",
+                "127.0.0.1",
+            ),
+            **env,
+        )
+        assert await until_probe(port, "/healthz", 200) == "ok"
+        assert await until_probe(port, "/readyz", 503) == "starting"
+        if sig == signal.SIGHUP:  # re-read the config: must neither kill nor unblock wrongly
+            serve.proc.send_signal(signal.SIGHUP)
+            assert await until_probe(port, "/healthz", 200) == "ok"
+            assert serve.proc.returncode is None
+        code, out = await ends_after(serve)
+    finally:
+        listener.close()
+    assert code == 0, out
+    assert "stopped during start-up" in out and "Traceback" not in out
+
+
+async def test_sigterm_ends_during_registration_retries_with_no_kubelet(socket_dir: Path) -> None:
+    port = free_port()
+    serve = await start(
+        serve_cmd(
+            socket_dir,
+            "--simulate",
+            "t4-1",
+            "--health-port",
+            str(port),
+            "--health-address",
+            "127.0.0.1",
+        )
+    )
+    await serve.wait_for_line("retrying until the kubelet accepts it")
+    assert "no kubelet" in await until_probe(port, "/readyz", 503)
+    code, out = await ends_after(serve)
+    assert code == 0, out
+    assert not list(socket_dir.glob("kubegpu-*.sock"))
+
+
+async def test_sigterm_ends_while_serving(kubelet: KubeletEmulator) -> None:
+    serve = await start(serve_cmd(kubelet.plugin_dir, "--simulate", "h100-8"))
+    await kubelet.wait_for_resource(GPU, capacity=8, allocatable=8, timeout=20)
+    code, out = await ends_after(serve)
+    assert code == 0, out
+
+
+async def test_readyz_is_false_while_the_kubelet_has_no_list_from_us(
+    kubelet: KubeletEmulator,
+) -> None:
+    port = free_port()
+    serve = await start(
+        serve_cmd(
+            kubelet.plugin_dir,
+            "--simulate",
+            "a10g-4",
+            "--health-port",
+            str(port),
+            "--health-address",
+            "127.0.0.1",
+        )
+    )
+    try:
+        await kubelet.wait_for_resource(GPU, capacity=4, timeout=20)
+        assert await until_probe(port, "/readyz", 200) == "ok"
+        await kubelet.stop()  # the kubelet is gone, its socket file may linger
+        assert "no kubelet" in await until_probe(port, "/readyz", 503)
+        await kubelet.start()  # a new kubelet: not ready until it has our list again
+        await kubelet.wait_for_resource(GPU, capacity=4, timeout=20)
+        assert await until_probe(port, "/readyz", 200) == "ok"
+    finally:
+        code, out = await ends_after(serve)
+    assert code == 0, out
+
+
+async def test_a_second_serve_on_the_same_plugin_dir_refuses_even_after_a_kubelet_wipe(
+    kubelet: KubeletEmulator,
+) -> None:
+    first = await start(serve_cmd(kubelet.plugin_dir, "--simulate", "a10g-4"))
+    try:
+        await kubelet.wait_for_resource(GPU, capacity=4, timeout=20)
+        for _ in range(2):
+            code, out = await run_to_end(serve_cmd(kubelet.plugin_dir, "--simulate", "t4-1"))
+            assert code == 1, out
+            (line,) = error_lines(out)
+            assert "in use by another kubegpu serve" in line and str(kubelet.plugin_dir) in line
+            assert "Traceback" not in out
+            # The kubelet empties the directory on restart; the lock must survive that.
+            await kubelet.restart()
+            await kubelet.wait_for_resource(GPU, capacity=4, allocatable=4, timeout=20)
+    finally:
+        code, out = await ends_after(first)
+    assert code == 0, out
+    # Released when the holder ends: a new serve now starts.
+    again = await start(serve_cmd(kubelet.plugin_dir, "--simulate", "t4-1"))
+    await kubelet.wait_for_resource(GPU, capacity=1, timeout=20)
+    code, out = await ends_after(again)
+    assert code == 0, out
+
+
+@pytest.mark.parametrize("which", ["health", "metrics"])
+async def test_port_in_use_is_one_line_exit_1(socket_dir: Path, which: str) -> None:
+    with socket.socket() as taken:
+        taken.bind(("127.0.0.1", 0))
+        taken.listen()
+        port = str(taken.getsockname()[1])
+        code, out = await run_to_end(
+            serve_cmd(
+                socket_dir,
+                "--simulate",
+                "t4-1",
+                f"--{which}-port",
+                port,
+                f"--{which}-address",
+                "127.0.0.1",
+            )
+        )
+    assert code == 1, out
+    (line,) = error_lines(out)
+    assert f"--{which}-address/--{which}-port" in line and "in use" in line
+    assert "Traceback" not in out
+
+
+@pytest.mark.parametrize("which", ["health", "metrics"])
+async def test_unresolvable_address_is_one_line_exit_1(socket_dir: Path, which: str) -> None:
+    code, out = await run_to_end(
+        serve_cmd(
+            socket_dir,
+            "--simulate",
+            "t4-1",
+            f"--{which}-port",
+            str(free_port()),
+            f"--{which}-address",
+            "no-such-host.invalid",
+        )
+    )
+    assert code == 1, out
+    (line,) = error_lines(out)
+    assert "no-such-host.invalid" in line and f"--{which}-address" in line
+    assert "Traceback" not in out
+
+
+async def test_binary_simulate_file_is_one_line_exit_1(socket_dir: Path) -> None:
+    node = socket_dir / "node.bin"
+    node.write_bytes(bytes(range(256)) * 4)
+    code, out = await run_to_end(serve_cmd(socket_dir, "--simulate", str(node)))
+    assert code == 1, out
+    (line,) = error_lines(out)
+    assert str(node) in line and "Traceback" not in out
+
+
+async def test_reload_adding_a_resource_while_the_plugin_dir_is_missing_keeps_serving(
+    kubelet: KubeletEmulator, socket_dir: Path
+) -> None:
+    config = socket_dir / "config.yaml"
+    config.write_text("version: v1\nflags:\n  migStrategy: none\n")
+    serve = await start(
+        serve_cmd(kubelet.plugin_dir, "--simulate", "a100-40gb-mig", "--config-file", str(config))
+    )
+    try:
+        await kubelet.wait_for_resource(GPU, capacity=2, timeout=20)
+        await kubelet.stop()
+        shutil.rmtree(kubelet.plugin_dir)
+        config.write_text("version: v1\nflags:\n  migStrategy: mixed\n")
+        await serve.wait_for_line(f"device-plugin directory {kubelet.plugin_dir} is missing")
+        assert serve.proc.returncode is None
+        await kubelet.start()  # the kubelet comes back and recreates the directory
+        await kubelet.wait_for_resource("nvidia.com/mig-1g.5gb", capacity=7, timeout=20)
+        await kubelet.wait_for_resource("nvidia.com/mig-3g.20gb", capacity=1, timeout=20)
+    finally:
+        code, out = await ends_after(serve)
+    assert code == 0, out
+    assert "Failed to bind" not in out
+
+
+async def test_plugin_dir_too_long_for_our_sockets_is_one_line_exit_1(socket_dir: Path) -> None:
+    # kubelet.sock fits under the 107-byte limit, kubegpu-nvidia.com-gpu.sock does not.
+    pad = 90 - len(str(socket_dir)) - 1
+    plugin_dir = socket_dir / ("p" * pad)
+    code, out = await run_to_end(serve_cmd(plugin_dir, "--simulate", "t4-1"))
+    assert code == 1, out
+    (line,) = error_lines(out)
+    assert "107 bytes" in line and "--device-plugin-path" in line
+    assert "Traceback" not in out

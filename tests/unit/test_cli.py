@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+from pathlib import Path
+
 import pytest
 
 from kubegpu.cli import SERVE_FLAGS, build_parser, main, overrides_from, resolve_flags
@@ -51,3 +53,147 @@ def test_info_lists_gpus_and_mig_slices(capsys: pytest.CaptureFixture[str]) -> N
     out = capsys.readouterr().out
     assert "GPUs: 2" in out and "NVIDIA A100-SXM4-40GB" in out
     assert out.count("MIG 1g.5gb") == 7 and "MIG 3g.20gb (1:1)" in out
+
+
+# -- every serve mistake: one line naming it, exit 2, nothing started ------------------
+
+LONG_DIR = "/" + "d" * 100  # + "/kubelet.sock" passes the 107-byte sun_path limit
+
+
+def run_main(argv: list[str]) -> int:
+    """`main`'s exit status whether argparse exits (flag errors) or main returns."""
+    try:
+        return main(argv)
+    except SystemExit as exit_:
+        assert isinstance(exit_.code, int)
+        return exit_.code
+
+
+@pytest.mark.parametrize(
+    ("argv", "env", "named"),
+    [
+        (["--metrics-port=70000"], {}, "--metrics-port"),
+        (["--health-port=-1"], {}, "--health-port"),
+        ([], {"HEALTH_PORT": "65536"}, "HEALTH_PORT"),
+        (["--device-plugin-path=device-plugins"], {}, "--device-plugin-path"),
+        (["--device-plugin-path="], {}, "--device-plugin-path"),
+        ([f"--device-plugin-path={LONG_DIR}"], {}, "107"),
+        (["--simulate="], {}, "--simulate"),
+        (["--node-label=gpu config"], {}, "--node-label"),
+        (["--node-label=nvidia.com/"], {}, "--node-label"),
+        (["--node-label=Bad_Prefix/x"], {}, "--node-label"),
+        ([], {"NODE_LABEL": "-leading-dash"}, "NODE_LABEL"),
+        (["--mps-root=run/mps"], {}, "--mps-root"),
+        ([], {"MPS_ROOT": "mps"}, "MPS_ROOT"),
+        (["--simulate=t4-1", "--backend=nvml"], {}, "--backend"),
+        (["--simulate=t4-1"], {"BACKEND": "amd"}, "BACKEND"),
+        (["--config-file=/c.yaml", "--config-dir=/configs"], {}, "--config-dir"),
+        ([], {"CONFIG_FILE": "/c.yaml", "CONFIG_FILE_SRCDIR": "/configs"}, "CONFIG_FILE_SRCDIR"),
+        (["--simulate=t4-1"], {"DP_DISABLE_HEALTHCHECKS": "xid48"}, "DP_DISABLE_HEALTHCHECKS"),
+        (["--simulate=t4-1"], {"DP_ENABLE_HEALTHCHECKS": "48,sometimes"}, "DP_ENABLE_HEALTHCHECKS"),
+    ],
+)
+def test_serve_mistakes_exit_2_with_one_line_and_no_traceback(
+    argv: list[str],
+    env: dict[str, str],
+    named: str,
+    monkeypatch: pytest.MonkeyPatch,
+    capsys: pytest.CaptureFixture[str],
+) -> None:
+    for key, value in env.items():
+        monkeypatch.setenv(key, value)
+    assert run_main(["serve", *argv]) == 2
+    err = capsys.readouterr().err.strip()
+    assert len(err.splitlines()) == 1, err
+    assert named in err and "Traceback" not in err
+
+
+@pytest.mark.parametrize(
+    "argv",
+    [
+        ["--metrics-port=0", "--health-port=65535"],
+        ["--node-label=nvidia.com/device-plugin.config"],
+        ["--node-label=config"],
+        ["--mps-root=/run/nvidia/mps"],
+        ["--simulate=t4-1", "--backend=simulated"],
+        ["--device-plugin-path=/var/lib/kubelet/device-plugins/"],
+    ],
+)
+def test_good_values_pass_the_same_checks(argv: list[str]) -> None:
+    from kubegpu.cli import check_serve
+
+    values = resolve_flags(build_parser().parse_args(["serve", *argv]), SERVE_FLAGS, {})
+    check_serve(values, {"DP_DISABLE_HEALTHCHECKS": "all", "DP_ENABLE_HEALTHCHECKS": "48, 79"})
+
+
+def test_binary_simulate_file_is_one_line(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    binary = tmp_path / "node.yaml"
+    binary.write_bytes(bytes(range(256)))
+    assert run_main(["info", "--simulate", str(binary)]) == 1
+    err = capsys.readouterr().err.strip()
+    assert len(err.splitlines()) == 1 and str(binary) in err and "UTF-8" in err
+
+
+def test_malformed_simulate_yaml_is_one_line(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    bad = tmp_path / "node.yaml"
+    bad.write_text("gpus: [\n  - a: b: c\n")
+    assert run_main(["info", "--simulate", str(bad)]) == 1
+    err = capsys.readouterr().err.strip()
+    assert len(err.splitlines()) == 1 and str(bad) in err
+
+
+def test_sighup_is_ignored_while_serve_starts_and_restored_after(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    """SIGHUP's default kills; serve ignores it until its loop handler re-reads config."""
+    import signal
+
+    from kubegpu import cli
+
+    seen: list[object] = []
+    before = signal.getsignal(signal.SIGHUP)
+
+    def fake_serve(args: object) -> int:
+        seen.append(signal.getsignal(signal.SIGHUP))
+        return 0
+
+    monkeypatch.setattr(cli, "cmd_serve", fake_serve)
+    assert cli.main(["serve"]) == 0
+    assert seen == [signal.SIG_IGN]
+    assert signal.getsignal(signal.SIGHUP) == before
+
+
+def test_cli_paths_match_the_api_and_importing_the_cli_stays_light() -> None:
+    """The CLI keeps its own copy of the kubelet paths so that importing it (all that runs
+    before `main` ignores SIGHUP) pulls in neither grpc nor asyncio."""
+    import subprocess
+    import sys
+
+    from kubegpu import api, cli
+
+    assert cli.DEVICE_PLUGIN_PATH == api.DEVICE_PLUGIN_PATH
+    assert cli.KUBELET_SOCKET == api.KUBELET_SOCKET
+    probe = "import sys, kubegpu.cli; print(sorted({'grpc', 'asyncio'} & set(sys.modules)))"
+    out = subprocess.run(
+        [sys.executable, "-c", probe], capture_output=True, text=True, check=True
+    ).stdout
+    assert out.strip() == "[]"
+
+
+@pytest.mark.parametrize(
+    ("argv", "named"),
+    [
+        (["info", "--simulate", ""], "--simulate"),
+        (["info", "--simulate", "t4-1", "--backend", "amd"], "--backend"),
+    ],
+)
+def test_info_mistakes_exit_2_with_one_line(
+    argv: list[str], named: str, capsys: pytest.CaptureFixture[str]
+) -> None:
+    assert run_main(argv) == 2
+    err = capsys.readouterr().err.strip()
+    assert len(err.splitlines()) == 1 and named in err

@@ -232,9 +232,17 @@ def parse_node(data: Any, name: str, source: str) -> NodeSpec:
 
 def _read(path: Path) -> NodeSpec:
     try:
-        data = yaml.safe_load(path.read_text())
+        data = yaml.safe_load(path.read_text(encoding="utf-8"))
+    except UnicodeDecodeError as err:
+        raise DeviceError(
+            f"simulated node {path} is not text (byte {err.start} is not UTF-8); "
+            f"give a YAML node description or a preset name"
+        ) from err
     except (OSError, yaml.YAMLError) as err:
-        raise DeviceError(f"cannot read simulated node {path}: {err}") from err
+        # YAML errors span lines (problem, context, a caret); one line is enough here.
+        raise DeviceError(
+            f"cannot read simulated node {path}: {' '.join(str(err).split())}"
+        ) from err
     return parse_node(data, path.stem, str(path))
 
 

@@ -12,6 +12,8 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import logging
+import os
+import socket
 import time
 from collections.abc import Callable, Sequence
 from pathlib import Path
@@ -30,6 +32,26 @@ log = logging.getLogger("kubegpu.plugin")
 #: capped so a long outage costs little. A new kubelet.sock short-circuits the wait.
 BACKOFF_START = 0.05
 BACKOFF_CAP = 2.0
+#: sun_path holds 108 bytes including the terminating NUL.
+MAX_SOCKET_PATH = 107
+
+
+def _listening(path: Path) -> bool:
+    """Whether something accepts connections on the unix socket `path`.
+
+    A kubelet that died leaves its socket file behind, so the file existing proves little;
+    a refused connect proves it is gone. The connect never blocks: a unix connect either
+    completes at once, is refused, or (a full backlog) says EAGAIN, which means alive.
+    """
+    with socket.socket(socket.AF_UNIX, socket.SOCK_STREAM) as probe:
+        probe.setblocking(False)
+        try:
+            probe.connect(str(path))
+        except BlockingIOError:
+            return True
+        except OSError:
+            return False
+    return True
 
 
 class PluginManager:
@@ -65,9 +87,14 @@ class PluginManager:
                 server = ResourceServer(
                     spec, config, self.plugin_dir, metrics=self._metrics, extra_edits=self._extra
                 )
-                await server.serve()
                 self.servers[name] = server
-                self._start_registrar(server)
+                # A socket that cannot be served now (the kubelet is re-creating the
+                # directory) must not end the daemon: the others keep serving and this one
+                # is retried until it listens.
+                problem = await self._try_serve(server)
+                if problem is not None:
+                    log.error("%s; serving %s as soon as it can", problem, name)
+                self._start_registrar(server, serve=problem is not None)
 
     async def run(self) -> None:
         """Watch for kubelet restarts until cancelled."""
@@ -78,8 +105,14 @@ class PluginManager:
         )
 
     def ready(self) -> tuple[bool, str]:
+        """Ready only while the kubelet holds a device list from every plugin of ours."""
         if not self.servers:
             return True, "no resources to advertise"
+        if not _listening(self.kubelet_socket):
+            return False, f"no kubelet listening on {self.kubelet_socket}"
+        gone = [n for n, s in self.servers.items() if not s.serving or not s.socket_path.exists()]
+        if gone:
+            return False, f"plugin socket not served: {', '.join(gone)}"
         waiting = [n for n, s in self.servers.items() if not s.registered]
         if waiting:
             return False, f"not registered with the kubelet: {', '.join(waiting)}"
@@ -115,19 +148,51 @@ class PluginManager:
                 task = self._registrars.pop(server.name, None)
                 if task is not None:
                     task.cancel()
-                await server.serve()
-                self._start_registrar(server, since=started)
+                problem = await self._try_serve(server)
+                if problem is not None:
+                    log.error("%s; serving %s as soon as it can", problem, server.name)
+                self._start_registrar(server, since=started, serve=problem is not None)
 
-    def _start_registrar(self, server: ResourceServer, since: float | None = None) -> None:
+    async def _try_serve(self, server: ResourceServer) -> str | None:
+        """Listen on a fresh socket; None, or why it could not (one line)."""
+        path = server.socket_path
+        if len(os.fsencode(path)) > MAX_SOCKET_PATH:
+            return (
+                f"socket path {path} is longer than {MAX_SOCKET_PATH} bytes (the unix limit); "
+                f"use a shorter --device-plugin-path"
+            )
+        try:
+            await server.serve()
+        except (OSError, RuntimeError) as exc:  # grpc reports a failed bind as RuntimeError
+            if not self.plugin_dir.is_dir():
+                return f"device-plugin directory {self.plugin_dir} is missing"
+            return f"cannot listen on {path}: {str(exc).split(';')[0]}"
+        return None
+
+    def _start_registrar(
+        self, server: ResourceServer, since: float | None = None, *, serve: bool = False
+    ) -> None:
         self._registrars[server.name] = asyncio.create_task(
-            self._register_until_done(server, since if since is not None else time.monotonic()),
+            self._register_until_done(
+                server, since if since is not None else time.monotonic(), serve=serve
+            ),
             name=f"register {server.name}",
         )
 
-    async def _register_until_done(self, server: ResourceServer, since: float) -> None:
+    async def _register_until_done(
+        self, server: ResourceServer, since: float, *, serve: bool = False
+    ) -> None:
         delay = BACKOFF_START
         last_error = ""
         while True:
+            if serve:
+                problem = await self._try_serve(server)
+                if problem is not None:
+                    await asyncio.sleep(delay)
+                    delay = min(delay * 2, BACKOFF_CAP)
+                    continue
+                serve = False
+                log.info("now serving %s on %s", server.name, server.socket_path)
             try:
                 await server.register(self.kubelet_socket)
             except RegistrationError as exc:
