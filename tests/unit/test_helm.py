@@ -207,24 +207,33 @@ def test_defaults_plugin_daemonset(chart: Any) -> None:
     assert e["HEALTH_PORT"] == "8081"
     assert e["METRICS_PORT"] == "9400"
     assert e["DEVICE_PLUGIN_PATH"] == "/var/lib/kubelet/device-plugins"
-    assert e["CONTAINER_DRIVER_ROOT"] == "/driver-root"
     assert "MPS_ROOT" not in e and "CONFIG_FILE_SRCDIR" not in e
     m = mounts(ds)
     assert m["/var/lib/kubelet/device-plugins"].get("readOnly") is not True
-    assert m["/driver-root"]["readOnly"] is True
+    # The host's driver is handed in by the NVIDIA runtime: no host `/` in the pod.
+    assert "/driver-root" not in m and "CONTAINER_DRIVER_ROOT" not in e
+    assert [v["hostPath"]["path"] for v in volumes(ds).values() if "hostPath" in v] == [
+        "/var/lib/kubelet/device-plugins"
+    ]
     assert "/var/run/cdi" not in m and "/dev/shm" not in m
     assert c["livenessProbe"]["httpGet"] == {"path": "/healthz", "port": "health"}
     assert c["readinessProbe"]["httpGet"] == {"path": "/readyz", "port": "health"}
     assert {"name": "health", "containerPort": 8081, "protocol": "TCP"} in c["ports"]
     assert "add" not in c["securityContext"]["capabilities"]
     assert c["securityContext"]["readOnlyRootFilesystem"] is True
+    # A memory limit by default, above the measured RSS (docs/performance.md).
+    assert c["resources"]["limits"]["memory"] == "256Mi"
+    assert c["resources"]["requests"]["memory"] == "96Mi"
     # Labeller is opt-in, as GFD is in NVIDIA's chart.
     assert not [d for d in docs if d["metadata"]["name"].endswith("-labeller")]
 
 
-def test_defaults_rbac_is_read_nodes_and_write_events_only(chart: Any) -> None:
+def test_defaults_rbac_is_write_events_only(chart: Any) -> None:
     docs = render(chart)
-    assert rules(docs, "ClusterRole", "kubegpu") == {
+    assert rules(docs, "ClusterRole", "kubegpu") == {"events": {"create", "patch"}}
+    # Named configs follow the node's label: then the plugin reads its Node.
+    with_configs = render(chart, values("seed-003-values.yaml"))
+    assert rules(with_configs, "ClusterRole", "kubegpu") == {
         "nodes": {"get", "list", "watch"},
         "events": {"create", "patch"},
     }
