@@ -375,6 +375,41 @@ def test_compat_with_cpu_manager_is_privileged_and_passes_device_specs(chart: An
     assert env(ds)["PASS_DEVICE_SPECS"] == "true"
 
 
+# --- deployment defaults (issue 8) ---------------------------------------------------------
+
+
+def test_resources_default_to_a_memory_limit_unless_given_or_mps(chart: Any) -> None:
+    docs = render(chart, {"gfd": {"enabled": True}})
+    for name in ("kubegpu", "kubegpu-labeller"):
+        res = container(one(docs, "DaemonSet", name))["resources"]
+        assert res == {"requests": {"cpu": "10m", "memory": "96Mi"}, "limits": {"memory": "256Mi"}}
+    # MPS daemons and servers share the plugin's cgroup: no default limit to OOM them.
+    mps = container(one(render(chart, values("mps-values.yaml")), "DaemonSet", "kubegpu"))
+    assert "limits" not in mps["resources"] and mps["resources"]["requests"]["memory"] == "96Mi"
+    given = {"limits": {"memory": "512Mi"}}
+    ds = one(render(chart, {"resources": given}), "DaemonSet", "kubegpu")
+    assert container(ds)["resources"] == given
+
+
+def test_no_host_root_mount_unless_a_driver_root_or_cdi_needs_it(chart: Any) -> None:
+    for scenario in SCENARIOS:
+        for ds in (d for d in render(chart, values(scenario)) if d["kind"] == "DaemonSet"):
+            paths = {v["hostPath"]["path"] for v in volumes(ds).values() if "hostPath" in v}
+            assert "/" not in paths, (scenario, ds["metadata"]["name"])
+    ds = one(render(chart, {"deviceListStrategy": ["cdi-cri"]}), "DaemonSet", "kubegpu")
+    assert volumes(ds)["driver-root"]["hostPath"]["path"] == "/"
+    assert env(ds)["CONTAINER_DRIVER_ROOT"] == "/driver-root"
+
+
+def test_empty_security_context_keeps_least_privilege(chart: Any) -> None:
+    """`{}` (as in NVIDIA's values) means the default, not "no restrictions"."""
+    docs = render(chart, {"securityContext": {}, "gfd": {"enabled": True, "securityContext": {}}})
+    for name in ("kubegpu", "kubegpu-labeller"):
+        sc = container(one(docs, "DaemonSet", name))["securityContext"]
+        assert sc["allowPrivilegeEscalation"] is False and sc["capabilities"]["drop"] == ["ALL"]
+        assert sc["readOnlyRootFilesystem"] is True
+
+
 # --- labeller ----------------------------------------------------------------------------
 
 
