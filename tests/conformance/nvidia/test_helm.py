@@ -579,3 +579,14 @@ def test_comma_separated_device_list_strategy(chart: Any) -> None:
     assert e["DEVICE_LIST_STRATEGY"] == "envvar,cdi-cri"
     with pytest.raises(helm_python.HelmValuesError):
         chart.validate_schema({"deviceListStrategy": "envvar,carrier-pigeon"})
+
+
+@pytest.mark.deliberate("labeller-fail-on-init-error")
+def test_top_level_fail_on_init_error_is_the_plugins_only(chart: Any) -> None:
+    """NVIDIA's GFD takes the top-level failOnInitError (NVIDIA daemonset-gfd.yml); kubegpu's
+    labeller runs on CPU nodes too, so it takes gfd.failOnInitError (default false)."""
+    r = render(chart, {"failOnInitError": True, "gfd": {"enabled": True}})
+    assert env(r.plugin())["FAIL_ON_INIT_ERROR"] == "true"
+    assert env(r.labeller())["FAIL_ON_INIT_ERROR"] == "false"
+    r = render(chart, {"gfd": {"enabled": True, "failOnInitError": True}})
+    assert env(r.labeller())["FAIL_ON_INIT_ERROR"] == "true"
