@@ -329,6 +329,9 @@ def test_mps_scenario_mounts_mps_dirs_and_labeller_uses_node_feature_api(chart: 
     docs = render(chart, values("mps-values.yaml"))
     ds = one(docs, "DaemonSet", "kubegpu")
     assert env(ds)["MPS_ROOT"] == "/run/nvidia/mps"
+    # The MPS binaries come from the NVIDIA runtime's compute capability.
+    assert env(ds)["NVIDIA_DRIVER_CAPABILITIES"] == "compute,utility"
+    assert "NVIDIA_DRIVER_CAPABILITIES" not in env(one(render(chart), "DaemonSet", "kubegpu"))
     m = mounts(ds)
     assert "/run/nvidia/mps" in m and "/dev/shm" in m
     assert volumes(ds)["mps-shm"]["hostPath"]["path"] == "/run/nvidia/mps/shm"
