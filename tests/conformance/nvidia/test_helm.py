@@ -190,9 +190,7 @@ def _leaf_paths(node: Any, prefix: str = "") -> Iterator[tuple[str, Any]]:
         yield prefix, node
 
 
-@pytest.mark.parametrize(
-    "path", [p for p, _ in _leaf_paths(nvidia_values()) if not p.startswith("nfd.")]
-)
+@pytest.mark.parametrize("path", [p for p, _ in _leaf_paths(nvidia_values())])
 def test_every_nvidia_value_is_accepted_alone(chart: Any, path: str) -> None:
     """Each key of NVIDIA's values.yaml, set on its own to NVIDIA's default, renders."""
     value = dict(_leaf_paths(nvidia_values()))[path]
