@@ -457,6 +457,39 @@ def test_labeller_env_names_are_flags_of_kubegpu_labels(chart: Any) -> None:
         assert set(env(ds)) <= known
 
 
+def test_plugin_env_names_and_values_are_ones_kubegpu_serve_accepts(chart: Any) -> None:
+    """Every env var the chart gives the plugin is a `kubegpu serve` flag's, with a value it
+    parses; the rest are read by the NVIDIA runtime or NVML, not by kubegpu."""
+    from kubegpu.cli import SERVE_FLAGS
+
+    flags = {f.env: f for f in SERVE_FLAGS}
+    outside = {
+        "POD_NAMESPACE",
+        "POD_IP",
+        "NVIDIA_MIG_MONITOR_DEVICES",
+        "NVIDIA_DRIVER_CAPABILITIES",
+    }
+    everything = {
+        "gdsEnabled": True,
+        "mofedEnabled": False,
+        "gdrcopyEnabled": True,
+        "nvidiaDevRoot": "/run/nvidia/dev",
+        "cdi": {"nvidiaHookPath": "/usr/bin/nvidia-cdi-hook"},
+        "migStrategy": "mixed",
+        "failOnInitError": False,
+        "deviceListStrategy": "envvar,cdi-cri",
+        "config": {"name": "configs", "default": "a", "fallbackStrategies": ["empty"]},
+        "mps": {"enabled": True},
+    }
+    scenarios = [values(s) for s in SCENARIOS if "labeller" not in s]
+    for vals in [*scenarios, everything]:
+        for e in container(one(render(chart, vals), "DaemonSet", "kubegpu"))["env"]:
+            if e["name"] in outside or "valueFrom" in e:
+                continue
+            assert e["name"] in flags, e
+            flags[e["name"]].convert(e["value"])
+
+
 # --- static manifests --------------------------------------------------------------------
 
 
