@@ -207,24 +207,33 @@ def test_defaults_plugin_daemonset(chart: Any) -> None:
     assert e["HEALTH_PORT"] == "8081"
     assert e["METRICS_PORT"] == "9400"
     assert e["DEVICE_PLUGIN_PATH"] == "/var/lib/kubelet/device-plugins"
-    assert e["CONTAINER_DRIVER_ROOT"] == "/driver-root"
     assert "MPS_ROOT" not in e and "CONFIG_FILE_SRCDIR" not in e
     m = mounts(ds)
     assert m["/var/lib/kubelet/device-plugins"].get("readOnly") is not True
-    assert m["/driver-root"]["readOnly"] is True
+    # The host's driver is handed in by the NVIDIA runtime: no host `/` in the pod.
+    assert "/driver-root" not in m and "CONTAINER_DRIVER_ROOT" not in e
+    assert [v["hostPath"]["path"] for v in volumes(ds).values() if "hostPath" in v] == [
+        "/var/lib/kubelet/device-plugins"
+    ]
     assert "/var/run/cdi" not in m and "/dev/shm" not in m
     assert c["livenessProbe"]["httpGet"] == {"path": "/healthz", "port": "health"}
     assert c["readinessProbe"]["httpGet"] == {"path": "/readyz", "port": "health"}
     assert {"name": "health", "containerPort": 8081, "protocol": "TCP"} in c["ports"]
     assert "add" not in c["securityContext"]["capabilities"]
     assert c["securityContext"]["readOnlyRootFilesystem"] is True
+    # A memory limit by default, above the measured RSS (docs/performance.md).
+    assert c["resources"]["limits"]["memory"] == "256Mi"
+    assert c["resources"]["requests"]["memory"] == "96Mi"
     # Labeller is opt-in, as GFD is in NVIDIA's chart.
     assert not [d for d in docs if d["metadata"]["name"].endswith("-labeller")]
 
 
-def test_defaults_rbac_is_read_nodes_and_write_events_only(chart: Any) -> None:
+def test_defaults_rbac_is_write_events_only(chart: Any) -> None:
     docs = render(chart)
-    assert rules(docs, "ClusterRole", "kubegpu") == {
+    assert rules(docs, "ClusterRole", "kubegpu") == {"events": {"create", "patch"}}
+    # Named configs follow the node's label: then the plugin reads its Node.
+    with_configs = render(chart, values("seed-003-values.yaml"))
+    assert rules(with_configs, "ClusterRole", "kubegpu") == {
         "nodes": {"get", "list", "watch"},
         "events": {"create", "patch"},
     }
@@ -320,6 +329,9 @@ def test_mps_scenario_mounts_mps_dirs_and_labeller_uses_node_feature_api(chart: 
     docs = render(chart, values("mps-values.yaml"))
     ds = one(docs, "DaemonSet", "kubegpu")
     assert env(ds)["MPS_ROOT"] == "/run/nvidia/mps"
+    # The MPS binaries come from the NVIDIA runtime's compute capability.
+    assert env(ds)["NVIDIA_DRIVER_CAPABILITIES"] == "compute,utility"
+    assert "NVIDIA_DRIVER_CAPABILITIES" not in env(one(render(chart), "DaemonSet", "kubegpu"))
     m = mounts(ds)
     assert "/run/nvidia/mps" in m and "/dev/shm" in m
     assert volumes(ds)["mps-shm"]["hostPath"]["path"] == "/run/nvidia/mps/shm"
@@ -366,6 +378,41 @@ def test_compat_with_cpu_manager_is_privileged_and_passes_device_specs(chart: An
     assert env(ds)["PASS_DEVICE_SPECS"] == "true"
 
 
+# --- deployment defaults (issue 8) ---------------------------------------------------------
+
+
+def test_resources_default_to_a_memory_limit_unless_given_or_mps(chart: Any) -> None:
+    docs = render(chart, {"gfd": {"enabled": True}})
+    for name in ("kubegpu", "kubegpu-labeller"):
+        res = container(one(docs, "DaemonSet", name))["resources"]
+        assert res == {"requests": {"cpu": "10m", "memory": "96Mi"}, "limits": {"memory": "256Mi"}}
+    # MPS daemons and servers share the plugin's cgroup: no default limit to OOM them.
+    mps = container(one(render(chart, values("mps-values.yaml")), "DaemonSet", "kubegpu"))
+    assert "limits" not in mps["resources"] and mps["resources"]["requests"]["memory"] == "96Mi"
+    given = {"limits": {"memory": "512Mi"}}
+    ds = one(render(chart, {"resources": given}), "DaemonSet", "kubegpu")
+    assert container(ds)["resources"] == given
+
+
+def test_no_host_root_mount_unless_a_driver_root_or_cdi_needs_it(chart: Any) -> None:
+    for scenario in SCENARIOS:
+        for ds in (d for d in render(chart, values(scenario)) if d["kind"] == "DaemonSet"):
+            paths = {v["hostPath"]["path"] for v in volumes(ds).values() if "hostPath" in v}
+            assert "/" not in paths, (scenario, ds["metadata"]["name"])
+    ds = one(render(chart, {"deviceListStrategy": ["cdi-cri"]}), "DaemonSet", "kubegpu")
+    assert volumes(ds)["driver-root"]["hostPath"]["path"] == "/"
+    assert env(ds)["CONTAINER_DRIVER_ROOT"] == "/driver-root"
+
+
+def test_empty_security_context_keeps_least_privilege(chart: Any) -> None:
+    """`{}` (as in NVIDIA's values) means the default, not "no restrictions"."""
+    docs = render(chart, {"securityContext": {}, "gfd": {"enabled": True, "securityContext": {}}})
+    for name in ("kubegpu", "kubegpu-labeller"):
+        sc = container(one(docs, "DaemonSet", name))["securityContext"]
+        assert sc["allowPrivilegeEscalation"] is False and sc["capabilities"]["drop"] == ["ALL"]
+        assert sc["readOnlyRootFilesystem"] is True
+
+
 # --- labeller ----------------------------------------------------------------------------
 
 
@@ -408,6 +455,39 @@ def test_labeller_env_names_are_flags_of_kubegpu_labels(chart: Any) -> None:
     for scenario in ("mps-values.yaml", "labeller-only-values.yaml"):
         ds = one(render(chart, values(scenario)), "DaemonSet", "kubegpu-labeller")
         assert set(env(ds)) <= known
+
+
+def test_plugin_env_names_and_values_are_ones_kubegpu_serve_accepts(chart: Any) -> None:
+    """Every env var the chart gives the plugin is a `kubegpu serve` flag's, with a value it
+    parses; the rest are read by the NVIDIA runtime or NVML, not by kubegpu."""
+    from kubegpu.cli import SERVE_FLAGS
+
+    flags = {f.env: f for f in SERVE_FLAGS}
+    outside = {
+        "POD_NAMESPACE",
+        "POD_IP",
+        "NVIDIA_MIG_MONITOR_DEVICES",
+        "NVIDIA_DRIVER_CAPABILITIES",
+    }
+    everything = {
+        "gdsEnabled": True,
+        "mofedEnabled": False,
+        "gdrcopyEnabled": True,
+        "nvidiaDevRoot": "/run/nvidia/dev",
+        "cdi": {"nvidiaHookPath": "/usr/bin/nvidia-cdi-hook"},
+        "migStrategy": "mixed",
+        "failOnInitError": False,
+        "deviceListStrategy": "envvar,cdi-cri",
+        "config": {"name": "configs", "default": "a", "fallbackStrategies": ["empty"]},
+        "mps": {"enabled": True},
+    }
+    scenarios = [values(s) for s in SCENARIOS if "labeller" not in s]
+    for vals in [*scenarios, everything]:
+        for e in container(one(render(chart, vals), "DaemonSet", "kubegpu"))["env"]:
+            if e["name"] in outside or "valueFrom" in e:
+                continue
+            assert e["name"] in flags, e
+            flags[e["name"]].convert(e["value"])
 
 
 # --- static manifests --------------------------------------------------------------------

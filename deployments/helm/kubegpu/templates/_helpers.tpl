@@ -29,16 +29,45 @@ app.kubernetes.io/version: {{ .Chart.AppVersion | quote }}
 app.kubernetes.io/managed-by: {{ .Release.Service }}
 {{- end -}}
 
-{{/* Selector labels; pass (list $ "component"). */}}
+{{/*
+Selector labels; pass (list $ "component"). selectorLabelsOverride (NVIDIA's value) replaces
+name/instance, e.g. to keep the selector of an existing DaemonSet; the component label stays
+so the plugin's and the labeller's DaemonSets never select each other's pods.
+*/}}
 {{- define "kubegpu.selectorLabels" -}}
 {{- $ := index . 0 -}}
+{{- if $.Values.selectorLabelsOverride -}}
+{{ toYaml $.Values.selectorLabelsOverride }}
+{{- else -}}
 app.kubernetes.io/name: {{ include "kubegpu.name" $ }}
 app.kubernetes.io/instance: {{ $.Release.Name }}
+{{- end }}
 app.kubernetes.io/component: {{ index . 1 }}
 {{- end -}}
 
+{{/* Pod labels: the selector labels plus name/instance (as NVIDIA's templateLabels). */}}
+{{- define "kubegpu.podLabels" -}}
+{{- $ := index . 0 -}}
+{{- $labels := dict "app.kubernetes.io/name" (include "kubegpu.name" $) "app.kubernetes.io/instance" $.Release.Name -}}
+{{- $labels = merge (fromYaml (include "kubegpu.selectorLabels" .)) $labels -}}
+{{- toYaml $labels -}}
+{{- end -}}
+
+{{/*
+The image. A repository named k8s-device-plugin is NVIDIA's image (a values file copied from
+NVIDIA's chart carries nvcr.io/nvidia/k8s-device-plugin): it has no kubegpu in it, so the
+pods would never start. kubegpu's own image is used instead and NOTES.txt says so.
+*/}}
+{{- define "kubegpu.nvidiaImage" -}}
+{{- if eq (last (splitList "/" .Values.image.repository)) "k8s-device-plugin" -}}true{{- end -}}
+{{- end -}}
+
 {{- define "kubegpu.image" -}}
+{{- if include "kubegpu.nvidiaImage" . -}}
+{{- printf "ghcr.io/kubegpu/kubegpu:%s" .Chart.AppVersion -}}
+{{- else -}}
 {{- printf "%s:%s" .Values.image.repository (default .Chart.AppVersion .Values.image.tag) -}}
+{{- end -}}
 {{- end -}}
 
 {{/* Name of the ConfigMap holding named configs, or "" when there is none. */}}
@@ -50,20 +79,76 @@ app.kubernetes.io/component: {{ index . 1 }}
 {{- end -}}
 {{- end -}}
 
-{{/* The default config name: config.default, else the only entry of config.map. */}}
+{{/*
+The default config name, resolved as NVIDIA's chart and config-manager do: config.default,
+else the fallback strategies in order (`named`: an entry called "default"; `single`: the only
+entry). Null strategies are the binary's default, named then single. "" when none applies.
+*/}}
 {{- define "kubegpu.defaultConfig" -}}
+{{- $map := default dict .Values.config.map -}}
+{{- $strategies := .Values.config.fallbackStrategies -}}
+{{- if kindIs "invalid" $strategies -}}{{- $strategies = list "named" "single" -}}{{- end -}}
+{{- $found := "" -}}
 {{- if .Values.config.default -}}
-{{- .Values.config.default -}}
-{{- else if eq (len (keys (default dict .Values.config.map))) 1 -}}
-{{- first (keys .Values.config.map) -}}
+{{- $found = .Values.config.default -}}
+{{- else -}}
+{{- range $strategies -}}
+{{- if and (not $found) (eq . "named") (hasKey $map "default") -}}{{- $found = "default" -}}{{- end -}}
+{{- if and (not $found) (eq . "single") (eq (len $map) 1) -}}{{- $found = first (keys $map) -}}{{- end -}}
+{{- end -}}
+{{- end -}}
+{{- $found -}}
+{{- end -}}
+
+{{/* The parsed configs of config.map, as a YAML list (unparseable entries are skipped). */}}
+{{- define "kubegpu.configs" -}}
+{{- $out := list -}}
+{{- range $name, $text := .Values.config.map -}}
+{{- $cfg := fromYaml $text -}}
+{{- if not (hasKey $cfg "Error") -}}{{- $out = append $out $cfg -}}{{- end -}}
+{{- end -}}
+{{- toYaml $out -}}
+{{- end -}}
+
+{{/*
+"true" when the device list strategies (deviceListStrategy, else each named config's
+flags.plugin.deviceListStrategy) may include one of the strategies passed in; an external
+ConfigMap (config.name) may hold any, so it counts as yes, as in NVIDIA's chart.
+Pass (list $ (list "strategy" ...)).
+*/}}
+{{- define "kubegpu.listStrategyMayInclude" -}}
+{{- $ := index . 0 -}}
+{{- $wanted := index . 1 -}}
+{{- $found := false -}}
+{{- $s := $.Values.deviceListStrategy -}}
+{{- if not (kindIs "invalid" $s) -}}
+{{- $found = include "kubegpu.strategyListHas" (list $s $wanted) -}}
+{{- else if $.Values.config.name -}}
+{{- $found = true -}}
+{{- else -}}
+{{- range (fromYamlArray (include "kubegpu.configs" $)) -}}
+{{- $plugin := dig "flags" "plugin" dict . -}}
+{{- if and (kindIs "map" $plugin) (include "kubegpu.strategyListHas" (list (dig "deviceListStrategy" nil $plugin) $wanted)) -}}
+{{- $found = true -}}
+{{- end -}}
+{{- end -}}
+{{- end -}}
+{{- if $found -}}true{{- end -}}
+{{- end -}}
+
+{{/* "true" when a strategy value (a list, or a comma-separated string) has one of the wanted. */}}
+{{- define "kubegpu.strategyListHas" -}}
+{{- $s := index . 0 -}}
+{{- $items := list -}}
+{{- if kindIs "slice" $s -}}{{- $items = $s -}}{{- else if kindIs "string" $s -}}{{- $items = splitList "," $s -}}{{- end -}}
+{{- range $items -}}
+{{- if has (trim (toString .)) (index $ 1) -}}true{{- end -}}
 {{- end -}}
 {{- end -}}
 
-{{/* "true" when a CDI device list strategy is chosen (string or list). */}}
+{{/* "true" when a CDI strategy may be on: the plugin then writes CDI specs to /var/run/cdi. */}}
 {{- define "kubegpu.cdiEnabled" -}}
-{{- $s := .Values.deviceListStrategy -}}
-{{- $list := kindIs "slice" $s | ternary $s (list $s) -}}
-{{- if or (has "cdi-annotations" $list) (has "cdi-cri" $list) -}}true{{- end -}}
+{{- include "kubegpu.listStrategyMayInclude" (list . (list "cdi-annotations" "cdi-cri")) -}}
 {{- end -}}
 
 {{/* "true" when MPS mounts are needed: forced, or a named config uses sharing.mps. */}}
@@ -78,9 +163,22 @@ app.kubernetes.io/component: {{ index . 1 }}
 {{- end -}}
 {{- end -}}
 
-{{/* The driver root on the host. */}}
-{{- define "kubegpu.driverRoot" -}}
-{{- default "/" .Values.nvidiaDriverRoot -}}
+{{/*
+Host path to mount read-only at /driver-root, or "" for none. As in NVIDIA's chart the host's
+driver root is mounted only when nvidiaDriverRoot names one (the GPU Operator's
+/run/nvidia/driver); with the driver on the host itself the NVIDIA runtime hands the
+container NVML (the image sets NVIDIA_VISIBLE_DEVICES=all), so the host's `/` is mounted
+only for CDI, whose spec lists the driver's files as the host has them.
+Pass (list $ "plugin"|"labeller").
+*/}}
+{{- define "kubegpu.driverRootMount" -}}
+{{- $ := index . 0 -}}
+{{- $root := $.Values.nvidiaDriverRoot -}}
+{{- if and $root (ne (clean $root) "/") -}}
+{{- $root -}}
+{{- else if and (eq (index . 1) "plugin") (include "kubegpu.cdiEnabled" $) -}}
+/
+{{- end -}}
 {{- end -}}
 
 {{/* EnvVar entries for (list (list "NAME" value) ...), leaving out null values. */}}
@@ -94,33 +192,107 @@ app.kubernetes.io/component: {{ index . 1 }}
 {{- end -}}
 {{- end -}}
 
-{{/* "true" when MIG devices may be served: migStrategy, or a named config, is single/mixed. */}}
+{{/*
+"true" when MIG devices may be served, as NVIDIA's chart decides: migStrategy when set;
+else an external ConfigMap (config.name) may enable MIG; else a named config in config.map
+with flags.migStrategy single or mixed (kubegpu reads them: NVIDIA assumes any config may).
+*/}}
 {{- define "kubegpu.migEnabled" -}}
-{{- if has (toString .Values.migStrategy) (list "single" "mixed") -}}true
+{{- if .Values.migStrategy -}}
+{{- if ne (toString .Values.migStrategy) "none" -}}true{{- end -}}
+{{- else if .Values.config.name -}}
+true
 {{- else -}}
-{{- range $name, $text := .Values.config.map -}}
-{{- $cfg := fromYaml $text -}}
-{{- if and $cfg.flags (kindIs "map" $cfg.flags) (has (toString $cfg.flags.migStrategy) (list "single" "mixed")) -}}true{{- end -}}
+{{- range (fromYamlArray (include "kubegpu.configs" .)) -}}
+{{- if has (toString (dig "flags" "migStrategy" "" .)) (list "single" "mixed") -}}true{{- end -}}
 {{- end -}}
 {{- end -}}
 {{- end -}}
 
 {{/*
-The plugin container's securityContext. compatWithCPUManager needs privileged: it passes
-every /dev/nvidia* node, which an unprivileged container cannot see. MIG needs
-CAP_SYS_ADMIN: NVML only delivers MIG health events (via /dev/nvidia-caps) to it.
-Everything else runs with no capability at all.
+"true" when the plugin needs CAP_SYS_ADMIN, where NVIDIA's chart adds it: MIG (NVML delivers
+MIG health events through /dev/nvidia-caps only to it) and the volume-mounts strategy.
+*/}}
+{{- define "kubegpu.needsSysAdmin" -}}
+{{- if or (include "kubegpu.migEnabled" .) (include "kubegpu.listStrategyMayInclude" (list . (list "volume-mounts"))) -}}true{{- end -}}
+{{- end -}}
+
+{{/*
+The plugin container's securityContext, with NVIDIA's precedence: a non-empty
+securityContext value is used as given; else compatWithCPUManager runs privileged (it must
+see and pass every /dev/nvidia* node); else least privilege: no capability (SYS_ADMIN
+where needed, above), no privilege escalation, a read-only root filesystem.
 */}}
 {{- define "kubegpu.securityContext" -}}
-{{- if eq .Values.compatWithCPUManager true -}}
+{{- if .Values.securityContext -}}
+{{- toYaml .Values.securityContext -}}
+{{- else if eq .Values.compatWithCPUManager true -}}
 privileged: true
 {{- else -}}
-{{- $sc := deepCopy (default dict .Values.securityContext) -}}
-{{- if include "kubegpu.migEnabled" . -}}
-{{- $caps := default dict $sc.capabilities -}}
-{{- $_ := set $caps "add" (uniq (append (default (list) $caps.add) "SYS_ADMIN")) -}}
-{{- $_ := set $sc "capabilities" $caps -}}
+privileged: false
+allowPrivilegeEscalation: false
+readOnlyRootFilesystem: true
+capabilities:
+  drop: ["ALL"]
+  {{- if include "kubegpu.needsSysAdmin" . }}
+  add: ["SYS_ADMIN"]
+  {{- end }}
 {{- end -}}
-{{- toYaml $sc -}}
 {{- end -}}
+
+{{/* The labeller's securityContext: gfd.securityContext as given, else least privilege. */}}
+{{- define "kubegpu.labellerSecurityContext" -}}
+{{- if .Values.gfd.securityContext -}}
+{{- toYaml .Values.gfd.securityContext -}}
+{{- else -}}
+privileged: false
+allowPrivilegeEscalation: false
+readOnlyRootFilesystem: true
+capabilities:
+  drop: ["ALL"]
+{{- end -}}
+{{- end -}}
+
+{{/*
+Default container resources, from the measured RSS (docs/performance.md: `serve` 57 MiB,
+69 MiB once the kubernetes client is loaded; `kubegpu labels` 50-64 MiB) with room for
+1,000+ devices and allocation bursts. No memory limit while MPS runs: the control daemons
+and the MPS servers they start live in the plugin's cgroup and grow with GPUs and clients.
+Pass (list $ "plugin"|"labeller").
+*/}}
+{{- define "kubegpu.resources" -}}
+{{- $ := index . 0 -}}
+{{- $given := ternary $.Values.resources $.Values.gfd.resources (eq (index . 1) "plugin") -}}
+{{- if $given -}}
+{{- toYaml $given -}}
+{{- else -}}
+requests:
+  cpu: 10m
+  memory: 96Mi
+{{- if not (and (eq (index . 1) "plugin") (include "kubegpu.mpsEnabled" $)) }}
+limits:
+  memory: 256Mi
+{{- end }}
+{{- end -}}
+{{- end -}}
+
+{{/*
+Keys of NVIDIA's values that kubegpu accepts but cannot act on, one "key: why" per line;
+NOTES.txt prints them so a copied values file never fails silently.
+*/}}
+{{- define "kubegpu.ignoredValues" -}}
+{{- if .Values.nfd }}
+nfd.*: kubegpu does not deploy Node Feature Discovery; install NFD yourself, or set gfd.nodePatch=true to label Nodes without it
+{{- end }}
+{{- with .Values.cdi }}
+{{- if .featureFlags }}
+cdi.featureFlags: kubegpu's CDI specs have no feature flags
+{{- end }}
+{{- end }}
+{{- if .Values.gfd.nameOverride }}
+gfd.nameOverride: no effect (nor in NVIDIA's chart since GFD stopped being a subchart)
+{{- end }}
+{{- if .Values.gfd.namespaceOverride }}
+gfd.namespaceOverride: no effect (nor in NVIDIA's chart); the labeller runs in namespaceOverride or the release namespace
+{{- end }}
 {{- end -}}
