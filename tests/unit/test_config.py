@@ -68,7 +68,12 @@ sharing:
     - name: nvidia.com/gpu
       replicas: 10
       rename: gpu.ten
-      devices: ["0", 1, "0:1", GPU-8f0f6cd6-2f3c-4e5a-9f43-000000000000, MIG-0a1b]
+      devices:
+      - "0"
+      - 1
+      - "0:1"
+      - GPU-8f0f6cd6-2f3c-4e5a-9f43-000000000000
+      - MIG-0a1b2c3d-0000-4000-8000-000000000001
 imex:
   channelIDs: [0]
 """
@@ -233,7 +238,17 @@ def test_rename_with_rename_by_default_is_fine() -> None:
     [
         ("all", "all"),
         ("3", 3),
-        ("[0, '1', '1:0', GPU-abc-1, MIG-def]", (0, "1", "1:0", "GPU-abc-1", "MIG-def")),
+        (
+            "[0, '1', '1:0', GPU-8f0f6cd6-2f3c-4e5a-9f43-000000000000,"
+            " MIG-GPU-8f0f6cd6-2f3c-4e5a-9f43-000000000000/1/0]",
+            (
+                0,
+                "1",
+                "1:0",
+                "GPU-8f0f6cd6-2f3c-4e5a-9f43-000000000000",
+                "MIG-GPU-8f0f6cd6-2f3c-4e5a-9f43-000000000000/1/0",
+            ),
+        ),
     ],
 )
 def test_valid_device_selectors(devices: str, expected: Any) -> None:
@@ -377,10 +392,9 @@ def test_device_list_strategy_string_is_one_element() -> None:
 
 
 def test_device_list_strategy_twice_or_empty() -> None:
-    assert error("flags: {plugin: {deviceListStrategy: [envvar, envvar]}}") == (
-        "cm.yaml: flags.plugin.deviceListStrategy: lists a strategy twice "
-        '(got ["envvar", "envvar"]); list each strategy once'
-    )
+    # NVIDIA enables a strategy listed twice once (a set), so the duplicate is accepted.
+    config = parse_config("flags: {plugin: {deviceListStrategy: [envvar, envvar]}}")
+    assert config.flags.plugin.device_list_strategy == (DeviceListStrategy.ENVVAR,)
     assert error("flags: {plugin: {deviceListStrategy: []}}").startswith(
         "cm.yaml: flags.plugin.deviceListStrategy: needs at least one strategy (got [])"
     )
