@@ -185,9 +185,15 @@ def test_strategy_without_resources() -> None:
     ("name", "reason"),
     [
         ("a/b/c", "has more than one '/'"),
-        ("x" * 64, "name part is 64 characters; at most 63 are allowed"),
+        # NVIDIA's rule for its own domain: 63 characters including `nvidia.com/`.
+        ("x" * 64, "is 75 characters with its domain; at most 63 are allowed"),
         (
             "nvidia.com/-gpu",
+            "name part '-gpu' must be lowercase letters, digits, '-' and '.', "
+            "starting and ending with a letter or digit",
+        ),
+        (
+            "example.com/-gpu",
             "name part '-gpu' must be letters, digits, '-', '_' or '.', "
             "starting and ending with a letter or digit",
         ),

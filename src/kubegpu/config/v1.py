@@ -236,9 +236,10 @@ def _check_resource_name(value: Any) -> Any:
     if not isinstance(value, str):
         return value  # pydantic reports the type
     try:
-        full = qualify_resource_name(value)
-        if full.startswith(f"{DEFAULT_RESOURCE_PREFIX}/"):
-            _check_nvidia_name(full)
+        full = value if "/" in value else f"{DEFAULT_RESOURCE_PREFIX}/{value}"
+        if full.startswith(f"{DEFAULT_RESOURCE_PREFIX}/") and full.count("/") == 1:
+            _check_nvidia_name(full)  # first: its rules are the stricter ones
+        qualify_resource_name(value)
     except ValueError as exc:
         raise invalid(
             f"not a valid extended resource name: {exc}",
@@ -292,6 +293,8 @@ class ReplicatedResource(_Model):
     @field_validator("name", "rename", mode="before")
     @classmethod
     def _names(cls, value: Any) -> Any:
+        if value is None:  # NVIDIA reads a null name or rename as "" and refuses it
+            raise invalid("is empty", "give a resource name, or remove the key", got=None)
         return _check_resource_name(value)
 
     @field_validator("replicas")
