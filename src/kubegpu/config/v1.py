@@ -208,6 +208,25 @@ class Flags(_Model):
     gfd: GfdFlags = GfdFlags()
     health: HealthFlags = HealthFlags()
 
+    @model_validator(mode="before")
+    @classmethod
+    def _node_feature_api(cls, data: Any) -> Any:
+        """NVIDIA keeps `useNodeFeatureAPI` in `flags` itself; kubegpu reads it from
+        `flags.gfd`, where the labeller's flag sets it. A `flags.gfd` value wins."""
+        if not isinstance(data, dict):
+            return data
+        keys = ("useNodeFeatureAPI", "use_node_feature_api")
+        value = next((data[k] for k in keys if data.get(k) is not None), None)
+        data = {k: v for k, v in data.items() if k not in keys}
+        if value is None:
+            return data
+        gfd = data.get("gfd")
+        if gfd is None:
+            gfd = {}
+        if isinstance(gfd, dict) and all(gfd.get(k) is None for k in keys):
+            data["gfd"] = {**gfd, "useNodeFeatureAPI": value}
+        return data
+
     @property
     def dev_root(self) -> str:
         """Where /dev nodes live on the host: `nvidiaDevRoot`, else the driver root."""

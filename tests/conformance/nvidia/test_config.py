@@ -110,6 +110,7 @@ def test_flags_unmarshal(case: dict[str, Any]) -> None:
             "device_list_strategy": lambda: [s.value for s in flags.plugin.device_list_strategy],
             "mig_strategy": lambda: flags.mig_strategy.value,
             "fail_on_init_error": lambda: flags.fail_on_init_error,
+            "use_node_feature_api": lambda: flags.gfd.use_node_feature_api,
         }[key]()
         assert got == want, f"{_cite(case['id'])}: {key}"
 
