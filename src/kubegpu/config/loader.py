@@ -132,8 +132,9 @@ def apply_overrides(raw: Mapping[str, Any], overrides: Mapping[str, Any]) -> dic
         annotation = _leaf_annotation(dotted.split("."))
         if isinstance(value, str) and typing.get_origin(annotation) is tuple:
             value = [part.strip() for part in value.split(",") if part.strip()]
+        if isinstance(value, list | tuple) and typing.get_origin(annotation) is tuple:
             item = typing.get_args(annotation)[0]
-            value = [_coerce_string(item, part) for part in value]
+            value = [_coerce_string(item, v) if isinstance(v, str) else v for v in value]
         elif isinstance(value, str):
             value = _coerce_string(annotation, value)
         node[leaf] = value
