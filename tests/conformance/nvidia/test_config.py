@@ -301,6 +301,13 @@ def test_empty_device_list_strategy_is_refused() -> None:
     _refused(case["key"], parse_config, case["config"], SOURCE)
 
 
+@pytest.mark.deliberate("timeslicing-and-mps-together")
+def test_same_resource_under_both_strategies_is_refused() -> None:
+    case = _deliberate("sharing.go:ReplicatedResources MPS hides timeSlicing")
+    message = _refused(case["key"], parse_config, case["config"], SOURCE)
+    assert "both timeSlicing and mps" in message
+
+
 def test_every_data_file_names_its_origin() -> None:
     for path in sorted(CONFIG_DATA.glob("*.yaml")):
         head = path.read_text(encoding="utf-8").splitlines()[:3]
