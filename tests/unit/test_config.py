@@ -24,7 +24,9 @@ from kubegpu.config import (
     resolve,
 )
 from kubegpu.config.loader import parse_raw
+from kubegpu.config.names import format_go_duration, parse_go_duration
 from kubegpu.errors import ConfigError
+from kubegpu.labeller import parse_duration
 
 MPS_ROOT = "flags: {mpsRoot: /run/nvidia/mps}\n"
 
@@ -491,3 +493,39 @@ def test_config_to_json_is_one_compact_line_with_file_keys() -> None:
     assert data["flags"]["plugin"]["deviceIDStrategy"] == "uuid"
     assert data["sharing"]["timeSlicing"]["resources"][0]["replicas"] == 10
     assert parse_config(text) == parse_config(NVIDIA_EXAMPLE)
+
+
+@pytest.mark.parametrize(
+    ("value", "ns"),
+    [
+        ("1h2m3.5s", 3723500000000),
+        ("1.s", 10**9),
+        ("+5s", 5 * 10**9),
+        ("-1s", -(10**9)),
+        ("3\u00b5s", 3000),
+        ("3\u03bcs", 3000),
+        ("2562047h47m16.854775807s", 2**63 - 1),
+        (7.9, 7),
+    ],
+)
+def test_go_durations(value: str | float, ns: int) -> None:
+    assert parse_go_duration(value) == ns
+
+
+@pytest.mark.parametrize("value", ["", ".", "s", "1", "1.5.5s", "5S", "1h 2m", "2562048h", True])
+def test_bad_go_durations(value: object) -> None:
+    with pytest.raises(ValueError):
+        parse_go_duration(value)  # type: ignore[arg-type]
+
+
+@pytest.mark.parametrize(
+    ("ns", "text"),
+    [(0, "0s"), (-5, "0s"), (5, "5ns"), (90 * 10**9, "1m30s"), (1500 * 10**6, "1s500ms")],
+)
+def test_durations_are_written_for_the_labeller(ns: int, text: str) -> None:
+    assert format_go_duration(ns) == text
+    assert parse_duration(text) == max(ns, 0) / 1e9
+
+
+def test_negative_sleep_interval_relabels_without_pause() -> None:
+    assert parse_config("flags: {gfd: {sleepInterval: -1s}}").flags.gfd.sleep_interval == "0s"

@@ -308,6 +308,19 @@ def test_same_resource_under_both_strategies_is_refused() -> None:
     assert "both timeSlicing and mps" in message
 
 
+@pytest.mark.parametrize(
+    ("flags", "dev_root"),
+    [
+        ({"nvidiaDriverRoot": "/run/nvidia/driver"}, "/run/nvidia/driver"),
+        ({"nvidiaDriverRoot": "/run/nvidia/driver", "nvidiaDevRoot": ""}, "/run/nvidia/driver"),
+        ({"nvidiaDriverRoot": "/run/nvidia/driver", "nvidiaDevRoot": "/"}, "/"),
+    ],
+)
+def test_dev_root_defaults_to_driver_root(flags: dict[str, str], dev_root: str) -> None:
+    """config.go NewConfig: an unset or empty nvidiaDevRoot is the driver root."""
+    assert _load({"flags": flags}).flags.dev_root == dev_root, _cite("config.go:NewConfig")
+
+
 def test_every_data_file_names_its_origin() -> None:
     for path in sorted(CONFIG_DATA.glob("*.yaml")):
         head = path.read_text(encoding="utf-8").splitlines()[:3]
