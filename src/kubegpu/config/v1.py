@@ -271,8 +271,16 @@ def _check_resource_name(value: Any) -> Any:
 class ResourcePattern(_Model):
     """Advertise devices whose product name matches `pattern` (glob) as `name`."""
 
+    # NVIDIA reads a null pattern as "" (matching no device) and refuses a null name.
+    _null_is_error: ClassVar[frozenset[str]] = frozenset({"pattern", "name"})
+
     pattern: str
     name: str
+
+    @field_validator("pattern", mode="before")
+    @classmethod
+    def _pattern(cls, value: Any) -> Any:
+        return "" if value is None else value
 
     @field_validator("name", mode="before")
     @classmethod
