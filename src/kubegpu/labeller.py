@@ -476,7 +476,8 @@ def parse_duration(text: str) -> float:
             break
         total += float(match[1]) * _UNIT_SECONDS[match[2]]
         pos = match.end()
-    if not value or pos != len(value) or total <= 0:
+    # 0s is valid (NVIDIA's GFD relabels without pause); a bare number is not (no unit).
+    if not value or pos != len(value) or total < 0:
         raise ValueError(f"invalid duration {text!r}; use e.g. 60s, 5m, 1h30m or infinite")
     return total
 

@@ -6,20 +6,21 @@ health or config change and diffs the result against what is being served.
 The steps, in order:
 1. MIG strategy picks the units: whole GPUs (`none`), all MIG slices as `nvidia.com/gpu`
    (`single`), or whole GPUs plus one resource per MIG profile (`mixed`).
-2. `resources.gpus` / `resources.mig` patterns rename units (first match wins).
+2. `resources.gpus` / `resources.mig` patterns rename units (first match wins; `*` is
+   the only wildcard, as in NVIDIA's config).
 3. `sharing.timeSlicing` / `sharing.mps` replicate the selected units of a resource
    (`devices`: all, a count, or a list) as `<UUID>::<n>`, optionally under a new name.
 """
 
 from __future__ import annotations
 
-import fnmatch
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 from enum import StrEnum
 from functools import cached_property
 
 from kubegpu.config import Config, MigStrategy, ReplicatedResource, SharingStrategy
+from kubegpu.config.names import pattern_matches
 from kubegpu.devices import DeviceID, Gpu, Health, Inventory, MigDevice, ResourceName, Vendor
 from kubegpu.errors import ConfigError
 
@@ -193,14 +194,14 @@ def _check_single(gpus: Sequence[Gpu]) -> None:
 
 def _gpu_name(gpu: Gpu, config: Config) -> ResourceName:
     for rule in config.resources.gpus:
-        if fnmatch.fnmatchcase(gpu.product, rule.pattern):
+        if pattern_matches(rule.pattern, gpu.product):
             return _qualify(rule.name, gpu.vendor)
     return DEFAULT_AMD if gpu.vendor is Vendor.AMD else DEFAULT_NVIDIA
 
 
 def _mig_name(mig: MigDevice, config: Config) -> ResourceName:
     for rule in config.resources.mig:
-        if fnmatch.fnmatchcase(mig.profile, rule.pattern):
+        if pattern_matches(rule.pattern, mig.profile):
             return _qualify(rule.name, Vendor.NVIDIA)
     return mig_resource_name(mig.profile)
 

@@ -24,7 +24,9 @@ from kubegpu.config import (
     resolve,
 )
 from kubegpu.config.loader import parse_raw
+from kubegpu.config.names import format_go_duration, parse_go_duration
 from kubegpu.errors import ConfigError
+from kubegpu.labeller import parse_duration
 
 MPS_ROOT = "flags: {mpsRoot: /run/nvidia/mps}\n"
 
@@ -68,7 +70,12 @@ sharing:
     - name: nvidia.com/gpu
       replicas: 10
       rename: gpu.ten
-      devices: ["0", 1, "0:1", GPU-8f0f6cd6-2f3c-4e5a-9f43-000000000000, MIG-0a1b]
+      devices:
+      - "0"
+      - 1
+      - "0:1"
+      - GPU-8f0f6cd6-2f3c-4e5a-9f43-000000000000
+      - MIG-0a1b2c3d-0000-4000-8000-000000000001
 imex:
   channelIDs: [0]
 """
@@ -180,9 +187,15 @@ def test_strategy_without_resources() -> None:
     ("name", "reason"),
     [
         ("a/b/c", "has more than one '/'"),
-        ("x" * 64, "name part is 64 characters; at most 63 are allowed"),
+        # NVIDIA's rule for its own domain: 63 characters including `nvidia.com/`.
+        ("x" * 64, "is 75 characters with its domain; at most 63 are allowed"),
         (
             "nvidia.com/-gpu",
+            "name part '-gpu' must be lowercase letters, digits, '-' and '.', "
+            "starting and ending with a letter or digit",
+        ),
+        (
+            "example.com/-gpu",
             "name part '-gpu' must be letters, digits, '-', '_' or '.', "
             "starting and ending with a letter or digit",
         ),
@@ -233,7 +246,17 @@ def test_rename_with_rename_by_default_is_fine() -> None:
     [
         ("all", "all"),
         ("3", 3),
-        ("[0, '1', '1:0', GPU-abc-1, MIG-def]", (0, "1", "1:0", "GPU-abc-1", "MIG-def")),
+        (
+            "[0, '1', '1:0', GPU-8f0f6cd6-2f3c-4e5a-9f43-000000000000,"
+            " MIG-GPU-8f0f6cd6-2f3c-4e5a-9f43-000000000000/1/0]",
+            (
+                0,
+                "1",
+                "1:0",
+                "GPU-8f0f6cd6-2f3c-4e5a-9f43-000000000000",
+                "MIG-GPU-8f0f6cd6-2f3c-4e5a-9f43-000000000000/1/0",
+            ),
+        ),
     ],
 )
 def test_valid_device_selectors(devices: str, expected: Any) -> None:
@@ -377,10 +400,9 @@ def test_device_list_strategy_string_is_one_element() -> None:
 
 
 def test_device_list_strategy_twice_or_empty() -> None:
-    assert error("flags: {plugin: {deviceListStrategy: [envvar, envvar]}}") == (
-        "cm.yaml: flags.plugin.deviceListStrategy: lists a strategy twice "
-        '(got ["envvar", "envvar"]); list each strategy once'
-    )
+    # NVIDIA enables a strategy listed twice once (a set), so the duplicate is accepted.
+    config = parse_config("flags: {plugin: {deviceListStrategy: [envvar, envvar]}}")
+    assert config.flags.plugin.device_list_strategy == (DeviceListStrategy.ENVVAR,)
     assert error("flags: {plugin: {deviceListStrategy: []}}").startswith(
         "cm.yaml: flags.plugin.deviceListStrategy: needs at least one strategy (got [])"
     )
@@ -471,3 +493,39 @@ def test_config_to_json_is_one_compact_line_with_file_keys() -> None:
     assert data["flags"]["plugin"]["deviceIDStrategy"] == "uuid"
     assert data["sharing"]["timeSlicing"]["resources"][0]["replicas"] == 10
     assert parse_config(text) == parse_config(NVIDIA_EXAMPLE)
+
+
+@pytest.mark.parametrize(
+    ("value", "ns"),
+    [
+        ("1h2m3.5s", 3723500000000),
+        ("1.s", 10**9),
+        ("+5s", 5 * 10**9),
+        ("-1s", -(10**9)),
+        ("3\u00b5s", 3000),
+        ("3\u03bcs", 3000),
+        ("2562047h47m16.854775807s", 2**63 - 1),
+        (7.9, 7),
+    ],
+)
+def test_go_durations(value: str | float, ns: int) -> None:
+    assert parse_go_duration(value) == ns
+
+
+@pytest.mark.parametrize("value", ["", ".", "s", "1", "1.5.5s", "5S", "1h 2m", "2562048h", True])
+def test_bad_go_durations(value: object) -> None:
+    with pytest.raises(ValueError):
+        parse_go_duration(value)  # type: ignore[arg-type]
+
+
+@pytest.mark.parametrize(
+    ("ns", "text"),
+    [(0, "0s"), (-5, "0s"), (5, "5ns"), (90 * 10**9, "1m30s"), (1500 * 10**6, "1s500ms")],
+)
+def test_durations_are_written_for_the_labeller(ns: int, text: str) -> None:
+    assert format_go_duration(ns) == text
+    assert parse_duration(text) == max(ns, 0) / 1e9
+
+
+def test_negative_sleep_interval_relabels_without_pause() -> None:
+    assert parse_config("flags: {gfd: {sleepInterval: -1s}}").flags.gfd.sleep_interval == "0s"

@@ -259,13 +259,20 @@ async def test_init_error_is_fatal_unless_fail_on_init_error_is_false() -> None:
 
 @pytest.mark.parametrize(
     ("text", "seconds"),
-    [("60s", 60.0), ("1m30s", 90.0), ("500ms", 0.5), ("1h", 3600.0), ("infinite", math.inf)],
+    [
+        ("60s", 60.0),
+        ("1m30s", 90.0),
+        ("500ms", 0.5),
+        ("1h", 3600.0),
+        ("infinite", math.inf),
+        ("0s", 0.0),
+    ],
 )
 def test_durations(text: str, seconds: float) -> None:
     assert parse_duration(text) == seconds
 
 
-@pytest.mark.parametrize("text", ["", "60", "abc", "0s", "5x", "s60"])
+@pytest.mark.parametrize("text", ["", "60", "abc", "5x", "s60"])
 def test_bad_durations(text: str) -> None:
     with pytest.raises(ValueError, match="duration"):
         parse_duration(text)

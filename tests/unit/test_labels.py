@@ -150,7 +150,7 @@ def test_mps_sharing_sets_strategy_and_mps_capable() -> None:
 
 
 def test_sharing_limited_to_other_devices_is_not_shared() -> None:
-    text = TIME_SLICING_20 + "      devices: [GPU-9999]\n"
+    text = TIME_SLICING_20 + "      devices: [GPU-99999999-9999-4999-8999-999999999999]\n"
     labels = gpu_labels(inv(gpu()), cfg(text), machine_type=None, timestamp=None)
     assert labels["nvidia.com/gpu.replicas"] == "1"
     assert labels["nvidia.com/gpu.product"] == "Tesla-T4"

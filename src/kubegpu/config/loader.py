@@ -81,7 +81,10 @@ def load_config(config_file: str | Path | None, overrides: Mapping[str, Any]) ->
 
 def resolve(base: Config | None, overrides: Mapping[str, Any], source: str = "<flags>") -> Config:
     """`base` with each dotted-path override (`flags.migStrategy`) applied, validated."""
-    raw: dict[str, Any] = (base or Config()).model_dump(by_alias=True, mode="json")
+    # Unset (None) keys are left out: an explicit null means something for some keys.
+    raw: dict[str, Any] = (base or Config()).model_dump(
+        by_alias=True, mode="json", exclude_none=True
+    )
     return build_config(raw, overrides, source=source)
 
 
@@ -93,7 +96,8 @@ def build_config(
     override_source: str = OVERRIDE_SOURCE,
 ) -> Config:
     """Validate `raw` with `overrides` merged in; errors in overridden keys blame the flag."""
-    version = raw.get("version", VERSION)
+    # As in NVIDIA's loader, a missing, null or empty version reads as v1.
+    version = raw.get("version") or VERSION
     if version not in SUPPORTED_VERSIONS:
         # Checked first: a future version's keys would otherwise be reported as typos.
         raise ConfigError(
@@ -125,15 +129,21 @@ def apply_overrides(raw: Mapping[str, Any], overrides: Mapping[str, Any]) -> dic
             if not isinstance(child, dict):
                 child = node[key] = {}
             node = child
-        if isinstance(value, str) and _is_list_key(dotted.split(".")):
+        annotation = _leaf_annotation(dotted.split("."))
+        if isinstance(value, str) and typing.get_origin(annotation) is tuple:
             value = [part.strip() for part in value.split(",") if part.strip()]
+        if isinstance(value, list | tuple) and typing.get_origin(annotation) is tuple:
+            item = typing.get_args(annotation)[0]
+            value = [_coerce_string(item, v) if isinstance(v, str) else v for v in value]
+        elif isinstance(value, str):
+            value = _coerce_string(annotation, value)
         node[leaf] = value
     return out
 
 
 def config_to_json(config: Config) -> str:
     """The effective config as one compact JSON line with the file's camelCase keys."""
-    return config.model_dump_json(by_alias=True)
+    return config.model_dump_json(by_alias=True, exclude_none=True)
 
 
 def format_validation_error(exc: pydantic.ValidationError) -> str:
@@ -254,19 +264,41 @@ def _model_in(annotation: Any) -> type[pydantic.BaseModel] | None:
     return None
 
 
-def _is_list_key(parts: Sequence[str]) -> bool:
+def _leaf_annotation(parts: Sequence[str]) -> Any:
+    """The type of the field at a dotted key path, or None when there is no such field."""
     model: type[pydantic.BaseModel] | None = Config
     field = None
     for part in parts:
         if model is None:
-            return False
+            return None
         field = _field_by_alias(model, part)
         if field is None:
-            return False
+            return None
         model = _model_in(field.annotation)
-    if field is None:
-        return False
-    return typing.get_origin(field.annotation) is tuple
+    return None if field is None else field.annotation
+
+
+#: The spellings Go's strconv.ParseBool (and so NVIDIA's flags and env vars) accepts.
+_GO_BOOLS: Final = {
+    **dict.fromkeys(("1", "t", "T", "TRUE", "true", "True"), True),
+    **dict.fromkeys(("0", "f", "F", "FALSE", "false", "False"), False),
+}
+
+
+def _coerce_string(annotation: Any, value: str) -> Any:
+    """An env/flag string as the bool or int its key takes (the schema is strict about
+    types in files, as NVIDIA's JSON decoding is); left as is when it does not parse, so
+    validation reports it against the flag."""
+    if typing.get_origin(annotation) is typing.Annotated:
+        annotation = typing.get_args(annotation)[0]
+    if annotation is bool:
+        return _GO_BOOLS.get(value.strip(), value)
+    if annotation is int:
+        try:
+            return int(value.strip())
+        except ValueError:
+            return value
+    return value
 
 
 def _overridden(path: str, overrides: Mapping[str, Any]) -> bool:

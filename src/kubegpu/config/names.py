@@ -19,10 +19,14 @@ _NAME_PART = re.compile(r"[A-Za-z0-9]([-A-Za-z0-9_.]*[A-Za-z0-9])?")
 _DNS_LABEL = r"[a-z0-9]([-a-z0-9]*[a-z0-9])?"
 _DNS_SUBDOMAIN = re.compile(rf"{_DNS_LABEL}(\.{_DNS_LABEL})*")
 
-_GPU_UUID = re.compile(r"GPU-[A-Za-z0-9][A-Za-z0-9-]*")
-# New-style `MIG-<uuid>` and the older `MIG-GPU-<uuid>/<gi>/<ci>`.
-_MIG_UUID = re.compile(r"MIG-[A-Za-z0-9][A-Za-z0-9/-]*")
-_MIG_INDEX = re.compile(r"\d+:\d+")
+# The spellings of a UUID that NVIDIA's config accepts after `GPU-` / `MIG-` (those of
+# github.com/google/uuid's Parse): dashed, braced, `urn:uuid:`-prefixed, or bare hex.
+_HEX = "[0-9A-Fa-f]"
+_UUID_DASHED = rf"{_HEX}{{8}}-{_HEX}{{4}}-{_HEX}{{4}}-{_HEX}{{4}}-{_HEX}{{12}}"
+_UUID = re.compile(
+    rf"{_UUID_DASHED}|\{{{_UUID_DASHED}\}}|(?i:urn:uuid:){_UUID_DASHED}|{_HEX}{{32}}"
+)
+_UINT64_MAX: Final = 2**64 - 1
 
 _QUANTITY = re.compile(
     r"(?P<num>[+-]?(\d+(\.\d*)?|\.\d+))"
@@ -96,26 +100,142 @@ def parse_quantity(value: str | int) -> int:
     return math.ceil(amount)
 
 
+def _is_uint(text: str) -> bool:
+    """A decimal unsigned 64-bit integer, as Go's `strconv.ParseUint(text, 10, 0)` reads it."""
+    return text.isascii() and text.isdigit() and int(text) <= _UINT64_MAX
+
+
+def _is_gpu_uuid(text: str) -> bool:
+    return text.startswith("GPU-") and _UUID.fullmatch(text[4:]) is not None
+
+
+def _is_mig_uuid(text: str) -> bool:
+    """`MIG-<uuid>`, or the older `MIG-GPU-<uuid>/<gi>/<ci>` (both parts required)."""
+    if not text.startswith("MIG-"):
+        return False
+    rest = text[4:]
+    if _UUID.fullmatch(rest):
+        return True
+    parts = rest.split("/", 2)
+    return len(parts) == 3 and _is_gpu_uuid(parts[0]) and all(_is_uint(p) for p in parts[1:])
+
+
 def device_entry_kind(entry: object) -> str:
-    """Classify one `devices` list entry: `index`, `mig-index`, `uuid` or `mig-uuid`."""
+    """Classify one `devices` list entry: `index`, `mig-index`, `uuid` or `mig-uuid`.
+
+    The rules are NVIDIA's (`ReplicatedDeviceRef`): a UUID must be a well-formed UUID
+    after its `GPU-`/`MIG-` prefix, so a truncated or placeholder UUID is refused at load
+    time instead of silently matching no device.
+    """
     if isinstance(entry, bool):
         raise ValueError("is not a GPU index, MIG index (i:j) or UUID")
     if isinstance(entry, int):
         if entry < 0:
             raise ValueError("is a negative GPU index")
+        if entry > _UINT64_MAX:
+            raise ValueError("is not a GPU index, MIG index (i:j) or UUID")
         return "index"
     if isinstance(entry, str):
-        if entry.isdigit():
+        if _is_uint(entry):
             return "index"
-        if _MIG_INDEX.fullmatch(entry):
+        gpu, colon, mig = entry.partition(":")
+        if colon and _is_uint(gpu) and _is_uint(mig):
             return "mig-index"
-        if _MIG_UUID.fullmatch(entry):
+        if _is_mig_uuid(entry):
             return "mig-uuid"
-        if _GPU_UUID.fullmatch(entry):
+        if _is_gpu_uuid(entry):
             return "uuid"
+        if entry.startswith(("GPU-", "MIG-")):
+            raise ValueError(
+                "is not a well-formed UUID (GPU-<uuid>, MIG-<uuid> or MIG-GPU-<uuid>/<gi>/<ci>)"
+            )
     raise ValueError("is not a GPU index, MIG index (i:j) or UUID")
 
 
 def is_mig_entry(entry: object) -> bool:
     """Whether a (valid) `devices` entry names a MIG device rather than a full GPU."""
     return device_entry_kind(entry) in ("mig-index", "mig-uuid")
+
+
+#: Go's `time.ParseDuration` units, in nanoseconds (both micro signs are Go's).
+_GO_UNITS: Final = {
+    "ns": 1,
+    "us": 10**3,
+    "\u00b5s": 10**3,
+    "\u03bcs": 10**3,
+    "ms": 10**6,
+    "s": 10**9,
+    "m": 60 * 10**9,
+    "h": 3600 * 10**9,
+}
+_GO_PART = re.compile(r"(\d*)(?:\.(\d*))?([^\d.]+)")
+_INT64_MAX: Final = 2**63 - 1
+#: NVIDIA's `Duration` for "infinite" (sleep forever after the first pass).
+INFINITE_NS: Final = _INT64_MAX
+
+
+def parse_go_duration(value: str | int | float) -> int:
+    """A duration as NVIDIA's config reads it, in nanoseconds (`INFINITE_NS` for `infinite`).
+
+    Strings are Go's `time.ParseDuration` (`60s`, `1h30m`, `.5s`, `0`, `-1s`) or
+    `infinite`; JSON/YAML numbers are nanoseconds, truncated toward zero.
+    """
+    if isinstance(value, bool):
+        raise ValueError("is not a duration")
+    if isinstance(value, int | float):
+        if not math.isfinite(value) or abs(value) > _INT64_MAX:
+            raise ValueError("is out of range for a duration")
+        return int(value)
+    if value == "infinite":
+        return INFINITE_NS
+    text = value
+    sign = 1
+    if text[:1] in ("-", "+"):
+        sign = -1 if text[0] == "-" else 1
+        text = text[1:]
+    if text == "0":
+        return 0
+    if not text:
+        raise ValueError("is not a duration")
+    total = Fraction(0)
+    pos = 0
+    while pos < len(text):
+        match = _GO_PART.match(text, pos)
+        whole, frac, unit = (match[1], match[2], match[3]) if match else ("", None, "")
+        if match is None or (not whole and not frac) or unit not in _GO_UNITS:
+            raise ValueError("is not a duration")
+        number = Fraction(int(whole or "0"))
+        if frac:
+            number += Fraction(int(frac), 10 ** len(frac))
+        total += number * _GO_UNITS[unit]
+        pos = match.end()
+    if total > _INT64_MAX + (1 if sign < 0 else 0):
+        raise ValueError("is out of range for a duration")
+    return sign * math.floor(total)
+
+
+def format_go_duration(ns: int) -> str:
+    """Nanoseconds as a duration string every kubegpu reader takes (`1m30s`, `0s`, `infinite`)."""
+    if ns >= INFINITE_NS:
+        return "infinite"
+    if ns <= 0:
+        return "0s"
+    parts = []
+    for unit, size in (
+        ("h", 3600 * 10**9),
+        ("m", 60 * 10**9),
+        ("s", 10**9),
+        ("ms", 10**6),
+        ("us", 10**3),
+        ("ns", 1),
+    ):
+        count, ns = divmod(ns, size)
+        if count:
+            parts.append(f"{count}{unit}")
+    return "".join(parts)
+
+
+def pattern_matches(pattern: str, text: str) -> bool:
+    """NVIDIA's resource pattern match: the whole `text`, with `*` as the only wildcard."""
+    regex = ".*".join(re.escape(literal) for literal in pattern.split("*"))
+    return re.fullmatch(regex, text, flags=re.DOTALL) is not None

@@ -14,14 +14,22 @@ optional sub-path, which `loader.format_validation_error` turns into one line.
 
 from __future__ import annotations
 
+import re
 from enum import StrEnum
-from typing import Annotated, Any, Final, Literal
+from typing import Annotated, Any, ClassVar, Final, Literal
 
-from pydantic import BaseModel, ConfigDict, Field, field_validator, model_validator
+from pydantic import BaseModel, ConfigDict, Field, Strict, field_validator, model_validator
 from pydantic.alias_generators import to_camel
 from pydantic_core import PydanticCustomError
 
-from kubegpu.config.names import device_entry_kind, parse_quantity, qualify_resource_name
+from kubegpu.config.names import (
+    DEFAULT_RESOURCE_PREFIX,
+    device_entry_kind,
+    format_go_duration,
+    parse_go_duration,
+    parse_quantity,
+    qualify_resource_name,
+)
 
 VERSION: Final = "v1"
 #: Every config version this build reads.
@@ -67,6 +75,14 @@ class AllocationPolicy(StrEnum):
     PACKED = "packed"
 
 
+#: NVIDIA's config is JSON-decoded by Go, which takes no `"true"` for a bool nor `2.0` or
+#: `"2"` for an int; pydantic's lax coercion would, so these are strict.
+_Bool = Annotated[bool, Strict()]
+_Int = Annotated[int, Strict()]
+
+DeviceDiscoveryStrategy = Literal["auto", "nvml", "tegra"]
+
+
 class _Model(BaseModel):
     model_config = ConfigDict(
         frozen=True,
@@ -76,13 +92,25 @@ class _Model(BaseModel):
         validate_by_alias=True,
     )
 
+    #: Keys whose explicit `null` is an error rather than "not set" (see `_nulls_unset`).
+    _null_is_error: ClassVar[frozenset[str]] = frozenset()
+
+    @model_validator(mode="before")
+    @classmethod
+    def _nulls_unset(cls, data: Any) -> Any:
+        """`key: null` (or `key:` with no value) means "not set", as in NVIDIA's Go decoder,
+        where a null leaves a pointer nil and a value untouched: the default applies."""
+        if not isinstance(data, dict):
+            return data
+        return {k: v for k, v in data.items() if v is not None or k in cls._null_is_error}
+
 
 def _one_of(enum: type[StrEnum]) -> str:
     return ", ".join(m.value for m in enum)
 
 
 class PluginFlags(_Model):
-    pass_device_specs: bool = False
+    pass_device_specs: _Bool = False
     #: One strategy or several; a string in the file is read as a one-element list.
     device_list_strategy: tuple[DeviceListStrategy, ...] = (DeviceListStrategy.ENVVAR,)
     # NVIDIA spells these with capitals ("ID", "CTK") that to_camel would lower.
@@ -98,6 +126,7 @@ class PluginFlags(_Model):
     @field_validator("device_list_strategy", mode="before")
     @classmethod
     def _strategies(cls, value: Any) -> Any:
+        """NVIDIA reads one string or a list; a strategy listed twice is simply enabled."""
         items = (value,) if isinstance(value, str) else value
         if not isinstance(items, list | tuple):
             return value  # pydantic reports the type
@@ -111,20 +140,38 @@ class PluginFlags(_Model):
                 if isinstance(item, str) and "," in item:
                     hint += " (write several as a YAML list, not a comma string)"
                 raise invalid("unknown device list strategy", hint, at=at, got=item)
-        if len(set(items)) != len(items):
-            raise invalid("lists a strategy twice", "list each strategy once", got=list(items))
-        return tuple(items)
+        return tuple(dict.fromkeys(items))
 
 
 class GfdFlags(_Model):
     """GPU Feature Discovery flags, shared with `kubegpu labels`."""
 
-    oneshot: bool = False
-    no_timestamp: bool = False
-    sleep_interval: str = "60s"
+    oneshot: _Bool = False
+    no_timestamp: _Bool = False
+    #: Time between labelling passes, normalised to e.g. `1m30s`, `0s` or `infinite`.
+    sleep_interval: str = Field(default="60s", validate_default=True)
     output_file: str = "/etc/kubernetes/node-feature-discovery/features.d/gfd"
     machine_type_file: str = "/sys/class/dmi/id/product_name"
-    use_node_feature_api: bool = Field(default=False, alias="useNodeFeatureAPI")
+    use_node_feature_api: _Bool = Field(default=False, alias="useNodeFeatureAPI")
+
+    @field_validator("sleep_interval", mode="before")
+    @classmethod
+    def _sleep_interval(cls, value: Any) -> Any:
+        """NVIDIA's `Duration`: a Go duration string, `infinite`, or a number of nanoseconds.
+
+        A negative interval relabels without pause, as Go's timer does; it reads as `0s`.
+        """
+        if not isinstance(value, str | int | float) or isinstance(value, bool):
+            return value  # pydantic reports the type
+        try:
+            ns = parse_go_duration(value)
+        except ValueError as exc:
+            raise invalid(
+                str(exc),
+                "write a duration like 60s, 5m or 1h30m, 'infinite', or a number of nanoseconds",
+                got=value,
+            ) from None
+        return format_go_duration(ns)
 
 
 _Xid = Annotated[int, Field(ge=0)]
@@ -147,18 +194,38 @@ class HealthFlags(_Model):
 
 class Flags(_Model):
     mig_strategy: MigStrategy = MigStrategy.NONE
-    fail_on_init_error: bool = True
+    fail_on_init_error: _Bool = True
     nvidia_driver_root: str = "/"
     nvidia_dev_root: str | None = None
     #: Where the MPS control daemons keep pipes and logs; required when `sharing.mps` is set.
     mps_root: str | None = None
-    gds_enabled: bool = False
-    mofed_enabled: bool = False
-    gdrcopy_enabled: bool = False
-    device_discovery_strategy: str = "auto"
+    gds_enabled: _Bool = False
+    mofed_enabled: _Bool = False
+    gdrcopy_enabled: _Bool = False
+    #: NVIDIA's plugin and GFD accept exactly these.
+    device_discovery_strategy: DeviceDiscoveryStrategy = "auto"
     plugin: PluginFlags = PluginFlags()
     gfd: GfdFlags = GfdFlags()
     health: HealthFlags = HealthFlags()
+
+    @model_validator(mode="before")
+    @classmethod
+    def _node_feature_api(cls, data: Any) -> Any:
+        """NVIDIA keeps `useNodeFeatureAPI` in `flags` itself; kubegpu reads it from
+        `flags.gfd`, where the labeller's flag sets it. A `flags.gfd` value wins."""
+        if not isinstance(data, dict):
+            return data
+        keys = ("useNodeFeatureAPI", "use_node_feature_api")
+        value = next((data[k] for k in keys if data.get(k) is not None), None)
+        data = {k: v for k, v in data.items() if k not in keys}
+        if value is None:
+            return data
+        gfd = data.get("gfd")
+        if gfd is None:
+            gfd = {}
+        if isinstance(gfd, dict) and all(gfd.get(k) is None for k in keys):
+            data["gfd"] = {**gfd, "useNodeFeatureAPI": value}
+        return data
 
     @property
     def dev_root(self) -> str:
@@ -166,11 +233,31 @@ class Flags(_Model):
         return self.nvidia_dev_root or self.nvidia_driver_root
 
 
+_NVIDIA_NAME_MAX: Final = 63
+_DNS_SUBDOMAIN = re.compile(r"[a-z0-9]([-a-z0-9]*[a-z0-9])?(\.[a-z0-9]([-a-z0-9]*[a-z0-9])?)*")
+
+
+def _check_nvidia_name(full: str) -> None:
+    """NVIDIA's own rules for `nvidia.com/` names: at most 63 characters in all, and the
+    part after the slash a lowercase DNS subdomain (no capitals, no `_`)."""
+    if len(full) > _NVIDIA_NAME_MAX:
+        raise ValueError(f"is {len(full)} characters with its domain; at most 63 are allowed")
+    short = full.partition("/")[2]
+    if any(len(label) > 63 for label in short.split(".")) or not _DNS_SUBDOMAIN.fullmatch(short):
+        raise ValueError(
+            f"name part {short!r} must be lowercase letters, digits, '-' and '.', "
+            "starting and ending with a letter or digit"
+        )
+
+
 def _check_resource_name(value: Any) -> Any:
     """Validate (not rewrite) a resource name: consumers qualify short names per vendor."""
     if not isinstance(value, str):
         return value  # pydantic reports the type
     try:
+        full = value if "/" in value else f"{DEFAULT_RESOURCE_PREFIX}/{value}"
+        if full.startswith(f"{DEFAULT_RESOURCE_PREFIX}/") and full.count("/") == 1:
+            _check_nvidia_name(full)  # first: its rules are the stricter ones
         qualify_resource_name(value)
     except ValueError as exc:
         raise invalid(
@@ -184,8 +271,16 @@ def _check_resource_name(value: Any) -> Any:
 class ResourcePattern(_Model):
     """Advertise devices whose product name matches `pattern` (glob) as `name`."""
 
+    # NVIDIA reads a null pattern as "" (matching no device) and refuses a null name.
+    _null_is_error: ClassVar[frozenset[str]] = frozenset({"pattern", "name"})
+
     pattern: str
     name: str
+
+    @field_validator("pattern", mode="before")
+    @classmethod
+    def _pattern(cls, value: Any) -> Any:
+        return "" if value is None else value
 
     @field_validator("name", mode="before")
     @classmethod
@@ -207,9 +302,12 @@ _DEVICES_HINT = (
 
 
 class ReplicatedResource(_Model):
+    # NVIDIA rejects a null in any of these keys (an empty name, no device list, 0 replicas).
+    _null_is_error: ClassVar[frozenset[str]] = frozenset({"name", "replicas", "rename", "devices"})
+
     #: The resource to share; a bare name means `nvidia.com/<name>`.
     name: str
-    replicas: int
+    replicas: _Int
     #: Advertise the replicas under this name instead (wins over `renameByDefault`).
     rename: str | None = None
     devices: DeviceSelector = "all"
@@ -222,6 +320,8 @@ class ReplicatedResource(_Model):
     @field_validator("name", "rename", mode="before")
     @classmethod
     def _names(cls, value: Any) -> Any:
+        if value is None:  # NVIDIA reads a null name or rename as "" and refuses it
+            raise invalid("is empty", "give a resource name, or remove the key", got=None)
         return _check_resource_name(value)
 
     @field_validator("replicas")
@@ -283,8 +383,10 @@ class ReplicatedResource(_Model):
 
 
 class SharingStrategy(_Model):
-    rename_by_default: bool = False
-    fail_requests_greater_than_one: bool = False
+    rename_by_default: _Bool = False
+    #: Refuse requests for more than one replica. Defaults to true under `sharing.mps`
+    #: (NVIDIA's MPS always refused them before the key existed), false for timeSlicing.
+    fail_requests_greater_than_one: _Bool = False
     resources: tuple[ReplicatedResource, ...] = ()
 
     @model_validator(mode="after")
@@ -311,8 +413,31 @@ class SharingStrategy(_Model):
 
 
 class Sharing(_Model):
+    # NVIDIA decodes `timeSlicing: null` as a strategy with no resources, an error; a
+    # null `mps` is "no MPS".
+    _null_is_error: ClassVar[frozenset[str]] = frozenset({"timeSlicing", "time_slicing"})
+
     time_slicing: SharingStrategy | None = None
     mps: SharingStrategy | None = None
+
+    @field_validator("time_slicing", mode="before")
+    @classmethod
+    def _time_slicing(cls, value: Any) -> Any:
+        if value is None:
+            raise invalid(
+                "lists no resources to share",
+                "add resources like [{name: nvidia.com/gpu, replicas: 4}], or remove the key",
+                got=None,
+            )
+        return value
+
+    @field_validator("mps", mode="before")
+    @classmethod
+    def _mps_defaults(cls, value: Any) -> Any:
+        keys = ("failRequestsGreaterThanOne", "fail_requests_greater_than_one")
+        if isinstance(value, dict) and all(value.get(k) is None for k in keys):
+            return {**{k: v for k, v in value.items() if k not in keys}, keys[0]: True}
+        return value
 
     @model_validator(mode="after")
     def _cross_checks(self) -> Sharing:
@@ -365,8 +490,18 @@ class Sharing(_Model):
 class Imex(_Model):
     """IMEX channels to inject into every container (NVIDIA compatibility)."""
 
-    channel_ids: tuple[Annotated[int, Field(ge=0)], ...] = Field(default=(), alias="channelIDs")
-    required: bool = False
+    #: NVIDIA supports no channel but channel 0: `[]` or `[0]`.
+    channel_ids: tuple[_Int, ...] = Field(default=(), alias="channelIDs")
+    required: _Bool = False
+
+    @field_validator("channel_ids")
+    @classmethod
+    def _channels(cls, value: tuple[int, ...]) -> tuple[int, ...]:
+        if value not in ((), (0,)):
+            raise invalid(
+                "must be [] or [0]", "only IMEX channel 0 is supported; use [0]", got=list(value)
+            )
+        return value
 
 
 class Config(_Model):
@@ -375,6 +510,11 @@ class Config(_Model):
     resources: Resources = Resources()
     sharing: Sharing = Sharing()
     imex: Imex = Imex()
+
+    @field_validator("version", mode="before")
+    @classmethod
+    def _version_unset(cls, value: Any) -> Any:
+        return VERSION if value == "" else value  # NVIDIA reads an empty version as v1
 
     @field_validator("version")
     @classmethod
