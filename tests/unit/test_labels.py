@@ -173,7 +173,8 @@ def test_sharing_limited_to_other_devices_is_not_shared() -> None:
         ((10, 0), "blackwell"),
         ((12, 0), "blackwell"),
         ((4, 0), "undefined"),
-        ((13, 0), "undefined"),
+        ((11, 0), "undefined"),
+        ((13, 0), "rubin"),
     ],
 )
 def test_family_from_compute_capability(cc: tuple[int, int], name: str) -> None:
@@ -201,11 +202,11 @@ def test_mixed_models_label_the_most_common_one() -> None:
     assert labels["nvidia.com/gpu.count"] == "2"
 
 
-def test_no_gpus_only_present_machine_and_timestamp() -> None:
+def test_no_gpus_only_present_and_timestamp() -> None:
+    # GFD writes gpu.machine only with its device labels, i.e. when it found GPUs.
     labels = gpu_labels(Inventory(gpus=()), cfg(), machine_type="m", timestamp=5, present=True)
     assert labels == {
         "nvidia.com/gpu.present": "true",
-        "nvidia.com/gpu.machine": "m",
         "nvidia.com/gfd.timestamp": "5",
     }
     assert "nvidia.com/gpu.present" not in gpu_labels(
