@@ -28,16 +28,24 @@ import re
 import sys
 import tempfile
 import time
-from collections.abc import Callable, Mapping
+from collections.abc import AsyncIterator, Callable, Mapping
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, Protocol
 
 from kubegpu.config import Config, load_file, resolve
+from kubegpu.config.source import (
+    DEFAULT_NODE_LABEL,
+    ConfigSource,
+    ConfigUpdate,
+    KubernetesNodeLabels,
+    NamedConfigs,
+    NodeLabels,
+)
 from kubegpu.config.v1 import GfdFlags, MigStrategy
 from kubegpu.devices.model import Inventory
 from kubegpu.errors import ConfigError, InitError, KubegpuError
-from kubegpu.labels import gpu_labels, pci_classes, pci_present
+from kubegpu.labels import gpu_labels, pci_classes, pci_configs, pci_present
 
 log = logging.getLogger(__name__)
 
@@ -437,15 +445,19 @@ def _compute(
         timestamp=int(clock()) if timestamps else None,
         present=pci_present(sysfs_root) if sysfs_root is not None else None,
         pci_classes=pci_classes(sysfs_root) if sysfs_root is not None else None,
+        pci_configs=pci_configs(sysfs_root) if sysfs_root is not None else None,
     )
 
 
 def read_machine_type(path: str) -> str:
-    """The DMI product name; `unknown` when unreadable (GFD does the same)."""
+    """The DMI product name, trimmed; `unknown` when no file is set or it is unreadable.
+
+    As GFD: an empty file gives an empty value (labels sanitise it later).
+    """
     if not path:
         return "unknown"
     try:
-        return Path(path).read_text(encoding="utf-8", errors="replace").strip() or "unknown"
+        return Path(path).read_text(encoding="utf-8", errors="replace").strip()
     except OSError as exc:
         log.warning("cannot read machine type from %s: %s", path, exc.strerror)
         return "unknown"
@@ -563,7 +575,31 @@ _OPTIONS = (
         "simulate",
         "use the simulated backend: a preset name (t4-1, h100-8, ...) or a YAML path",
     ),
-    _Option("--node-name", "NODE_NAME", "node_name", "this node's name (NodeFeature, patch)"),
+    _Option(
+        "--node-name",
+        "NODE_NAME",
+        "node_name",
+        "this node's name (NodeFeature, patch, the named-config label)",
+    ),
+    _Option(
+        "--config-dir",
+        "CONFIG_FILE_SRCDIR",
+        "config_dir",
+        "directory of named configs; the node label picks one, as for `kubegpu serve`",
+    ),
+    _Option(
+        "--default-config",
+        "DEFAULT_CONFIG",
+        "default_config",
+        "named config used when the node has no label",
+    ),
+    _Option(
+        "--fallback-strategies",
+        "FALLBACK_STRATEGIES",
+        "fallback_strategies",
+        "named, single, empty (comma list) when the node has no label",
+    ),
+    _Option("--node-label", "NODE_LABEL", "node_label", "node label that picks a named config"),
     _Option("--backend", "BACKEND", "backend", "GPU backend: auto, nvml, amd or simulated"),
     _Option(
         "--driver-root",
@@ -691,54 +727,146 @@ def labels_main(
     *,
     environ: Mapping[str, str] | None = None,
     api_factory: Callable[[], KubeApi] = KubernetesApi,
+    node_labels: NodeLabels | None = None,
 ) -> int:
-    """`kubegpu labels`: 0 on success, 1 on a runtime failure, 2 on bad flags."""
+    """`kubegpu labels`: 0 on success, 1 on a runtime failure, 2 on bad flags or config.
+
+    With `--config-dir` the config is the named one `kubegpu serve` picks for this node
+    (node label, then fallbacks), followed live, so the replica and `-SHARED` labels say
+    what the device plugin advertises. `node_labels` replaces the Kubernetes watch (tests).
+    """
     env = os.environ if environ is None else environ
     try:
         opts = _options(args, env)
         overrides = {_CONFIG_KEYS[k]: v for k, v in opts.items() if k in _CONFIG_KEYS}
-        load_config = _config_loader(opts.get("config_file"), overrides)
-        cfg = load_config()
-    except _UsageError as exc:
+        named = _named_configs(opts, node_labels)
+    except (_UsageError, ConfigError) as exc:
         print(f"kubegpu labels: {exc}", file=sys.stderr)
         return 2
-    except ConfigError as exc:
-        print(f"kubegpu labels: {exc}", file=sys.stderr)
-        return 2
-
-    gfd = cfg.flags.gfd
     try:
-        interval = None if gfd.oneshot else parse_duration(gfd.sleep_interval)
-    except ValueError as exc:  # only a config file can get here: flags were checked
-        print(f"kubegpu labels: flags.gfd.sleepInterval: {exc}", file=sys.stderr)
-        return 2
-    node_name = opts.get("node_name")
-    try:
-        sink = _make_sink(opts, gfd, node_name, env, api_factory)
-    except _UsageError as exc:
+        return asyncio.run(_labels(opts, overrides, named, env, api_factory))
+    except (_UsageError, ConfigError) as exc:
         print(f"kubegpu labels: {exc}", file=sys.stderr)
         return 2
-    except PublishError as exc:
-        print(f"kubegpu labels: {exc}", file=sys.stderr)
-        return 1
-
-    discover = _discoverer(opts, cfg)
-    machine_file = gfd.machine_type_file
-    try:
-        asyncio.run(
-            _run_until_signalled(
-                discover,
-                load_config,
-                sink,
-                interval=interval,
-                machine_type=lambda: read_machine_type(machine_file),
-                timestamps=not gfd.no_timestamp,
-                sysfs_root=opts.get("sysfs_root", "/"),
-            )
-        )
     except KubegpuError as exc:
         print(f"kubegpu labels: {exc}", file=sys.stderr)
         return 1
+
+
+def _named_configs(opts: Mapping[str, Any], node_labels: NodeLabels | None) -> NamedConfigs | None:
+    """The same named-config selection `kubegpu serve` makes, from the same flags."""
+    directory = opts.get("config_dir")
+    if not directory:
+        return None
+    node = opts.get("node_name")
+    if node_labels is None and node:
+        node_labels = KubernetesNodeLabels()
+    fallbacks = opts.get("fallback_strategies")
+    return NamedConfigs(
+        directory=Path(directory),
+        default=opts.get("default_config"),
+        fallback_strategies=(
+            tuple(s.strip() for s in fallbacks.split(",") if s.strip())
+            if fallbacks is not None
+            else ("named", "single")
+        ),
+        node_name=node,
+        label=opts.get("node_label") or DEFAULT_NODE_LABEL,
+        labels=node_labels if node else None,
+    )
+
+
+class LiveConfig:
+    """The config a `ConfigSource` says is in force now; a callable for `run_labeller`.
+
+    Reloads and label changes arrive in the background; a reload that fails keeps the
+    last good config (and logs why), as the device plugin does.
+    """
+
+    def __init__(self, source: ConfigSource) -> None:
+        self._source = source
+        self._updates: AsyncIterator[ConfigUpdate] | None = None
+        self._task: asyncio.Task[None] | None = None
+        self._current: Config | None = None
+
+    async def start(self) -> Config:
+        """The first config; raises its `ConfigError` when there is none to start with."""
+        self._updates = aiter(self._source.updates())
+        first = await anext(self._updates)
+        if first.config is None:
+            await self.close()
+            raise first.error or ConfigError(f"{first.origin}: no config")
+        log.info("config: %s", first.origin)
+        self._current = first.config
+        self._task = asyncio.create_task(self._follow(self._updates), name="labeller-config")
+        return first.config
+
+    async def _follow(self, updates: AsyncIterator[ConfigUpdate]) -> None:
+        async for update in updates:
+            if update.config is None:
+                log.error("config reload failed, keeping the previous one: %s", update.error)
+                continue
+            log.info("config: %s", update.origin)
+            self._current = update.config
+
+    def __call__(self) -> Config:
+        if self._current is None:
+            raise ConfigError("labeller config read before it was loaded")
+        return self._current
+
+    async def close(self) -> None:
+        if self._task is not None:
+            self._task.cancel()
+            with contextlib.suppress(asyncio.CancelledError):
+                await self._task
+        closer = getattr(self._updates, "aclose", None)
+        if closer is not None:
+            await closer()
+
+
+async def _labels(
+    opts: Mapping[str, Any],
+    overrides: Mapping[str, Any],
+    named: NamedConfigs | None,
+    env: Mapping[str, str],
+    api_factory: Callable[[], KubeApi],
+) -> int:
+    live: LiveConfig | None = None
+    load_config: Callable[[], Config]
+    if named is not None:
+        config_file = opts.get("config_file")
+        live = LiveConfig(
+            ConfigSource(
+                config_file=Path(config_file) if config_file else None,
+                overrides=overrides,
+                named=named,
+            )
+        )
+        load_config = live
+        cfg = await live.start()
+    else:
+        load_config = _config_loader(opts.get("config_file"), overrides)
+        cfg = load_config()
+    try:
+        gfd = cfg.flags.gfd
+        try:
+            interval = None if gfd.oneshot else parse_duration(gfd.sleep_interval)
+        except ValueError as exc:  # only a config file can get here: flags were checked
+            raise _UsageError(f"flags.gfd.sleepInterval: {exc}") from exc
+        sink = _make_sink(opts, gfd, opts.get("node_name"), env, api_factory)
+        machine_file = gfd.machine_type_file
+        await _run_until_signalled(
+            _discoverer(opts, cfg),
+            load_config,
+            sink,
+            interval=interval,
+            machine_type=lambda: read_machine_type(machine_file),
+            timestamps=not gfd.no_timestamp,
+            sysfs_root=opts.get("sysfs_root", "/"),
+        )
+    finally:
+        if live is not None:
+            await live.close()
     return 0
 
 
@@ -810,6 +938,7 @@ __all__ = [
     "KubeApi",
     "KubernetesApi",
     "LabelSink",
+    "LiveConfig",
     "NodeFeatureSink",
     "NodePatchSink",
     "PublishError",

@@ -188,7 +188,8 @@ async def test_loop_relabels_until_stopped_and_picks_up_changes() -> None:
     )
     assert done == 2
     assert sink.published[0]["nvidia.com/gpu.count"] == "1"
-    assert sink.published[1] == {}
+    # GPUs gone: only what the PCI bus says (no NVIDIA function, so no vGPU either).
+    assert sink.published[1] == {"nvidia.com/vgpu.present": "false"}
 
 
 async def test_infinite_interval_labels_once_then_waits_for_stop() -> None:
@@ -428,3 +429,75 @@ def test_cli_simulate_t4_preset(tmp_path: Path) -> None:
     assert labels["nvidia.com/gpu.count"] == "1"
     assert labels["nvidia.com/gpu.product"].endswith("T4")
     assert labels["nvidia.com/gpu.family"] == "turing"
+
+
+# --- the named config (issue 8): the labeller picks what `serve` picks -------------------
+
+SHARE_4 = """version: v1
+sharing:
+  timeSlicing:
+    resources:
+      - name: nvidia.com/gpu
+        replicas: 4
+"""
+PLAIN = "version: v1\n"
+
+
+def named_dir(tmp_path: Path) -> Path:
+    configs = tmp_path / "available-configs"
+    configs.mkdir()
+    (configs / "shared").write_text(SHARE_4)
+    (configs / "plain").write_text(PLAIN)
+    return configs
+
+
+def test_cli_uses_the_named_config_the_node_label_picks(
+    tmp_path: Path, fake_backend: list[dict[str, Any]]
+) -> None:
+    from kubegpu.config.source import FakeNodeLabels
+
+    out = tmp_path / "gfd"
+    node_labels = FakeNodeLabels("shared")
+    env = {
+        "CONFIG_FILE_SRCDIR": str(named_dir(tmp_path)),
+        "DEFAULT_CONFIG": "plain",
+        "NODE_NAME": "gpu-node-1",
+    }
+    argv = ["--oneshot", "-o", str(out), "--no-timestamp", "--sysfs-root", str(tmp_path)]
+    assert run_cli(argv, env, node_labels=node_labels) == 0
+    labels = dict(line.split("=", 1) for line in out.read_text().splitlines())
+    assert labels["nvidia.com/gpu.replicas"] == "4"
+    assert labels["nvidia.com/gpu.product"] == "Tesla-T4-SHARED"
+    assert labels["nvidia.com/gpu.sharing-strategy"] == "time-slicing"
+    assert node_labels.watched == [("gpu-node-1", "nvidia.com/device-plugin.config")]
+
+
+def test_cli_named_config_falls_back_to_the_default_without_a_label(
+    tmp_path: Path, fake_backend: list[dict[str, Any]]
+) -> None:
+    from kubegpu.config.source import FakeNodeLabels
+
+    out = tmp_path / "gfd"
+    env = {
+        "CONFIG_FILE_SRCDIR": str(named_dir(tmp_path)),
+        "DEFAULT_CONFIG": "plain",
+        "NODE_NAME": "gpu-node-1",
+    }
+    argv = ["--oneshot", "-o", str(out), "--no-timestamp", "--sysfs-root", str(tmp_path)]
+    assert run_cli(argv, env, node_labels=FakeNodeLabels(None)) == 0
+    labels = dict(line.split("=", 1) for line in out.read_text().splitlines())
+    assert labels["nvidia.com/gpu.replicas"] == "1"
+    assert labels["nvidia.com/gpu.product"] == "Tesla-T4"
+
+
+def test_cli_named_config_that_does_not_exist_is_one_line_exit_2(
+    tmp_path: Path, fake_backend: list[dict[str, Any]], capsys: pytest.CaptureFixture[str]
+) -> None:
+    from kubegpu.config.source import FakeNodeLabels
+
+    env = {"CONFIG_FILE_SRCDIR": str(named_dir(tmp_path)), "NODE_NAME": "gpu-node-1"}
+    argv = ["--oneshot", "-o", str(tmp_path / "gfd"), "--sysfs-root", str(tmp_path)]
+    assert run_cli(argv, env, node_labels=FakeNodeLabels("typo")) == 2
+    err = capsys.readouterr().err.strip()
+    assert len(err.splitlines()) == 1
+    assert "'typo'" in err and "plain, shared" in err
