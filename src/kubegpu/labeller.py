@@ -399,10 +399,13 @@ async def run_labeller(
     """
     stop = stop or asyncio.Event()
     published = 0
+    # GFD stamps the time its labelling loop started, not each pass: the label changes
+    # only on a restart, so NFD does not rewrite the Node every interval.
+    started = int(clock()) if timestamps else None
     while True:
         try:
             labels = await asyncio.to_thread(
-                _compute, discover, config, machine_type, timestamps, sysfs_root, clock
+                _compute, discover, config, machine_type, started, sysfs_root
             )
             await sink.publish(labels)
             published += 1
@@ -425,9 +428,8 @@ def _compute(
     discover: Callable[[], Inventory],
     config: Callable[[], Config],
     machine_type: Callable[[], str | None],
-    timestamps: bool,
+    timestamp: int | None,
     sysfs_root: str | None,
-    clock: Callable[[], float],
 ) -> dict[str, str]:
     cfg = config()
     try:
@@ -442,7 +444,7 @@ def _compute(
         inventory,
         cfg,
         machine_type=machine_type(),
-        timestamp=int(clock()) if timestamps else None,
+        timestamp=timestamp,
         present=pci_present(sysfs_root) if sysfs_root is not None else None,
         pci_classes=pci_classes(sysfs_root) if sysfs_root is not None else None,
         pci_configs=pci_configs(sysfs_root) if sysfs_root is not None else None,
