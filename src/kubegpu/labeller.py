@@ -81,6 +81,10 @@ class KubeApi(Protocol):
         """The NodeFeature object, or None when there is none."""
         ...
 
+    def get_pod_metadata(self, namespace: str, name: str) -> dict[str, Any]:
+        """`metadata` of a Pod (`name`, `uid`, `ownerReferences` in API spelling)."""
+        ...
+
     def create_node_feature(self, namespace: str, body: dict[str, Any]) -> None: ...
 
     def replace_node_feature(self, namespace: str, body: dict[str, Any]) -> None:
@@ -136,6 +140,17 @@ class KubernetesApi:
             raise PublishError(f"get NodeFeature {namespace}/{name}: {_api_reason(exc)}") from exc
         return dict(obj)
 
+    def get_pod_metadata(self, namespace: str, name: str) -> dict[str, Any]:
+        pod = self._call(
+            f"get Pod {namespace}/{name}", self._core.read_namespaced_pod, name, namespace
+        )
+        meta = pod.metadata
+        owners = [
+            {"apiVersion": o.api_version, "kind": o.kind, "name": o.name, "uid": o.uid}
+            for o in meta.owner_references or []
+        ]
+        return {"name": meta.name, "uid": meta.uid, "ownerReferences": owners}
+
     def create_node_feature(self, namespace: str, body: dict[str, Any]) -> None:
         self._call(
             f"create NodeFeature {namespace}/{body['metadata']['name']}",
@@ -185,6 +200,8 @@ class FakeKubeApi:
 
     nodes: dict[str, dict[str, Any]] = field(default_factory=dict)
     node_features: dict[tuple[str, str], dict[str, Any]] = field(default_factory=dict)
+    #: Pods' metadata by (namespace, name), as `get_pod_metadata` returns it.
+    pods: dict[tuple[str, str], dict[str, Any]] = field(default_factory=dict)
     calls: list[str] = field(default_factory=list)
     #: When set, every call raises it (to test error paths).
     fail_with: PublishError | None = None
@@ -219,6 +236,12 @@ class FakeKubeApi:
         self._enter(f"get nodefeature/{namespace}/{name}")
         obj = self.node_features.get((namespace, name))
         return copy.deepcopy(obj) if obj is not None else None
+
+    def get_pod_metadata(self, namespace: str, name: str) -> dict[str, Any]:
+        self._enter(f"get pod/{namespace}/{name}")
+        if (namespace, name) not in self.pods:
+            raise PublishError(f"get Pod {namespace}/{name}: HTTP 404 Not Found")
+        return copy.deepcopy(self.pods[(namespace, name)])
 
     def create_node_feature(self, namespace: str, body: dict[str, Any]) -> None:
         name = body["metadata"]["name"]
@@ -284,6 +307,33 @@ def write_atomically(path: Path, text: str) -> None:
         ) from exc
 
 
+def owner_references(api: KubeApi, namespace: str, pod_name: str | None) -> list[dict[str, Any]]:
+    """The labeller's DaemonSet (as controller) and Pod, to own the NodeFeature object.
+
+    As GFD: Kubernetes then deletes the object with the DaemonSet, so an uninstall leaves
+    no stale GPU labels behind. No pod name, or a pod no DaemonSet owns: no owners.
+    Raises `PublishError` when the pod cannot be read.
+    """
+    if not pod_name:
+        return []
+    pod = api.get_pod_metadata(namespace, pod_name)
+    daemonset = next(
+        (o for o in pod.get("ownerReferences") or [] if o.get("kind") == "DaemonSet"), None
+    )
+    if daemonset is None:
+        return []
+    return [
+        {
+            "apiVersion": daemonset.get("apiVersion"),
+            "kind": "DaemonSet",
+            "name": daemonset.get("name"),
+            "uid": daemonset.get("uid"),
+            "controller": True,
+        },
+        {"apiVersion": "v1", "kind": "Pod", "name": pod.get("name"), "uid": pod.get("uid")},
+    ]
+
+
 @dataclass
 class NodeFeatureSink:
     """One `NodeFeature` object per node, `nvidia-features-for-<node>`, as GFD names it."""
@@ -291,6 +341,8 @@ class NodeFeatureSink:
     api: KubeApi
     node_name: str
     namespace: str
+    #: From `owner_references`; empty leaves the object unowned.
+    owners: list[dict[str, Any]] = field(default_factory=list)
 
     @property
     def object_name(self) -> str:
@@ -304,6 +356,7 @@ class NodeFeatureSink:
                 "name": self.object_name,
                 "namespace": self.namespace,
                 "labels": {NFD_NODE_NAME_LABEL: self.node_name},
+                **({"ownerReferences": copy.deepcopy(self.owners)} if self.owners else {}),
             },
             "spec": {"labels": dict(labels)},
         }
@@ -319,12 +372,19 @@ class NodeFeatureSink:
             return
         meta = current.get("metadata", {})
         same_labels = meta.get("labels", {}).get(NFD_NODE_NAME_LABEL) == self.node_name
-        if same_labels and current.get("spec", {}).get("labels") == wanted["spec"]["labels"]:
+        same_owners = (meta.get("ownerReferences") or []) == self.owners
+        same_spec = current.get("spec", {}).get("labels") == wanted["spec"]["labels"]
+        if same_labels and same_owners and same_spec:
             return  # unchanged: no write, no NFD churn
         updated = copy.deepcopy(current)
         updated.setdefault("metadata", {}).setdefault("labels", {})[NFD_NODE_NAME_LABEL] = (
             self.node_name
         )
+        # The owners are this labeller's, as GFD sets them on every update.
+        if self.owners:
+            updated["metadata"]["ownerReferences"] = copy.deepcopy(self.owners)
+        else:
+            updated["metadata"].pop("ownerReferences", None)
         # Keep `spec.features` (NFD's) and anything else; replace only our labels.
         updated.setdefault("spec", {})["labels"] = dict(labels)
         self.api.replace_node_feature(self.namespace, updated)
@@ -602,6 +662,18 @@ _OPTIONS = (
         "named, single, empty (comma list) when the node has no label",
     ),
     _Option("--node-label", "NODE_LABEL", "node_label", "node label that picks a named config"),
+    _Option(
+        "--namespace",
+        "NAMESPACE",
+        "namespace",
+        "namespace of the NodeFeature object (default: POD_NAMESPACE, the pod's own)",
+    ),
+    _Option(
+        "--pod-name",
+        "POD_NAME",
+        "pod_name",
+        "this pod's name, to make its DaemonSet own the NodeFeature object",
+    ),
     _Option("--backend", "BACKEND", "backend", "GPU backend: auto, nvml, amd or simulated"),
     _Option(
         "--driver-root",
@@ -887,13 +959,19 @@ def _make_sink(
     if not node_name:
         raise _UsageError(f"--node-name: required with {flag} (set NODE_NAME from spec.nodeName)")
     if gfd.use_node_feature_api:
-        namespace = _namespace(environ)
+        namespace = opts.get("namespace") or _namespace(environ)
         if not namespace:
             raise _UsageError(
                 "--use-node-feature-api: no namespace; set POD_NAMESPACE "
                 "(downward API metadata.namespace)"
             )
-        return NodeFeatureSink(api_factory(), node_name, namespace)
+        api = api_factory()
+        try:
+            owners = owner_references(api, namespace, opts.get("pod_name"))
+        except PublishError as exc:  # as GFD: label anyway, just without owners
+            log.warning("NodeFeature will have no owner (garbage collection off): %s", exc)
+            owners = []
+        return NodeFeatureSink(api, node_name, namespace, owners)
     return NodePatchSink(api_factory(), node_name)
 
 
@@ -946,6 +1024,7 @@ __all__ = [
     "PublishError",
     "format_features",
     "labels_main",
+    "owner_references",
     "parse_duration",
     "read_machine_type",
     "register_cli",

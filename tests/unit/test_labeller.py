@@ -382,6 +382,47 @@ def test_cli_node_feature_api_needs_a_namespace_env(
     assert ("gpu", "nvidia-features-for-gpu-1") in api.node_features
 
 
+def test_cli_node_feature_takes_gfds_namespace_and_pod_name_env(
+    tmp_path: Path, fake_backend: list[dict[str, Any]]
+) -> None:
+    api = FakeKubeApi()
+    owner = {"apiVersion": "apps/v1", "kind": "DaemonSet", "name": "gfd", "uid": "ds-1"}
+    api.pods[("gpu-operator", "gfd-abcde")] = {
+        "name": "gfd-abcde",
+        "uid": "pod-1",
+        "ownerReferences": [owner],
+    }
+    env = {
+        "NODE_NAME": "gpu-1",
+        "GFD_USE_NODE_FEATURE_API": "true",
+        "NAMESPACE": "gpu-operator",  # GFD's env var; wins over the pod's own namespace
+        "POD_NAMESPACE": "elsewhere",
+        "POD_NAME": "gfd-abcde",
+    }
+    rc = run_cli(["--oneshot", "--sysfs-root", str(tmp_path)], env, api_factory=lambda: api)
+    assert rc == 0
+    obj = api.node_features[("gpu-operator", "nvidia-features-for-gpu-1")]
+    owners = obj["metadata"]["ownerReferences"]
+    assert [(o["kind"], o["uid"]) for o in owners] == [("DaemonSet", "ds-1"), ("Pod", "pod-1")]
+
+
+def test_cli_node_feature_without_a_readable_pod_labels_unowned(
+    tmp_path: Path, fake_backend: list[dict[str, Any]]
+) -> None:
+    api = FakeKubeApi()
+    env = {
+        "NODE_NAME": "gpu-1",
+        "GFD_USE_NODE_FEATURE_API": "true",
+        "POD_NAMESPACE": "gpu",
+        "POD_NAME": "gone",
+    }
+    rc = run_cli(["--oneshot", "--sysfs-root", str(tmp_path)], env, api_factory=lambda: api)
+    assert rc == 0
+    assert (
+        "ownerReferences" not in api.node_features[("gpu", "nvidia-features-for-gpu-1")]["metadata"]
+    )
+
+
 @pytest.mark.parametrize(
     ("argv", "env", "named"),
     [
