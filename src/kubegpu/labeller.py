@@ -862,6 +862,7 @@ class LiveConfig:
         self._updates: AsyncIterator[ConfigUpdate] | None = None
         self._task: asyncio.Task[None] | None = None
         self._current: Config | None = None
+        self._changed = asyncio.Event()
 
     async def start(self) -> Config:
         """The first config; raises its `ConfigError` when there is none to start with."""
@@ -882,6 +883,13 @@ class LiveConfig:
                 continue
             log.info("config: %s", update.origin)
             self._current = update.config
+            self._changed.set()
+
+    async def changed(self) -> Config:
+        """Wait for the next config change (a reload or the node label); the new config."""
+        self._changed.clear()
+        await self._changed.wait()
+        return self()
 
     def __call__(self) -> Config:
         if self._current is None:

@@ -542,3 +542,24 @@ def test_cli_named_config_that_does_not_exist_is_one_line_exit_2(
     err = capsys.readouterr().err.strip()
     assert len(err.splitlines()) == 1
     assert "'typo'" in err and "plain, shared" in err
+
+
+async def test_live_config_follows_a_node_label_change(tmp_path: Path) -> None:
+    from kubegpu.config.source import ConfigSource, FakeNodeLabels, NamedConfigs
+    from kubegpu.labeller import LiveConfig
+
+    node_labels = FakeNodeLabels("shared")
+    named = NamedConfigs(directory=named_dir(tmp_path), node_name="gpu-node-1", labels=node_labels)
+    live = LiveConfig(ConfigSource(config_file=None, overrides={}, named=named))
+    first = await live.start()
+    try:
+        assert first.sharing.time_slicing is not None
+        assert live() is first
+        waiting = asyncio.ensure_future(live.changed())
+        await asyncio.sleep(0)  # let it start waiting before the label moves
+        node_labels.set("plain")
+        now = await asyncio.wait_for(waiting, timeout=10)
+        assert now.sharing.time_slicing is None
+        assert live() is now
+    finally:
+        await live.close()
