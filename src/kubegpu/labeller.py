@@ -28,7 +28,7 @@ import re
 import sys
 import tempfile
 import time
-from collections.abc import AsyncIterator, Callable, Mapping
+from collections.abc import AsyncIterator, Callable, Mapping, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, Protocol
@@ -436,6 +436,12 @@ def _managed_keys(annotation: str | None) -> set[str]:
 
 # --- the loop --------------------------------------------------------------------------
 
+#: Labels of one vendor's GPUs from the same snapshot and config (pure, no I/O).
+VendorLabels = Callable[[Inventory, Config], Mapping[str, str]]
+#: Vendors labelled besides NVIDIA (GFD's labels are built in, since they need the
+#: labeller's sysfs reads). Another vendor's label module adds its function here.
+VENDOR_LABELS: tuple[VendorLabels, ...] = ()
+
 
 async def run_labeller(
     discover: Callable[[], Inventory],
@@ -448,6 +454,7 @@ async def run_labeller(
     sysfs_root: str | None = "/",
     clock: Callable[[], float] = time.time,
     stop: asyncio.Event | None = None,
+    vendor_labels: Sequence[VendorLabels] = VENDOR_LABELS,
 ) -> int:
     """Label now, then every `interval` seconds until `stop` is set; returns publishes done.
 
@@ -465,7 +472,7 @@ async def run_labeller(
     while True:
         try:
             labels = await asyncio.to_thread(
-                _compute, discover, config, machine_type, started, sysfs_root
+                _compute, discover, config, machine_type, started, sysfs_root, vendor_labels
             )
             await sink.publish(labels)
             published += 1
@@ -490,6 +497,7 @@ def _compute(
     machine_type: Callable[[], str | None],
     timestamp: int | None,
     sysfs_root: str | None,
+    vendor_labels: Sequence[VendorLabels] = (),
 ) -> dict[str, str]:
     cfg = config()
     try:
@@ -500,7 +508,7 @@ def _compute(
         # GFD's behaviour with --fail-on-init-error=false: keep running, label what we know.
         log.warning("no GPUs could be read (%s); labelling without them", exc)
         inventory = Inventory(gpus=())
-    return gpu_labels(
+    labels = gpu_labels(
         inventory,
         cfg,
         machine_type=machine_type(),
@@ -509,6 +517,9 @@ def _compute(
         pci_classes=pci_classes(sysfs_root) if sysfs_root is not None else None,
         pci_configs=pci_configs(sysfs_root) if sysfs_root is not None else None,
     )
+    for vendor in vendor_labels:
+        labels.update(vendor(inventory, cfg))
+    return labels
 
 
 def read_machine_type(path: str) -> str:
@@ -1021,6 +1032,7 @@ async def _run_until_signalled(
 
 __all__ = [
     "MANAGED_ANNOTATION",
+    "VENDOR_LABELS",
     "FakeKubeApi",
     "FeatureFileSink",
     "KubeApi",
@@ -1030,6 +1042,7 @@ __all__ = [
     "NodeFeatureSink",
     "NodePatchSink",
     "PublishError",
+    "VendorLabels",
     "format_features",
     "labels_main",
     "owner_references",

@@ -563,3 +563,25 @@ async def test_live_config_follows_a_node_label_change(tmp_path: Path) -> None:
         assert live() is now
     finally:
         await live.close()
+
+
+async def test_other_vendors_label_functions_run_on_the_same_snapshot() -> None:
+    seen: list[Inventory] = []
+
+    def amd(inventory: Inventory, cfg: Config) -> dict[str, str]:
+        seen.append(inventory)
+        return {"amd.com/gpu.count": "0"}
+
+    sink = RecordingSink()
+    await run_labeller(
+        lambda: NODE,
+        config,
+        sink,
+        interval=None,
+        timestamps=False,
+        sysfs_root=None,
+        vendor_labels=(amd,),
+    )
+    assert seen == [NODE]
+    assert sink.published[0]["amd.com/gpu.count"] == "0"
+    assert sink.published[0]["nvidia.com/gpu.count"] == "1"
