@@ -20,6 +20,7 @@ from collections import Counter
 from collections.abc import Iterable, Mapping, Sequence
 from pathlib import Path
 
+from kubegpu.config.names import qualify_resource_name
 from kubegpu.config.v1 import Config, MigStrategy, ReplicatedResource, SharingStrategy
 from kubegpu.devices.model import Gpu, Inventory, MigDevice, Vendor
 from kubegpu.errors import ConfigError
@@ -344,7 +345,15 @@ def _replicated(config: Config, resource: str) -> ReplicatedResource | None:
     strategy = _active(config)
     if strategy is None:
         return None
-    return next((r for r in strategy.resources if r.name == resource), None)
+    return next((r for r in strategy.resources if _qualified(r.name) == resource), None)
+
+
+def _qualified(name: str) -> str:
+    """`gpu` means `nvidia.com/gpu`, as in NVIDIA's config (and `kubegpu serve`)."""
+    try:
+        return qualify_resource_name(name)
+    except ValueError:  # the config loader refuses these; never a match here
+        return name
 
 
 def _renamed(config: Config, entry: ReplicatedResource) -> bool:

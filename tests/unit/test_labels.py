@@ -329,3 +329,18 @@ def test_pci_class_feeds_gpu_mode() -> None:
         pci_classes=pci_classes(str(FIXTURES / "pci-nvidia")),
     )
     assert labels["nvidia.com/gpu.mode"] == "graphics"
+
+
+def test_a_bare_resource_name_in_the_sharing_config_means_nvidia_com() -> None:
+    text = TIME_SLICING_20.replace("name: nvidia.com/gpu", "name: gpu")
+    labels = gpu_labels(inv(gpu()), cfg(text), machine_type=None, timestamp=None)
+    assert labels["nvidia.com/gpu.replicas"] == "20"
+    assert labels["nvidia.com/gpu.product"].endswith("-SHARED")
+
+
+def test_rename_by_default_keeps_the_plain_product_name() -> None:
+    text = TIME_SLICING_20.replace("timeSlicing:\n", "timeSlicing:\n    renameByDefault: true\n")
+    assert "renameByDefault" in text
+    labels = gpu_labels(inv(gpu()), cfg(text), machine_type=None, timestamp=None)
+    assert labels["nvidia.com/gpu.replicas"] == "20"
+    assert not labels["nvidia.com/gpu.product"].endswith("-SHARED")
