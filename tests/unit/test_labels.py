@@ -344,3 +344,43 @@ def test_rename_by_default_keeps_the_plain_product_name() -> None:
     labels = gpu_labels(inv(gpu()), cfg(text), machine_type=None, timestamp=None)
     assert labels["nvidia.com/gpu.replicas"] == "20"
     assert not labels["nvidia.com/gpu.product"].endswith("-SHARED")
+
+
+_SHARE = """version: v1
+flags:
+  migStrategy: {strategy}
+  mpsRoot: /run/nvidia/mps
+sharing:
+  {kind}:
+    renameByDefault: {by_default}
+    resources:
+    - name: {name}
+      replicas: 4
+{rename}"""
+
+
+@pytest.mark.parametrize("kind", ["timeSlicing", "mps"])
+@pytest.mark.parametrize("name", ["nvidia.com/gpu", "gpu"])
+@pytest.mark.parametrize(
+    ("by_default", "rename"),
+    [("false", ""), ("true", ""), ("false", "      rename: nvidia.com/gpu.shared\n")],
+)
+def test_labels_say_what_serve_advertises(
+    kind: str, name: str, by_default: str, rename: str
+) -> None:
+    """Issue 8: the replicas and -SHARED labels must match `build_resources` (what serve
+    registers) for the same node and config."""
+    from kubegpu.resources import build_resources
+
+    node = inv(gpu(0), gpu(1))
+    config = cfg(
+        _SHARE.format(strategy="none", kind=kind, name=name, by_default=by_default, rename=rename)
+    )
+    labels = gpu_labels(node, config, machine_type=None, timestamp=None)
+    (spec,) = build_resources(node, config)
+    assert labels["nvidia.com/gpu.replicas"] == str(spec.replicas)
+    renamed = spec.name != "nvidia.com/gpu"
+    assert labels["nvidia.com/gpu.product"].endswith("-SHARED") == (
+        spec.replicas > 1 and not renamed
+    )
+    assert labels["nvidia.com/gpu.sharing-strategy"] == ("mps" if kind == "mps" else "time-slicing")
