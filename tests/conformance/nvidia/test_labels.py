@@ -527,3 +527,30 @@ def test_full_gpus_win_over_mig_enabled_ones_of_another_model() -> None:
         "nvidia.com/gpu.compute.major": "8",
         "nvidia.com/gpu.compute.minor": "0",
     }
+
+
+@pytest.mark.deliberate("rename-honoured")
+def test_an_explicit_rename_keeps_the_plain_product_name() -> None:
+    """NVIDIA/k8s-device-plugin@v0.20.0:cmd/gpu-feature-discovery/main.go calls
+    api/config/v1/config.go DisableResourceNamingInConfig: a file's explicit `rename` is
+    dropped (plugin and GFD alike), so GFD labels `-SHARED`. kubegpu's plugin advertises
+    the renamed resource, and its labels say so: no suffix."""
+    rename = [{"name": "nvidia.com/gpu", "rename": "nvidia.com/gpu.shared", "replicas": 2}]
+    labels = labels_for(mock_node(["full"]), config(time_slicing=rename))
+    assert labels["nvidia.com/gpu.product"] == "MOCKMODEL"
+    assert labels["nvidia.com/gpu.replicas"] == "2"
+
+
+def test_rename_by_default_drops_the_shared_suffix_as_gfd_does() -> None:
+    """NVIDIA/k8s-device-plugin@v0.20.0:api/config/v1/replicas.go: renameByDefault sets each
+    resource's rename to `<name>.shared`, and a renamed resource's product has no suffix."""
+    sharing = {
+        "timeSlicing": {
+            "renameByDefault": True,
+            "resources": [{"name": "nvidia.com/gpu", "replicas": 2}],
+        }
+    }
+    labels = labels_for(mock_node(["full"]), config(sharing=sharing))
+    assert labels["nvidia.com/gpu.product"] == "MOCKMODEL"
+    assert labels["nvidia.com/gpu.replicas"] == "2"
+    assert labels["nvidia.com/gpu.sharing-strategy"] == "time-slicing"
