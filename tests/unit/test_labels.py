@@ -384,3 +384,40 @@ def test_labels_say_what_serve_advertises(
         spec.replicas > 1 and not renamed
     )
     assert labels["nvidia.com/gpu.sharing-strategy"] == ("mps" if kind == "mps" else "time-slicing")
+
+
+def _config_space(caps: dict[int, bytes], first: int, status: int = 0x10) -> bytes:
+    space = bytearray(256)
+    space[0:2] = b"\xde\x10"
+    space[0x06] = status
+    space[0x34] = first
+    for pos, cap in caps.items():
+        space[pos : pos + len(cap)] = cap
+    return bytes(space)
+
+
+def test_vendor_capability_survives_bad_chains() -> None:
+    from kubegpu.labels import vendor_capability
+
+    looped = _config_space({0x40: b"\x05\x50\x00", 0x50: b"\x01\x40\x00"}, 0x40)
+    assert vendor_capability(looped) is None  # 0x40 -> 0x50 -> 0x40: stops, no hang
+    broken = _config_space({0x40: b"\xff\x50\x00"}, 0x40)
+    assert vendor_capability(broken) is None
+    no_list = _config_space({0x40: b"\x09\x00\x08"}, 0x40, status=0)
+    assert vendor_capability(no_list) is None
+    found = _config_space({0x40: b"\x05\x60\x00", 0x60: b"\x09\x00\x04\x00"}, 0x40)
+    assert vendor_capability(found) == b"\x09\x00\x04\x00"
+    assert vendor_capability(found[:64]) is None  # what an unprivileged read returns
+
+
+def test_pci_configs_give_up_on_a_short_read(tmp_path: Path) -> None:
+    from kubegpu.labels import pci_configs
+
+    dev = tmp_path / "sys/bus/pci/devices/0000:17:00.0"
+    dev.mkdir(parents=True)
+    (dev / "vendor").write_text("0x10de\n")
+    (dev / "config").write_bytes(bytes(64))
+    assert pci_configs(str(tmp_path)) is None
+    (dev / "config").write_bytes(bytes(256))
+    assert pci_configs(str(tmp_path)) == [bytes(256)]
+    assert pci_configs(str(tmp_path / "nowhere")) is None
