@@ -28,16 +28,24 @@ import re
 import sys
 import tempfile
 import time
-from collections.abc import Callable, Mapping
+from collections.abc import AsyncIterator, Callable, Mapping, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, Protocol
 
 from kubegpu.config import Config, load_file, resolve
+from kubegpu.config.source import (
+    DEFAULT_NODE_LABEL,
+    ConfigSource,
+    ConfigUpdate,
+    KubernetesNodeLabels,
+    NamedConfigs,
+    NodeLabels,
+)
 from kubegpu.config.v1 import GfdFlags, MigStrategy
 from kubegpu.devices.model import Inventory
 from kubegpu.errors import ConfigError, InitError, KubegpuError
-from kubegpu.labels import gpu_labels, pci_classes, pci_present
+from kubegpu.labels import gpu_labels, pci_classes, pci_configs, pci_present
 
 log = logging.getLogger(__name__)
 
@@ -71,6 +79,10 @@ class KubeApi(Protocol):
 
     def get_node_feature(self, namespace: str, name: str) -> dict[str, Any] | None:
         """The NodeFeature object, or None when there is none."""
+        ...
+
+    def get_pod_metadata(self, namespace: str, name: str) -> dict[str, Any]:
+        """`metadata` of a Pod (`name`, `uid`, `ownerReferences` in API spelling)."""
         ...
 
     def create_node_feature(self, namespace: str, body: dict[str, Any]) -> None: ...
@@ -128,6 +140,17 @@ class KubernetesApi:
             raise PublishError(f"get NodeFeature {namespace}/{name}: {_api_reason(exc)}") from exc
         return dict(obj)
 
+    def get_pod_metadata(self, namespace: str, name: str) -> dict[str, Any]:
+        pod = self._call(
+            f"get Pod {namespace}/{name}", self._core.read_namespaced_pod, name, namespace
+        )
+        meta = pod.metadata
+        owners = [
+            {"apiVersion": o.api_version, "kind": o.kind, "name": o.name, "uid": o.uid}
+            for o in meta.owner_references or []
+        ]
+        return {"name": meta.name, "uid": meta.uid, "ownerReferences": owners}
+
     def create_node_feature(self, namespace: str, body: dict[str, Any]) -> None:
         self._call(
             f"create NodeFeature {namespace}/{body['metadata']['name']}",
@@ -177,6 +200,8 @@ class FakeKubeApi:
 
     nodes: dict[str, dict[str, Any]] = field(default_factory=dict)
     node_features: dict[tuple[str, str], dict[str, Any]] = field(default_factory=dict)
+    #: Pods' metadata by (namespace, name), as `get_pod_metadata` returns it.
+    pods: dict[tuple[str, str], dict[str, Any]] = field(default_factory=dict)
     calls: list[str] = field(default_factory=list)
     #: When set, every call raises it (to test error paths).
     fail_with: PublishError | None = None
@@ -211,6 +236,12 @@ class FakeKubeApi:
         self._enter(f"get nodefeature/{namespace}/{name}")
         obj = self.node_features.get((namespace, name))
         return copy.deepcopy(obj) if obj is not None else None
+
+    def get_pod_metadata(self, namespace: str, name: str) -> dict[str, Any]:
+        self._enter(f"get pod/{namespace}/{name}")
+        if (namespace, name) not in self.pods:
+            raise PublishError(f"get Pod {namespace}/{name}: HTTP 404 Not Found")
+        return copy.deepcopy(self.pods[(namespace, name)])
 
     def create_node_feature(self, namespace: str, body: dict[str, Any]) -> None:
         name = body["metadata"]["name"]
@@ -276,6 +307,33 @@ def write_atomically(path: Path, text: str) -> None:
         ) from exc
 
 
+def owner_references(api: KubeApi, namespace: str, pod_name: str | None) -> list[dict[str, Any]]:
+    """The labeller's DaemonSet (as controller) and Pod, to own the NodeFeature object.
+
+    As GFD: Kubernetes then deletes the object with the DaemonSet, so an uninstall leaves
+    no stale GPU labels behind. No pod name, or a pod no DaemonSet owns: no owners.
+    Raises `PublishError` when the pod cannot be read.
+    """
+    if not pod_name:
+        return []
+    pod = api.get_pod_metadata(namespace, pod_name)
+    daemonset = next(
+        (o for o in pod.get("ownerReferences") or [] if o.get("kind") == "DaemonSet"), None
+    )
+    if daemonset is None:
+        return []
+    return [
+        {
+            "apiVersion": daemonset.get("apiVersion"),
+            "kind": "DaemonSet",
+            "name": daemonset.get("name"),
+            "uid": daemonset.get("uid"),
+            "controller": True,
+        },
+        {"apiVersion": "v1", "kind": "Pod", "name": pod.get("name"), "uid": pod.get("uid")},
+    ]
+
+
 @dataclass
 class NodeFeatureSink:
     """One `NodeFeature` object per node, `nvidia-features-for-<node>`, as GFD names it."""
@@ -283,6 +341,8 @@ class NodeFeatureSink:
     api: KubeApi
     node_name: str
     namespace: str
+    #: From `owner_references`; empty leaves the object unowned.
+    owners: list[dict[str, Any]] = field(default_factory=list)
 
     @property
     def object_name(self) -> str:
@@ -296,6 +356,7 @@ class NodeFeatureSink:
                 "name": self.object_name,
                 "namespace": self.namespace,
                 "labels": {NFD_NODE_NAME_LABEL: self.node_name},
+                **({"ownerReferences": copy.deepcopy(self.owners)} if self.owners else {}),
             },
             "spec": {"labels": dict(labels)},
         }
@@ -311,12 +372,19 @@ class NodeFeatureSink:
             return
         meta = current.get("metadata", {})
         same_labels = meta.get("labels", {}).get(NFD_NODE_NAME_LABEL) == self.node_name
-        if same_labels and current.get("spec", {}).get("labels") == wanted["spec"]["labels"]:
+        same_owners = (meta.get("ownerReferences") or []) == self.owners
+        same_spec = current.get("spec", {}).get("labels") == wanted["spec"]["labels"]
+        if same_labels and same_owners and same_spec:
             return  # unchanged: no write, no NFD churn
         updated = copy.deepcopy(current)
         updated.setdefault("metadata", {}).setdefault("labels", {})[NFD_NODE_NAME_LABEL] = (
             self.node_name
         )
+        # The owners are this labeller's, as GFD sets them on every update.
+        if self.owners:
+            updated["metadata"]["ownerReferences"] = copy.deepcopy(self.owners)
+        else:
+            updated["metadata"].pop("ownerReferences", None)
         # Keep `spec.features` (NFD's) and anything else; replace only our labels.
         updated.setdefault("spec", {})["labels"] = dict(labels)
         self.api.replace_node_feature(self.namespace, updated)
@@ -368,6 +436,12 @@ def _managed_keys(annotation: str | None) -> set[str]:
 
 # --- the loop --------------------------------------------------------------------------
 
+#: Labels of one vendor's GPUs from the same snapshot and config (pure, no I/O).
+VendorLabels = Callable[[Inventory, Config], Mapping[str, str]]
+#: Vendors labelled besides NVIDIA (GFD's labels are built in, since they need the
+#: labeller's sysfs reads). Another vendor's label module adds its function here.
+VENDOR_LABELS: tuple[VendorLabels, ...] = ()
+
 
 async def run_labeller(
     discover: Callable[[], Inventory],
@@ -380,6 +454,7 @@ async def run_labeller(
     sysfs_root: str | None = "/",
     clock: Callable[[], float] = time.time,
     stop: asyncio.Event | None = None,
+    vendor_labels: Sequence[VendorLabels] = VENDOR_LABELS,
 ) -> int:
     """Label now, then every `interval` seconds until `stop` is set; returns publishes done.
 
@@ -391,10 +466,13 @@ async def run_labeller(
     """
     stop = stop or asyncio.Event()
     published = 0
+    # GFD stamps the time its labelling loop started, not each pass: the label changes
+    # only on a restart, so NFD does not rewrite the Node every interval.
+    started = int(clock()) if timestamps else None
     while True:
         try:
             labels = await asyncio.to_thread(
-                _compute, discover, config, machine_type, timestamps, sysfs_root, clock
+                _compute, discover, config, machine_type, started, sysfs_root, vendor_labels
             )
             await sink.publish(labels)
             published += 1
@@ -417,9 +495,9 @@ def _compute(
     discover: Callable[[], Inventory],
     config: Callable[[], Config],
     machine_type: Callable[[], str | None],
-    timestamps: bool,
+    timestamp: int | None,
     sysfs_root: str | None,
-    clock: Callable[[], float],
+    vendor_labels: Sequence[VendorLabels] = (),
 ) -> dict[str, str]:
     cfg = config()
     try:
@@ -430,22 +508,29 @@ def _compute(
         # GFD's behaviour with --fail-on-init-error=false: keep running, label what we know.
         log.warning("no GPUs could be read (%s); labelling without them", exc)
         inventory = Inventory(gpus=())
-    return gpu_labels(
+    labels = gpu_labels(
         inventory,
         cfg,
         machine_type=machine_type(),
-        timestamp=int(clock()) if timestamps else None,
+        timestamp=timestamp,
         present=pci_present(sysfs_root) if sysfs_root is not None else None,
         pci_classes=pci_classes(sysfs_root) if sysfs_root is not None else None,
+        pci_configs=pci_configs(sysfs_root) if sysfs_root is not None else None,
     )
+    for vendor in vendor_labels:
+        labels.update(vendor(inventory, cfg))
+    return labels
 
 
 def read_machine_type(path: str) -> str:
-    """The DMI product name; `unknown` when unreadable (GFD does the same)."""
+    """The DMI product name, trimmed; `unknown` when no file is set or it is unreadable.
+
+    As GFD: an empty file gives an empty value (labels sanitise it later).
+    """
     if not path:
         return "unknown"
     try:
-        return Path(path).read_text(encoding="utf-8", errors="replace").strip() or "unknown"
+        return Path(path).read_text(encoding="utf-8", errors="replace").strip()
     except OSError as exc:
         log.warning("cannot read machine type from %s: %s", path, exc.strerror)
         return "unknown"
@@ -564,7 +649,43 @@ _OPTIONS = (
         "simulate",
         "use the simulated backend: a preset name (t4-1, h100-8, ...) or a YAML path",
     ),
-    _Option("--node-name", "NODE_NAME", "node_name", "this node's name (NodeFeature, patch)"),
+    _Option(
+        "--node-name",
+        "NODE_NAME",
+        "node_name",
+        "this node's name (NodeFeature, patch, the named-config label)",
+    ),
+    _Option(
+        "--config-dir",
+        "CONFIG_FILE_SRCDIR",
+        "config_dir",
+        "directory of named configs; the node label picks one, as for `kubegpu serve`",
+    ),
+    _Option(
+        "--default-config",
+        "DEFAULT_CONFIG",
+        "default_config",
+        "named config used when the node has no label",
+    ),
+    _Option(
+        "--fallback-strategies",
+        "FALLBACK_STRATEGIES",
+        "fallback_strategies",
+        "named, single, empty (comma list) when the node has no label",
+    ),
+    _Option("--node-label", "NODE_LABEL", "node_label", "node label that picks a named config"),
+    _Option(
+        "--namespace",
+        "NAMESPACE",
+        "namespace",
+        "namespace of the NodeFeature object (default: POD_NAMESPACE, the pod's own)",
+    ),
+    _Option(
+        "--pod-name",
+        "POD_NAME",
+        "pod_name",
+        "this pod's name, to make its DaemonSet own the NodeFeature object",
+    ),
     _Option("--backend", "BACKEND", "backend", "GPU backend: auto, nvml, amd or simulated"),
     _Option(
         "--driver-root",
@@ -692,54 +813,154 @@ def labels_main(
     *,
     environ: Mapping[str, str] | None = None,
     api_factory: Callable[[], KubeApi] = KubernetesApi,
+    node_labels: NodeLabels | None = None,
 ) -> int:
-    """`kubegpu labels`: 0 on success, 1 on a runtime failure, 2 on bad flags."""
+    """`kubegpu labels`: 0 on success, 1 on a runtime failure, 2 on bad flags or config.
+
+    With `--config-dir` the config is the named one `kubegpu serve` picks for this node
+    (node label, then fallbacks), followed live, so the replica and `-SHARED` labels say
+    what the device plugin advertises. `node_labels` replaces the Kubernetes watch (tests).
+    """
     env = os.environ if environ is None else environ
     try:
         opts = _options(args, env)
         overrides = {_CONFIG_KEYS[k]: v for k, v in opts.items() if k in _CONFIG_KEYS}
-        load_config = _config_loader(opts.get("config_file"), overrides)
-        cfg = load_config()
-    except _UsageError as exc:
+        named = _named_configs(opts, node_labels)
+    except (_UsageError, ConfigError) as exc:
         print(f"kubegpu labels: {exc}", file=sys.stderr)
         return 2
-    except ConfigError as exc:
-        print(f"kubegpu labels: {exc}", file=sys.stderr)
-        return 2
-
-    gfd = cfg.flags.gfd
     try:
-        interval = None if gfd.oneshot else parse_duration(gfd.sleep_interval)
-    except ValueError as exc:  # only a config file can get here: flags were checked
-        print(f"kubegpu labels: flags.gfd.sleepInterval: {exc}", file=sys.stderr)
-        return 2
-    node_name = opts.get("node_name")
-    try:
-        sink = _make_sink(opts, gfd, node_name, env, api_factory)
-    except _UsageError as exc:
+        return asyncio.run(_labels(opts, overrides, named, env, api_factory))
+    except (_UsageError, ConfigError) as exc:
         print(f"kubegpu labels: {exc}", file=sys.stderr)
         return 2
-    except PublishError as exc:
-        print(f"kubegpu labels: {exc}", file=sys.stderr)
-        return 1
-
-    discover = _discoverer(opts, cfg)
-    machine_file = gfd.machine_type_file
-    try:
-        asyncio.run(
-            _run_until_signalled(
-                discover,
-                load_config,
-                sink,
-                interval=interval,
-                machine_type=lambda: read_machine_type(machine_file),
-                timestamps=not gfd.no_timestamp,
-                sysfs_root=opts.get("sysfs_root", "/"),
-            )
-        )
     except KubegpuError as exc:
         print(f"kubegpu labels: {exc}", file=sys.stderr)
         return 1
+
+
+def _named_configs(opts: Mapping[str, Any], node_labels: NodeLabels | None) -> NamedConfigs | None:
+    """The same named-config selection `kubegpu serve` makes, from the same flags."""
+    directory = opts.get("config_dir")
+    if not directory:
+        return None
+    node = opts.get("node_name")
+    if node_labels is None and node:
+        node_labels = KubernetesNodeLabels()
+    fallbacks = opts.get("fallback_strategies")
+    return NamedConfigs(
+        directory=Path(directory),
+        default=opts.get("default_config"),
+        fallback_strategies=(
+            tuple(s.strip() for s in fallbacks.split(",") if s.strip())
+            if fallbacks is not None
+            else ("named", "single")
+        ),
+        node_name=node,
+        label=opts.get("node_label") or DEFAULT_NODE_LABEL,
+        labels=node_labels if node else None,
+    )
+
+
+class LiveConfig:
+    """The config a `ConfigSource` says is in force now; a callable for `run_labeller`.
+
+    Reloads and label changes arrive in the background; a reload that fails keeps the
+    last good config (and logs why), as the device plugin does.
+    """
+
+    def __init__(self, source: ConfigSource) -> None:
+        self._source = source
+        self._updates: AsyncIterator[ConfigUpdate] | None = None
+        self._task: asyncio.Task[None] | None = None
+        self._current: Config | None = None
+        self._changed = asyncio.Event()
+
+    async def start(self) -> Config:
+        """The first config; raises its `ConfigError` when there is none to start with."""
+        self._updates = aiter(self._source.updates())
+        first = await anext(self._updates)
+        if first.config is None:
+            await self.close()
+            raise first.error or ConfigError(f"{first.origin}: no config")
+        log.info("config: %s", first.origin)
+        self._current = first.config
+        self._task = asyncio.create_task(self._follow(self._updates), name="labeller-config")
+        return first.config
+
+    async def _follow(self, updates: AsyncIterator[ConfigUpdate]) -> None:
+        async for update in updates:
+            if update.config is None:
+                log.error("config reload failed, keeping the previous one: %s", update.error)
+                continue
+            log.info("config: %s", update.origin)
+            self._current = update.config
+            self._changed.set()
+
+    async def changed(self) -> Config:
+        """Wait for the next config change (a reload or the node label); the new config."""
+        self._changed.clear()
+        await self._changed.wait()
+        return self()
+
+    def __call__(self) -> Config:
+        if self._current is None:
+            raise ConfigError("labeller config read before it was loaded")
+        return self._current
+
+    async def close(self) -> None:
+        if self._task is not None:
+            self._task.cancel()
+            with contextlib.suppress(asyncio.CancelledError):
+                await self._task
+        closer = getattr(self._updates, "aclose", None)
+        if closer is not None:
+            await closer()
+
+
+async def _labels(
+    opts: Mapping[str, Any],
+    overrides: Mapping[str, Any],
+    named: NamedConfigs | None,
+    env: Mapping[str, str],
+    api_factory: Callable[[], KubeApi],
+) -> int:
+    live: LiveConfig | None = None
+    load_config: Callable[[], Config]
+    if named is not None:
+        config_file = opts.get("config_file")
+        live = LiveConfig(
+            ConfigSource(
+                config_file=Path(config_file) if config_file else None,
+                overrides=overrides,
+                named=named,
+            )
+        )
+        load_config = live
+        cfg = await live.start()
+    else:
+        load_config = _config_loader(opts.get("config_file"), overrides)
+        cfg = load_config()
+    try:
+        gfd = cfg.flags.gfd
+        try:
+            interval = None if gfd.oneshot else parse_duration(gfd.sleep_interval)
+        except ValueError as exc:  # only a config file can get here: flags were checked
+            raise _UsageError(f"flags.gfd.sleepInterval: {exc}") from exc
+        sink = _make_sink(opts, gfd, opts.get("node_name"), env, api_factory)
+        machine_file = gfd.machine_type_file
+        await _run_until_signalled(
+            _discoverer(opts, cfg),
+            load_config,
+            sink,
+            interval=interval,
+            machine_type=lambda: read_machine_type(machine_file),
+            timestamps=not gfd.no_timestamp,
+            sysfs_root=opts.get("sysfs_root", "/"),
+        )
+    finally:
+        if live is not None:
+            await live.close()
     return 0
 
 
@@ -758,13 +979,19 @@ def _make_sink(
     if not node_name:
         raise _UsageError(f"--node-name: required with {flag} (set NODE_NAME from spec.nodeName)")
     if gfd.use_node_feature_api:
-        namespace = _namespace(environ)
+        namespace = opts.get("namespace") or _namespace(environ)
         if not namespace:
             raise _UsageError(
                 "--use-node-feature-api: no namespace; set POD_NAMESPACE "
                 "(downward API metadata.namespace)"
             )
-        return NodeFeatureSink(api_factory(), node_name, namespace)
+        api = api_factory()
+        try:
+            owners = owner_references(api, namespace, opts.get("pod_name"))
+        except PublishError as exc:  # as GFD: label anyway, just without owners
+            log.warning("NodeFeature will have no owner (garbage collection off): %s", exc)
+            owners = []
+        return NodeFeatureSink(api, node_name, namespace, owners)
     return NodePatchSink(api_factory(), node_name)
 
 
@@ -806,16 +1033,20 @@ async def _run_until_signalled(
 
 __all__ = [
     "MANAGED_ANNOTATION",
+    "VENDOR_LABELS",
     "FakeKubeApi",
     "FeatureFileSink",
     "KubeApi",
     "KubernetesApi",
     "LabelSink",
+    "LiveConfig",
     "NodeFeatureSink",
     "NodePatchSink",
     "PublishError",
+    "VendorLabels",
     "format_features",
     "labels_main",
+    "owner_references",
     "parse_duration",
     "read_machine_type",
     "register_cli",

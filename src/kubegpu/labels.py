@@ -7,20 +7,23 @@ matters more than elegance here: clusters select nodes with
 plugins must not silently unschedule their pods.
 
 Differences from GFD, all deliberate: with several GPU models on a node, GFD labels
-whichever model its map iteration ends on; we label the most common one (ties: the
-lowest GPU index). `nvidia.com/gpu.present` is set from the PCI bus, so a node whose
-driver is broken still attracts the DaemonSets that can say what is wrong.
+whichever model its map iteration ends on (full GPUs win over MIG-enabled ones); we
+label the most common model among the full GPUs (ties: the lowest GPU index).
+`nvidia.com/gpu.present` is set from the PCI bus, so a node whose driver is broken
+still attracts the DaemonSets that can say what is wrong.
 """
 
 from __future__ import annotations
 
 import re
 from collections import Counter
-from collections.abc import Iterable, Mapping
+from collections.abc import Iterable, Mapping, Sequence
 from pathlib import Path
 
+from kubegpu.config.names import qualify_resource_name
 from kubegpu.config.v1 import Config, MigStrategy, ReplicatedResource, SharingStrategy
 from kubegpu.devices.model import Gpu, Inventory, MigDevice, Vendor
+from kubegpu.errors import ConfigError
 
 PREFIX = "nvidia.com"
 GPU_RESOURCE = f"{PREFIX}/gpu"
@@ -66,25 +69,36 @@ def family(major: int, minor: int) -> str:
     if major == 8:
         return "ada-lovelace" if minor >= 9 else "ampere"
     names = {1: "tesla", 2: "fermi", 3: "kepler", 5: "maxwell", 6: "pascal", 9: "hopper"}
-    if major in (10, 11, 12):
-        return "blackwell"
+    # Blackwell is split over 10.x and 12.x; GFD leaves 11.x undefined.
+    names |= {10: "blackwell", 12: "blackwell", 13: "rubin"}
     return names.get(major, "undefined")
 
 
 def gpu_mode(gpus: Iterable[Gpu], pci_classes: Mapping[str, str] | None = None) -> str:
-    """`compute`, `graphics` or `unknown`, from the first GPU as GFD does.
+    """`compute`, `graphics` or `unknown`, from every GPU's PCI class, as GFD does.
 
-    GFD reads the PCI class (3D controller = compute, VGA = graphics); when the
-    labeller could not read it we fall back to the brand and product name, which is
-    right for the datacenter and GeForce/Quadro lines and `unknown` otherwise.
+    GFD says `unknown` unless all GPUs share one class (3D controller = compute, VGA =
+    graphics). Where the labeller could not read a GPU's class we fall back to its brand
+    and product name, which is right for the datacenter and GeForce/Quadro lines.
     """
-    first = next(iter(gpus), None)
-    if first is None:
+    classes = pci_classes or {}
+    modes: set[str] = set()
+    codes: set[str] = set()
+    for gpu in gpus:
+        code = classes.get(gpu.pci_bus_id.lower())
+        if code is not None:
+            code = code.strip().lower()[:8]
+            codes.add(code)
+            modes.add(PCI_CLASS_MODES.get(code, "unknown"))
+        else:
+            modes.add(_mode_hint(gpu))
+    if len(codes) > 1 or len(modes) != 1:
         return "unknown"
-    pci_class = (pci_classes or {}).get(first.pci_bus_id.lower())
-    if pci_class is not None:
-        return PCI_CLASS_MODES.get(pci_class.lower()[:8], "unknown")
-    hint = f"{first.brand} {first.product}"
+    return modes.pop()
+
+
+def _mode_hint(gpu: Gpu) -> str:
+    hint = f"{gpu.brand} {gpu.product}"
     if _GRAPHICS.search(hint):
         return "graphics"
     if _DATACENTER.search(hint):
@@ -127,6 +141,95 @@ def pci_classes(root: str = "/") -> dict[str, str]:
     return out
 
 
+def pci_configs(root: str = "/") -> list[bytes] | None:
+    """The PCI config space of every NVIDIA function, for the `vgpu.*` labels.
+
+    None when the bus cannot be read or a config space is cut short (an unprivileged
+    container sees only 64 bytes): GFD then writes no `vgpu.*` labels, and so do we.
+    """
+    devices = Path(root, "sys/bus/pci/devices")
+    try:
+        entries = sorted(devices.iterdir())
+    except OSError:
+        return None
+    out: list[bytes] = []
+    for entry in entries:
+        try:
+            if (entry / "vendor").read_text(encoding="ascii").strip().lower() != NVIDIA_PCI_VENDOR:
+                continue
+            config = (entry / "config").read_bytes()
+        except OSError:
+            return None
+        if len(config) < _PCI_CONFIG_SIZE:
+            return None
+        out.append(config)
+    return out
+
+
+_PCI_CONFIG_SIZE = 256
+_PCI_STATUS = 0x06
+_PCI_STATUS_CAP_LIST = 0x10
+_PCI_CAP_POINTER = 0x34
+_PCI_CAP_VENDOR_SPECIFIC = 0x09
+# A vGPU's vendor capability carries "VF" at bytes 3-4, then records (id, length, data);
+# record 0 holds the host driver's version and branch, 10 NUL-padded bytes each.
+_VGPU_SIGNATURE = b"VF"
+_VGPU_RECORDS = 5
+_VGPU_FIELD = 10
+
+
+def vendor_capability(config: bytes) -> bytes | None:
+    """The PCI vendor-specific capability (id 0x09) of a config space, if it has one."""
+    if len(config) < _PCI_CONFIG_SIZE or not config[_PCI_STATUS] & _PCI_STATUS_CAP_LIST:
+        return None
+    seen: set[int] = set()
+    pos = config[_PCI_CAP_POINTER]
+    while pos and pos not in seen and pos + 2 < len(config):
+        seen.add(pos)
+        cap_id, following, length = config[pos], config[pos + 1], config[pos + 2]
+        if cap_id == 0xFF:  # a broken chain
+            return None
+        if cap_id == _PCI_CAP_VENDOR_SPECIFIC:
+            return config[pos : pos + length]
+        pos = following
+    return None
+
+
+def vgpu_host_driver(capability: bytes) -> tuple[str, str] | None:
+    """(host driver version, branch) from a vGPU capability; None if not a vGPU's."""
+    if capability[3:5] != _VGPU_SIGNATURE:
+        return None
+    pos = _VGPU_RECORDS
+    while pos < len(capability) and capability[pos] != 0:
+        step = capability[pos + 1] if pos + 1 < len(capability) else 0
+        if step == 0:
+            return None
+        pos += step
+    data = pos + 2
+    if pos >= len(capability) or data + 2 * _VGPU_FIELD > len(capability):
+        return None  # a vGPU whose host did not say which driver it runs
+
+    def text(at: int) -> str:
+        return capability[at : at + _VGPU_FIELD].strip(b"\x00").decode("ascii", "replace")
+
+    return text(data), text(data + _VGPU_FIELD)
+
+
+def vgpu_labels(configs: Iterable[bytes]) -> dict[str, str]:
+    """`vgpu.present`, and the host driver's version and branch when this is a vGPU guest."""
+    hosts = []
+    for config in configs:
+        capability = vendor_capability(config)
+        if capability is not None and capability[3:5] == _VGPU_SIGNATURE:
+            hosts.append(vgpu_host_driver(capability))
+    labels = {f"{PREFIX}/vgpu.present": _bool(bool(hosts))}
+    for host in hosts:
+        if host is not None:
+            labels[f"{PREFIX}/vgpu.host-driver-version"] = host[0]
+            labels[f"{PREFIX}/vgpu.host-driver-branch"] = host[1]
+    return labels
+
+
 def gpu_labels(
     inventory: Inventory,
     config: Config,
@@ -135,25 +238,30 @@ def gpu_labels(
     timestamp: int | None,
     present: bool | None = None,
     pci_classes: Mapping[str, str] | None = None,
+    pci_configs: Sequence[bytes] | None = None,
 ) -> dict[str, str]:
     """All `nvidia.com/*` labels for the node.
 
     `machine_type` None leaves out `gpu.machine`; `timestamp` None leaves out
     `gfd.timestamp` (`--no-timestamp`). `present` is the PCI scan's answer (None: no
-    scan); readable NVIDIA GPUs mark the node present either way.
+    scan); readable NVIDIA GPUs mark the node present either way. `pci_configs` are the
+    NVIDIA PCI functions' config spaces, for the `vgpu.*` labels (None: not readable,
+    and then GFD writes no `vgpu.*` labels either).
+
+    Raises `ConfigError` when the config asks for MPS on a node with MIG enabled:
+    GFD refuses that too, and a label saying `mps.capable=false` would hide why the
+    device plugin serves nothing.
     """
     labels: dict[str, str] = {}
     gpus = tuple(g for g in inventory.gpus if g.vendor is Vendor.NVIDIA)
     if present or gpus:  # GPUs we can read are present even if the PCI scan missed them
         labels[PRESENT_LABEL] = "true"
-    if machine_type is not None:
-        labels[f"{PREFIX}/gpu.machine"] = machine_type.strip().replace(" ", "-") or "unknown"
     if gpus:
+        if machine_type is not None:
+            labels[f"{PREFIX}/gpu.machine"] = sanitise(machine_type)
         labels.update(_version_labels(inventory))
         labels[f"{PREFIX}/mig.capable"] = _bool(any(g.mig_capable for g in gpus))
-        labels[f"{PREFIX}/mps.capable"] = _bool(
-            _strategy(config) == "mps" and not any(g.mig_enabled for g in gpus)
-        )
+        labels[f"{PREFIX}/mps.capable"] = _bool(_mps_capable(gpus, config))
         labels.update(_full_gpu_labels(gpus, config))
         strategy = config.flags.mig_strategy
         if strategy is not MigStrategy.NONE:
@@ -163,9 +271,23 @@ def gpu_labels(
             else:
                 labels.update(_mig_mixed_labels(gpus, config))
         labels[f"{PREFIX}/gpu.mode"] = gpu_mode(gpus, pci_classes)
+    if pci_configs is not None:
+        labels.update(vgpu_labels(pci_configs))
     if timestamp is not None:
         labels[f"{PREFIX}/gfd.timestamp"] = str(timestamp)
     return labels
+
+
+def _mps_capable(gpus: tuple[Gpu, ...], config: Config) -> bool:
+    if _strategy(config) != "mps":
+        return False
+    mig = [str(g.index) for g in gpus if g.mig_enabled]
+    if mig:
+        raise ConfigError(
+            f"sharing.mps: MPS cannot share MIG-enabled GPUs (MIG is on for GPU "
+            f"{', '.join(mig)}); disable MIG on them or use sharing.timeSlicing"
+        )
+    return True
 
 
 def _bool(value: bool) -> str:
@@ -201,23 +323,43 @@ def _version_labels(inventory: Inventory) -> dict[str, str]:
 
 
 def _strategy(config: Config) -> str:
-    """The sharing strategy in force: MPS wins when both are configured, as in NVIDIA's."""
-    if _has_resources(config.sharing.mps):
+    """The sharing strategy in force: the first of MPS, time-slicing that makes more than
+    one replica of anything (GFD's rule; `replicas: 1` shares nothing)."""
+    if _replicates(config.sharing.mps):
         return "mps"
-    if _has_resources(config.sharing.time_slicing):
+    if _replicates(config.sharing.time_slicing):
         return "time-slicing"
     return "none"
 
 
-def _has_resources(strategy: SharingStrategy | None) -> bool:
-    return strategy is not None and bool(strategy.resources)
+def _replicates(strategy: SharingStrategy | None) -> bool:
+    return strategy is not None and any(r.replicas > 1 for r in strategy.resources)
+
+
+def _active(config: Config) -> SharingStrategy | None:
+    """The strategy whose entries label the resources: MPS whenever it is set, as GFD."""
+    return config.sharing.mps if config.sharing.mps is not None else config.sharing.time_slicing
 
 
 def _replicated(config: Config, resource: str) -> ReplicatedResource | None:
-    strategy = config.sharing.mps if _strategy(config) == "mps" else config.sharing.time_slicing
+    strategy = _active(config)
     if strategy is None:
         return None
-    return next((r for r in strategy.resources if r.name == resource), None)
+    return next((r for r in strategy.resources if _qualified(r.name) == resource), None)
+
+
+def _qualified(name: str) -> str:
+    """`gpu` means `nvidia.com/gpu`, as in NVIDIA's config (and `kubegpu serve`)."""
+    try:
+        return qualify_resource_name(name)
+    except ValueError:  # the config loader refuses these; never a match here
+        return name
+
+
+def _renamed(config: Config, entry: ReplicatedResource) -> bool:
+    """A renamed resource keeps its plain product name (`renameByDefault` renames all)."""
+    strategy = _active(config)
+    return bool(entry.rename) or (strategy is not None and strategy.rename_by_default)
 
 
 def _selects(entry: ReplicatedResource, ids: Iterable[tuple[str, ...]]) -> bool:
@@ -249,7 +391,7 @@ def _base(
     replicas = 0 if config is None else (entry.replicas if entry and entry.replicas > 0 else 1)
     shared = entry is not None and entry.replicas > 1
     parts = [sanitise(p) for p in product_parts if p]
-    if shared and entry is not None and not entry.rename:
+    if shared and entry is not None and config is not None and not _renamed(config, entry):
         parts.append("SHARED")
     strategy = _strategy(config) if config is not None and shared else "none"
     return {
@@ -265,22 +407,26 @@ def _gpu_ids(gpu: Gpu) -> tuple[str, ...]:
 
 
 def _full_gpu_labels(gpus: tuple[Gpu, ...], config: Config) -> dict[str, str]:
+    """`gpu.product/count/...` for one model: full GPUs win over MIG-enabled ones (GFD
+    lets their labels override), then the most common model, ties to the lowest index."""
+    full = [g for g in gpus if not g.mig_enabled]
     counts = Counter(g.product for g in gpus)
-    # Most common product; Counter keeps first-seen order, so ties go to the lowest index.
-    product = counts.most_common(1)[0][0]
-    same = [g for g in gpus if g.product == product]
-    full = [g for g in same if not g.mig_enabled]
-    first = same[0]
+    candidates = Counter(g.product for g in full) if full else counts
+    # Counter keeps first-seen order, so ties go to the lowest index.
+    product = max(candidates, key=lambda name: counts[name])
+    full_of_model = [g for g in full if g.product == product]
+    # Memory and architecture come from a full GPU: a MIG-enabled one may report none.
+    source = (full_of_model or [g for g in gpus if g.product == product])[0]
     labels = _base(
         GPU_RESOURCE,
-        config if full else None,
-        len(same),
+        config if full_of_model else None,
+        counts[product],
         [product],
-        [_gpu_ids(g) for g in full],
+        [_gpu_ids(g) for g in full_of_model],
     )
-    if first.memory_mib:
-        labels[f"{GPU_RESOURCE}.memory"] = str(first.memory_mib)
-    major, minor = first.compute_capability
+    if source.memory_mib:
+        labels[f"{GPU_RESOURCE}.memory"] = str(source.memory_mib)
+    major, minor = source.compute_capability
     if major:
         labels[f"{GPU_RESOURCE}.family"] = family(major, minor)
         labels[f"{GPU_RESOURCE}.compute.major"] = str(major)
@@ -320,10 +466,13 @@ def _mig_single_labels(gpus: tuple[Gpu, ...], config: Config) -> dict[str, str]:
         return {}  # no MIG anywhere: the same as `none`
     profiles = _by_profile(gpus)
     if any(not g.mig_devices for g in enabled) or len(enabled) != len(gpus) or len(profiles) != 1:
+        # GFD's "invalid" set: these keys replace the full-GPU ones; family and compute
+        # labels of the full GPUs stay. sharing-strategy is empty, not "none".
         return {
             f"{GPU_RESOURCE}.product": f"{sanitise(enabled[0].product)}-MIG-INVALID",
             f"{GPU_RESOURCE}.count": "0",
             f"{GPU_RESOURCE}.replicas": "0",
+            f"{GPU_RESOURCE}.sharing-strategy": "",
             f"{GPU_RESOURCE}.memory": "0",
         }
     ((profile, members),) = profiles.items()

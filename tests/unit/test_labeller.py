@@ -188,7 +188,8 @@ async def test_loop_relabels_until_stopped_and_picks_up_changes() -> None:
     )
     assert done == 2
     assert sink.published[0]["nvidia.com/gpu.count"] == "1"
-    assert sink.published[1] == {}
+    # GPUs gone: only what the PCI bus says (no NVIDIA function, so no vGPU either).
+    assert sink.published[1] == {"nvidia.com/vgpu.present": "false"}
 
 
 async def test_infinite_interval_labels_once_then_waits_for_stop() -> None:
@@ -388,6 +389,47 @@ def test_cli_node_feature_api_needs_a_namespace_env(
     assert ("gpu", "nvidia-features-for-gpu-1") in api.node_features
 
 
+def test_cli_node_feature_takes_gfds_namespace_and_pod_name_env(
+    tmp_path: Path, fake_backend: list[dict[str, Any]]
+) -> None:
+    api = FakeKubeApi()
+    owner = {"apiVersion": "apps/v1", "kind": "DaemonSet", "name": "gfd", "uid": "ds-1"}
+    api.pods[("gpu-operator", "gfd-abcde")] = {
+        "name": "gfd-abcde",
+        "uid": "pod-1",
+        "ownerReferences": [owner],
+    }
+    env = {
+        "NODE_NAME": "gpu-1",
+        "GFD_USE_NODE_FEATURE_API": "true",
+        "NAMESPACE": "gpu-operator",  # GFD's env var; wins over the pod's own namespace
+        "POD_NAMESPACE": "elsewhere",
+        "POD_NAME": "gfd-abcde",
+    }
+    rc = run_cli(["--oneshot", "--sysfs-root", str(tmp_path)], env, api_factory=lambda: api)
+    assert rc == 0
+    obj = api.node_features[("gpu-operator", "nvidia-features-for-gpu-1")]
+    owners = obj["metadata"]["ownerReferences"]
+    assert [(o["kind"], o["uid"]) for o in owners] == [("DaemonSet", "ds-1"), ("Pod", "pod-1")]
+
+
+def test_cli_node_feature_without_a_readable_pod_labels_unowned(
+    tmp_path: Path, fake_backend: list[dict[str, Any]]
+) -> None:
+    api = FakeKubeApi()
+    env = {
+        "NODE_NAME": "gpu-1",
+        "GFD_USE_NODE_FEATURE_API": "true",
+        "POD_NAMESPACE": "gpu",
+        "POD_NAME": "gone",
+    }
+    rc = run_cli(["--oneshot", "--sysfs-root", str(tmp_path)], env, api_factory=lambda: api)
+    assert rc == 0
+    assert (
+        "ownerReferences" not in api.node_features[("gpu", "nvidia-features-for-gpu-1")]["metadata"]
+    )
+
+
 @pytest.mark.parametrize(
     ("argv", "env", "named"),
     [
@@ -435,3 +477,118 @@ def test_cli_simulate_t4_preset(tmp_path: Path) -> None:
     assert labels["nvidia.com/gpu.count"] == "1"
     assert labels["nvidia.com/gpu.product"].endswith("T4")
     assert labels["nvidia.com/gpu.family"] == "turing"
+
+
+# --- the named config (issue 8): the labeller picks what `serve` picks -------------------
+
+SHARE_4 = """version: v1
+sharing:
+  timeSlicing:
+    resources:
+      - name: nvidia.com/gpu
+        replicas: 4
+"""
+PLAIN = "version: v1\n"
+
+
+def named_dir(tmp_path: Path) -> Path:
+    configs = tmp_path / "available-configs"
+    configs.mkdir()
+    (configs / "shared").write_text(SHARE_4)
+    (configs / "plain").write_text(PLAIN)
+    return configs
+
+
+def test_cli_uses_the_named_config_the_node_label_picks(
+    tmp_path: Path, fake_backend: list[dict[str, Any]]
+) -> None:
+    from kubegpu.config.source import FakeNodeLabels
+
+    out = tmp_path / "gfd"
+    node_labels = FakeNodeLabels("shared")
+    env = {
+        "CONFIG_FILE_SRCDIR": str(named_dir(tmp_path)),
+        "DEFAULT_CONFIG": "plain",
+        "NODE_NAME": "gpu-node-1",
+    }
+    argv = ["--oneshot", "-o", str(out), "--no-timestamp", "--sysfs-root", str(tmp_path)]
+    assert run_cli(argv, env, node_labels=node_labels) == 0
+    labels = dict(line.split("=", 1) for line in out.read_text().splitlines())
+    assert labels["nvidia.com/gpu.replicas"] == "4"
+    assert labels["nvidia.com/gpu.product"] == "Tesla-T4-SHARED"
+    assert labels["nvidia.com/gpu.sharing-strategy"] == "time-slicing"
+    assert node_labels.watched == [("gpu-node-1", "nvidia.com/device-plugin.config")]
+
+
+def test_cli_named_config_falls_back_to_the_default_without_a_label(
+    tmp_path: Path, fake_backend: list[dict[str, Any]]
+) -> None:
+    from kubegpu.config.source import FakeNodeLabels
+
+    out = tmp_path / "gfd"
+    env = {
+        "CONFIG_FILE_SRCDIR": str(named_dir(tmp_path)),
+        "DEFAULT_CONFIG": "plain",
+        "NODE_NAME": "gpu-node-1",
+    }
+    argv = ["--oneshot", "-o", str(out), "--no-timestamp", "--sysfs-root", str(tmp_path)]
+    assert run_cli(argv, env, node_labels=FakeNodeLabels(None)) == 0
+    labels = dict(line.split("=", 1) for line in out.read_text().splitlines())
+    assert labels["nvidia.com/gpu.replicas"] == "1"
+    assert labels["nvidia.com/gpu.product"] == "Tesla-T4"
+
+
+def test_cli_named_config_that_does_not_exist_is_one_line_exit_2(
+    tmp_path: Path, fake_backend: list[dict[str, Any]], capsys: pytest.CaptureFixture[str]
+) -> None:
+    from kubegpu.config.source import FakeNodeLabels
+
+    env = {"CONFIG_FILE_SRCDIR": str(named_dir(tmp_path)), "NODE_NAME": "gpu-node-1"}
+    argv = ["--oneshot", "-o", str(tmp_path / "gfd"), "--sysfs-root", str(tmp_path)]
+    assert run_cli(argv, env, node_labels=FakeNodeLabels("typo")) == 2
+    err = capsys.readouterr().err.strip()
+    assert len(err.splitlines()) == 1
+    assert "'typo'" in err and "plain, shared" in err
+
+
+async def test_live_config_follows_a_node_label_change(tmp_path: Path) -> None:
+    from kubegpu.config.source import ConfigSource, FakeNodeLabels, NamedConfigs
+    from kubegpu.labeller import LiveConfig
+
+    node_labels = FakeNodeLabels("shared")
+    named = NamedConfigs(directory=named_dir(tmp_path), node_name="gpu-node-1", labels=node_labels)
+    live = LiveConfig(ConfigSource(config_file=None, overrides={}, named=named))
+    first = await live.start()
+    try:
+        assert first.sharing.time_slicing is not None
+        assert live() is first
+        waiting = asyncio.ensure_future(live.changed())
+        await asyncio.sleep(0)  # let it start waiting before the label moves
+        node_labels.set("plain")
+        now = await asyncio.wait_for(waiting, timeout=10)
+        assert now.sharing.time_slicing is None
+        assert live() is now
+    finally:
+        await live.close()
+
+
+async def test_other_vendors_label_functions_run_on_the_same_snapshot() -> None:
+    seen: list[Inventory] = []
+
+    def amd(inventory: Inventory, cfg: Config) -> dict[str, str]:
+        seen.append(inventory)
+        return {"amd.com/gpu.count": "0"}
+
+    sink = RecordingSink()
+    await run_labeller(
+        lambda: NODE,
+        config,
+        sink,
+        interval=None,
+        timestamps=False,
+        sysfs_root=None,
+        vendor_labels=(amd,),
+    )
+    assert seen == [NODE]
+    assert sink.published[0]["amd.com/gpu.count"] == "0"
+    assert sink.published[0]["nvidia.com/gpu.count"] == "1"

@@ -173,7 +173,8 @@ def test_sharing_limited_to_other_devices_is_not_shared() -> None:
         ((10, 0), "blackwell"),
         ((12, 0), "blackwell"),
         ((4, 0), "undefined"),
-        ((13, 0), "undefined"),
+        ((11, 0), "undefined"),
+        ((13, 0), "rubin"),
     ],
 )
 def test_family_from_compute_capability(cc: tuple[int, int], name: str) -> None:
@@ -201,11 +202,11 @@ def test_mixed_models_label_the_most_common_one() -> None:
     assert labels["nvidia.com/gpu.count"] == "2"
 
 
-def test_no_gpus_only_present_machine_and_timestamp() -> None:
+def test_no_gpus_only_present_and_timestamp() -> None:
+    # GFD writes gpu.machine only with its device labels, i.e. when it found GPUs.
     labels = gpu_labels(Inventory(gpus=()), cfg(), machine_type="m", timestamp=5, present=True)
     assert labels == {
         "nvidia.com/gpu.present": "true",
-        "nvidia.com/gpu.machine": "m",
         "nvidia.com/gfd.timestamp": "5",
     }
     assert "nvidia.com/gpu.present" not in gpu_labels(
@@ -328,3 +329,95 @@ def test_pci_class_feeds_gpu_mode() -> None:
         pci_classes=pci_classes(str(FIXTURES / "pci-nvidia")),
     )
     assert labels["nvidia.com/gpu.mode"] == "graphics"
+
+
+def test_a_bare_resource_name_in_the_sharing_config_means_nvidia_com() -> None:
+    text = TIME_SLICING_20.replace("name: nvidia.com/gpu", "name: gpu")
+    labels = gpu_labels(inv(gpu()), cfg(text), machine_type=None, timestamp=None)
+    assert labels["nvidia.com/gpu.replicas"] == "20"
+    assert labels["nvidia.com/gpu.product"].endswith("-SHARED")
+
+
+def test_rename_by_default_keeps_the_plain_product_name() -> None:
+    text = TIME_SLICING_20.replace("timeSlicing:\n", "timeSlicing:\n    renameByDefault: true\n")
+    assert "renameByDefault" in text
+    labels = gpu_labels(inv(gpu()), cfg(text), machine_type=None, timestamp=None)
+    assert labels["nvidia.com/gpu.replicas"] == "20"
+    assert not labels["nvidia.com/gpu.product"].endswith("-SHARED")
+
+
+_SHARE = """version: v1
+flags:
+  migStrategy: {strategy}
+  mpsRoot: /run/nvidia/mps
+sharing:
+  {kind}:
+    renameByDefault: {by_default}
+    resources:
+    - name: {name}
+      replicas: 4
+{rename}"""
+
+
+@pytest.mark.parametrize("kind", ["timeSlicing", "mps"])
+@pytest.mark.parametrize("name", ["nvidia.com/gpu", "gpu"])
+@pytest.mark.parametrize(
+    ("by_default", "rename"),
+    [("false", ""), ("true", ""), ("false", "      rename: nvidia.com/gpu.shared\n")],
+)
+def test_labels_say_what_serve_advertises(
+    kind: str, name: str, by_default: str, rename: str
+) -> None:
+    """Issue 8: the replicas and -SHARED labels must match `build_resources` (what serve
+    registers) for the same node and config."""
+    from kubegpu.resources import build_resources
+
+    node = inv(gpu(0), gpu(1))
+    config = cfg(
+        _SHARE.format(strategy="none", kind=kind, name=name, by_default=by_default, rename=rename)
+    )
+    labels = gpu_labels(node, config, machine_type=None, timestamp=None)
+    (spec,) = build_resources(node, config)
+    assert labels["nvidia.com/gpu.replicas"] == str(spec.replicas)
+    renamed = spec.name != "nvidia.com/gpu"
+    assert labels["nvidia.com/gpu.product"].endswith("-SHARED") == (
+        spec.replicas > 1 and not renamed
+    )
+    assert labels["nvidia.com/gpu.sharing-strategy"] == ("mps" if kind == "mps" else "time-slicing")
+
+
+def _config_space(caps: dict[int, bytes], first: int, status: int = 0x10) -> bytes:
+    space = bytearray(256)
+    space[0:2] = b"\xde\x10"
+    space[0x06] = status
+    space[0x34] = first
+    for pos, cap in caps.items():
+        space[pos : pos + len(cap)] = cap
+    return bytes(space)
+
+
+def test_vendor_capability_survives_bad_chains() -> None:
+    from kubegpu.labels import vendor_capability
+
+    looped = _config_space({0x40: b"\x05\x50\x00", 0x50: b"\x01\x40\x00"}, 0x40)
+    assert vendor_capability(looped) is None  # 0x40 -> 0x50 -> 0x40: stops, no hang
+    broken = _config_space({0x40: b"\xff\x50\x00"}, 0x40)
+    assert vendor_capability(broken) is None
+    no_list = _config_space({0x40: b"\x09\x00\x08"}, 0x40, status=0)
+    assert vendor_capability(no_list) is None
+    found = _config_space({0x40: b"\x05\x60\x00", 0x60: b"\x09\x00\x04\x00"}, 0x40)
+    assert vendor_capability(found) == b"\x09\x00\x04\x00"
+    assert vendor_capability(found[:64]) is None  # what an unprivileged read returns
+
+
+def test_pci_configs_give_up_on_a_short_read(tmp_path: Path) -> None:
+    from kubegpu.labels import pci_configs
+
+    dev = tmp_path / "sys/bus/pci/devices/0000:17:00.0"
+    dev.mkdir(parents=True)
+    (dev / "vendor").write_text("0x10de\n")
+    (dev / "config").write_bytes(bytes(64))
+    assert pci_configs(str(tmp_path)) is None
+    (dev / "config").write_bytes(bytes(256))
+    assert pci_configs(str(tmp_path)) == [bytes(256)]
+    assert pci_configs(str(tmp_path / "nowhere")) is None
