@@ -24,7 +24,7 @@ from typing import Any
 from kubegpu import cdi, labeller
 from kubegpu.allocation import ContainerEdits
 from kubegpu.api import DEVICE_PLUGIN_PATH
-from kubegpu.config import Config, DeviceListStrategy
+from kubegpu.config import Config, DeviceListStrategy, Flags
 from kubegpu.config.loader import config_to_json
 from kubegpu.config.names import parse_quantity
 from kubegpu.config.source import ConfigSource, ConfigUpdate, NamedConfigs
@@ -79,6 +79,20 @@ def _os_reason(exc: OSError) -> str:
         return f"cannot resolve the address ({exc.strerror})"
     text = os.strerror(exc.errno) if exc.errno else str(exc)
     return text[:1].lower() + text[1:]
+
+
+def driver_files_root(flags: Flags) -> str:
+    """Where this process reads the driver's files (the NVML library) from.
+
+    `nvidiaDriverRoot` is a host path; in the DaemonSet it is mounted at
+    `containerDriverRoot`, which is where NVIDIA's plugin loads NVML from too. Run straight
+    on the host (no such mount), the host path itself is the right place.
+    """
+    host = flags.nvidia_driver_root
+    if host in ("", "/"):
+        return "/"
+    mounted = flags.plugin.container_driver_root
+    return mounted if Path(mounted).is_dir() else host
 
 
 @dataclass(frozen=True)
@@ -292,8 +306,9 @@ class Daemon:
                     open_backend,
                     self.settings.backend,
                     simulate=self.settings.simulate,
-                    driver_root=self.config.flags.nvidia_driver_root,
-                    dev_root=self.config.flags.nvidia_dev_root,
+                    driver_root=driver_files_root(self.config.flags),
+                    # Device nodes go to the kubelet as host paths, so they keep the host root.
+                    dev_root=self.config.flags.dev_root,
                 )
             self.inventory = await asyncio.to_thread(self._backend.discover)
             if not self.inventory.gpus:
