@@ -123,12 +123,50 @@ class NodeSpec:
     nvlinks: int = 18
 
 
+#: Bounds on a node description: a file is hand-written or generated for a test, so
+#: anything past these is a mistake (or an attack), refused before it costs memory.
+MAX_FILE_BYTES = 1 << 20
+MAX_GPUS = 256
+_MAX_TEXT = 256
+_INT_RANGES = {
+    "memory_mib": (1, 1 << 24),
+    "multiprocessors": (1, 4096),
+    "xid": (0, 1 << 16),
+    "numa_node": (0, 1023),
+    "count": (1, MAX_GPUS),
+    "nvlinks": (0, 64),
+}
+
+
+def _text(value: Any, where: str) -> str:
+    """A scalar as text; a list or mapping here is a mistake, and expanding one is costly."""
+    if isinstance(value, bool) or not isinstance(value, str | int | float):
+        raise DeviceError(f"{where}: expected text, got {type(value).__name__}")
+    text = str(value)
+    if len(text) > _MAX_TEXT or not text.isprintable():
+        raise DeviceError(f"{where}: expected printable text of at most {_MAX_TEXT} characters")
+    return text
+
+
+def _int(value: Any, key: str, where: str) -> int:
+    low, high = _INT_RANGES[key]
+    if isinstance(value, bool) or not isinstance(value, int | str):
+        raise DeviceError(f"{where}.{key}: expected a whole number, got {type(value).__name__}")
+    try:
+        number = int(value) if isinstance(value, int) or len(value) <= 12 else None
+    except ValueError:
+        number = None
+    if number is None or not low <= number <= high:
+        raise DeviceError(f"{where}.{key}: expected a whole number from {low} to {high}")
+    return number
+
+
 def _version(value: Any, where: str) -> tuple[int, int]:
     if isinstance(value, list | tuple) and len(value) == 2:
-        parts = [str(v) for v in value]
+        parts = [_text(v, where) for v in value]
     else:
-        parts = str(value).split(".")
-    if len(parts) != 2 or not all(p.isdigit() for p in parts):
+        parts = _text(value, where).split(".")
+    if len(parts) != 2 or not all(p.isdigit() and len(p) <= 4 for p in parts):
         raise DeviceError(f'{where}: {value!r} is not a version like "9.0"')
     return (int(parts[0]), int(parts[1]))
 
@@ -159,37 +197,35 @@ def _gpu_spec(entry: Any, defaults: Mapping[str, Any], where: str) -> tuple[GpuS
     if not isinstance(entry, Mapping):
         raise DeviceError(f"{where}: expected a mapping of GPU fields")
     merged = {**defaults, **entry}
-    unknown = sorted(set(merged) - _GPU_KEYS)
+    unknown = sorted(str(key) for key in set(merged) - _GPU_KEYS)
     if unknown:
         raise DeviceError(
             f"{where}: unknown key {unknown[0]!r}; known: {', '.join(sorted(_GPU_KEYS))}"
         )
     fields: dict[str, Any] = {}
-    try:
-        for key in ("product", "brand", "pci_bus_id", "uuid", "probe_error"):
-            if merged.get(key) is not None:
-                fields[key] = str(merged[key])
-        for key in ("memory_mib", "multiprocessors", "xid"):
-            if merged.get(key) is not None:
-                fields[key] = int(merged[key])
-        if "numa_node" in merged:
-            fields["numa_node"] = None if merged["numa_node"] is None else int(merged["numa_node"])
-        for key in ("mig_capable", "healthy"):
-            if key in merged:
-                if not isinstance(merged[key], bool):
-                    raise DeviceError(f"{where}.{key}: expected true or false, got {merged[key]!r}")
-                fields[key] = merged[key]
-        count = int(merged.get("count", 1))
-    except (TypeError, ValueError) as err:
-        raise DeviceError(f"{where}: {err}") from err
+    for key in ("product", "brand", "pci_bus_id", "uuid", "probe_error"):
+        if merged.get(key) is not None:
+            fields[key] = _text(merged[key], f"{where}.{key}")
+    for key in ("memory_mib", "multiprocessors", "xid"):
+        if merged.get(key) is not None:
+            fields[key] = _int(merged[key], key, where)
+    if "numa_node" in merged:
+        numa = merged["numa_node"]
+        fields["numa_node"] = None if numa is None else _int(numa, "numa_node", where)
+    for key in ("mig_capable", "healthy"):
+        if key in merged:
+            if not isinstance(merged[key], bool):
+                raise DeviceError(f"{where}.{key}: expected true or false, got {merged[key]!r}")
+            fields[key] = merged[key]
+    count = _int(merged.get("count", 1), "count", where)
     if "compute_capability" in merged:
         fields["compute_capability"] = _version(
             merged["compute_capability"], f"{where}.compute_capability"
         )
     if merged.get("mig") is not None:
-        if not isinstance(merged["mig"], list):
+        if not isinstance(merged["mig"], list) or len(merged["mig"]) > 8:
             raise DeviceError(f"{where}.mig: expected a list of profiles like [1g.10gb, 3g.40gb]")
-        fields["mig"] = tuple(str(p) for p in merged["mig"])
+        fields["mig"] = tuple(_text(p, f"{where}.mig") for p in merged["mig"])
     gpu = GpuSpec(**fields)
     if gpu.mig is not None:
         _check_layout(gpu, gpu.mig, f"{where}.mig")
@@ -200,7 +236,7 @@ def parse_node(data: Any, name: str, source: str) -> NodeSpec:
     """Validate a node description; errors name the file and the field."""
     if not isinstance(data, Mapping):
         raise DeviceError(f"{source}: expected a mapping with a `gpus` list")
-    unknown = sorted(set(data) - _TOP_KEYS)
+    unknown = sorted(str(key) for key in set(data) - _TOP_KEYS)
     if unknown:
         raise DeviceError(
             f"{source}: unknown key {unknown[0]!r}; known: {', '.join(sorted(_TOP_KEYS))}"
@@ -214,32 +250,43 @@ def parse_node(data: Any, name: str, source: str) -> NodeSpec:
     gpus: list[GpuSpec] = []
     for i, entry in enumerate(entries):
         gpu, count = _gpu_spec(entry, defaults, f"{source}: gpus[{i}]")
+        if len(gpus) + count > MAX_GPUS:
+            raise DeviceError(f"{source}: more than {MAX_GPUS} GPUs; describe a smaller node")
         gpus.extend([gpu] * count)
-    interconnect = str(data.get("interconnect", "PHB"))
+    interconnect = _text(data.get("interconnect", "PHB"), f"{source}: interconnect")
     if interconnect != "nvlink" and interconnect not in _PCIE:
         raise DeviceError(
             f"{source}: interconnect {interconnect!r} is not nvlink or one of {', '.join(_PCIE)}"
         )
     return NodeSpec(
-        name=str(data.get("name", name)),
+        name=_text(data.get("name", name), f"{source}: name"),
         gpus=tuple(gpus),
-        driver_version=str(data.get("driver_version", "550.54.15")),
+        driver_version=_text(data.get("driver_version", "550.54.15"), f"{source}: driver_version"),
         cuda_version=_version(data.get("cuda_version", "12.4"), f"{source}: cuda_version"),
         interconnect=interconnect,
-        nvlinks=int(data.get("nvlinks", 18)),
+        nvlinks=_int(data.get("nvlinks", 18), "nvlinks", source),
     )
 
 
 def _read(path: Path) -> NodeSpec:
     try:
-        data = yaml.safe_load(path.read_text(encoding="utf-8"))
+        raw = path.read_bytes()
+        if len(raw) > MAX_FILE_BYTES:
+            raise DeviceError(
+                f"simulated node {path} is larger than {MAX_FILE_BYTES} bytes; "
+                f"describe the node with `count:` and `defaults:` instead"
+            )
+        data = yaml.safe_load(raw.decode("utf-8"))
+    except RecursionError as err:
+        raise DeviceError(f"simulated node {path} is nested too deeply to read") from err
     except UnicodeDecodeError as err:
         raise DeviceError(
             f"simulated node {path} is not text (byte {err.start} is not UTF-8); "
             f"give a YAML node description or a preset name"
         ) from err
-    except (OSError, yaml.YAMLError) as err:
+    except (OSError, yaml.YAMLError, ValueError, TypeError, OverflowError) as err:
         # YAML errors span lines (problem, context, a caret); one line is enough here.
+        # PyYAML's constructors raise the others for scalars Python refuses (4,301 digits).
         raise DeviceError(
             f"cannot read simulated node {path}: {' '.join(str(err).split())}"
         ) from err
