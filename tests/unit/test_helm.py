@@ -340,15 +340,21 @@ def test_mps_scenario_mounts_mps_dirs_and_labeller_uses_node_feature_api(chart: 
     le = env(labeller)
     assert le["GFD_USE_NODE_FEATURE_API"] == "true"
     assert "GFD_OUTPUT_FILE" not in le
-    assert le["CONFIG_FILE"] == "/available-configs/mps4"
+    # The named config the node's label picks (mps4, the only one), not a pinned file.
+    assert "CONFIG_FILE" not in le
+    assert le["CONFIG_FILE_SRCDIR"] == "/available-configs"
+    assert le["DEFAULT_CONFIG"] == "mps4"
     assert le["MPS_ROOT"] == "/run/nvidia/mps"
     pod = labeller["spec"]["template"]["spec"]
     assert pod["securityContext"]["runAsNonRoot"] is True
     assert pod["automountServiceAccountToken"] is True
-    assert rules(docs, "Role", "kubegpu-labeller") == {"nodefeatures": {"get", "create", "update"}}
-    assert not [
-        d for d in docs if d["kind"] == "ClusterRole" and "labeller" in d["metadata"]["name"]
-    ]
+    # NodeFeature objects, and its own pod for their owner reference.
+    assert rules(docs, "Role", "kubegpu-labeller") == {
+        "nodefeatures": {"get", "create", "update"},
+        "pods": {"get"},
+    }
+    # Named configs: it follows its Node's config label, read-only.
+    assert rules(docs, "ClusterRole", "kubegpu-labeller") == {"nodes": {"get", "list", "watch"}}
 
     sm = one(docs, "ServiceMonitor", "kubegpu")
     assert sm["apiVersion"] == "monitoring.coreos.com/v1"
@@ -447,14 +453,205 @@ def test_labeller_file_mode_needs_no_api_access(chart: Any) -> None:
     assert not [d for d in docs if "labeller" in d["metadata"]["name"] and "Role" in d["kind"]]
 
 
-def test_labeller_env_names_are_flags_of_kubegpu_labels(chart: Any) -> None:
-    """Every env var the chart gives the labeller is one `kubegpu labels` reads."""
-    from kubegpu.labeller import _OPTIONS
+def test_labeller_env_names_and_values_are_ones_kubegpu_labels_accepts(chart: Any) -> None:
+    """Every env var the chart gives the labeller is a `kubegpu labels` flag's, with a value
+    it parses (downward-API values stand in as the kubelet fills them)."""
+    import argparse
 
-    known = {opt.env for opt in _OPTIONS} | {"POD_NAMESPACE"}
-    for scenario in ("mps-values.yaml", "labeller-only-values.yaml"):
-        ds = one(render(chart, values(scenario)), "DaemonSet", "kubegpu-labeller")
-        assert set(env(ds)) <= known
+    from kubegpu.labeller import _OPTIONS, _options
+
+    known = {opt.env for opt in _OPTIONS}
+    downward = {
+        "spec.nodeName": "gpu-node-1",
+        "metadata.namespace": "kube-system",
+        "metadata.name": "kubegpu-labeller-x7k2p",
+    }
+    everything = {
+        "gfd": {"enabled": True, "nodePatch": True, "noTimestamp": False, "sleepInterval": "0"},
+        "migStrategy": "single",
+        "nvidiaDriverRoot": "/run/nvidia/driver",
+        "config": {"name": "configs", "default": "a", "fallbackStrategies": ["named", "empty"]},
+        "mps": {"enabled": True},
+    }
+    cases = [values(s) for s in SCENARIOS if "gfd" in values(s)]
+    cases += [everything, {"gfd": {"enabled": True}, "sleepInterval": 60_000_000_000}]
+    for vals in cases:
+        ds = one(render(chart, vals), "DaemonSet", "kubegpu-labeller")
+        given: dict[str, str] = {}
+        for e in container(ds)["env"]:
+            assert e["name"] in known, e
+            ref = e.get("valueFrom", {}).get("fieldRef", {}).get("fieldPath")
+            given[e["name"]] = downward[ref] if ref else e["value"]
+        parsed = _options(argparse.Namespace(), given)
+        assert {opt.dest for opt in _OPTIONS if opt.env in given} == set(parsed)
+
+
+NAMED_CONFIG_ENV = ("CONFIG_FILE_SRCDIR", "DEFAULT_CONFIG", "FALLBACK_STRATEGIES", "NODE_LABEL")
+
+
+@pytest.mark.parametrize(
+    "config",
+    [
+        {"map": {"default": "version: v1\n", "mig": "version: v1\n"}},
+        {"map": {"only": "version: v1\n"}},
+        {
+            "name": "site-configs",
+            "default": "a100",
+            "fallbackStrategies": ["named", "empty"],
+            "nodeLabel": "example.com/gpu-config",
+        },
+    ],
+    ids=["map-named-default", "map-single", "external-configmap"],
+)
+@pytest.mark.parametrize("delivery", [{}, {"nodePatch": True}, {"useNodeFeatureAPI": True}])
+def test_labeller_follows_named_configs_as_the_plugin_does(
+    chart: Any, config: dict[str, Any], delivery: dict[str, Any]
+) -> None:
+    """The labeller gets the plugin's named-config wiring (same directory, default,
+    fallbacks, node label, ConfigMap), so its labels describe the config the plugin serves."""
+    docs = render(chart, {"config": config, "gfd": {"enabled": True, **delivery}})
+    plugin, labeller = one(docs, "DaemonSet", "kubegpu"), one(docs, "DaemonSet", "kubegpu-labeller")
+    pe, le = env(plugin), env(labeller)
+    for var in NAMED_CONFIG_ENV:
+        assert le.get(var) == pe.get(var), var
+    assert le["CONFIG_FILE_SRCDIR"] == "/available-configs" and "CONFIG_FILE" not in le
+    assert "DEFAULT_CONFIG" in le
+    assert mounts(labeller)["/available-configs"] == mounts(plugin)["/available-configs"]
+    assert volumes(labeller)["available-configs"] == volumes(plugin)["available-configs"]
+    assert le["NODE_NAME"] == {"fieldRef": {"fieldPath": "spec.nodeName"}}
+    assert le["NAMESPACE"] == {"fieldRef": {"fieldPath": "metadata.namespace"}}
+    assert le["POD_NAME"] == {"fieldRef": {"fieldPath": "metadata.name"}}
+    # It watches its Node's label, so it needs a token even when it writes a file.
+    assert labeller["spec"]["template"]["spec"]["automountServiceAccountToken"] is True
+    checksums = [ds["spec"]["template"]["metadata"]["annotations"] for ds in (plugin, labeller)]
+    assert checksums[0]["checksum/config"] == checksums[1]["checksum/config"]
+
+
+def test_labeller_without_named_configs_gets_no_config_wiring(chart: Any) -> None:
+    ds = one(render(chart, {"gfd": {"enabled": True}}), "DaemonSet", "kubegpu-labeller")
+    e = env(ds)
+    assert not {*NAMED_CONFIG_ENV, "CONFIG_FILE"} & set(e)
+    assert "available-configs" not in volumes(ds) and "/available-configs" not in mounts(ds)
+    assert ds["spec"]["template"]["spec"]["automountServiceAccountToken"] is False
+    assert "annotations" not in ds["spec"]["template"]["metadata"]
+
+
+@pytest.mark.parametrize(
+    ("delivery", "named", "cluster_rules", "namespace_rules"),
+    [
+        ({}, False, None, None),
+        ({}, True, {"nodes": {"get", "list", "watch"}}, None),
+        ({"nodePatch": True}, False, {"nodes": {"get", "patch"}}, None),
+        ({"nodePatch": True}, True, {"nodes": {"get", "list", "watch", "patch"}}, None),
+        (
+            {"useNodeFeatureAPI": True},
+            False,
+            None,
+            {"nodefeatures": {"get", "create", "update"}, "pods": {"get"}},
+        ),
+        (
+            {"useNodeFeatureAPI": True},
+            True,
+            {"nodes": {"get", "list", "watch"}},
+            {"nodefeatures": {"get", "create", "update"}, "pods": {"get"}},
+        ),
+    ],
+    ids=["file", "file-named", "patch", "patch-named", "nodefeature", "nodefeature-named"],
+)
+def test_labeller_rbac_is_what_its_delivery_and_named_configs_use(
+    chart: Any,
+    delivery: dict[str, Any],
+    named: bool,
+    cluster_rules: dict[str, set[str]] | None,
+    namespace_rules: dict[str, set[str]] | None,
+) -> None:
+    """Nodes are read (get/list/watch) only to follow the named-config label; pods only for
+    the NodeFeature owner reference, in the labeller's own namespace."""
+    vals: dict[str, Any] = {"gfd": {"enabled": True, **delivery}}
+    if named:
+        vals["config"] = {"name": "site-configs", "default": "a"}
+    docs = render(chart, vals)
+    subject = [{"kind": "ServiceAccount", "name": "kubegpu-labeller", "namespace": "kube-system"}]
+    for kind, expected in (("ClusterRole", cluster_rules), ("Role", namespace_rules)):
+        found = [
+            d for d in docs if d["kind"] == kind and d["metadata"]["name"] == "kubegpu-labeller"
+        ]
+        if expected is None:
+            assert not found, kind
+            continue
+        assert rules(docs, kind, "kubegpu-labeller") == expected
+        binding = one(docs, f"{kind}Binding", "kubegpu-labeller")
+        assert binding["subjects"] == subject
+        assert binding["roleRef"] == {
+            "apiGroup": "rbac.authorization.k8s.io",
+            "kind": kind,
+            "name": "kubegpu-labeller",
+        }
+    if namespace_rules:
+        assert one(docs, "Role", "kubegpu-labeller")["metadata"]["namespace"] == "kube-system"
+
+
+# --- sleepInterval ---------------------------------------------------------------------
+
+#: Durations as NVIDIA's chart passes them on and kubegpu's config parser reads them,
+#: and strings neither accepts.
+SLEEP_INTERVALS: list[Any] = [
+    "0", "+0", "-0", "0s", "60s", "1m", "1h30m", "1.5h", ".5s", "5.s", "-1s", "+2m",
+    "300ms", "10us", "10\u00b5s", "10\u03bcs", "7ns", "infinite", 0, 60_000_000_000, -5,
+    "often", "60", "", "1d", "s", ".s", "1.2.3s", "+infinite", "INFINITE", "1 s", " 60s",
+    "60S",
+]  # fmt: skip
+
+
+@pytest.mark.parametrize("value", SLEEP_INTERVALS, ids=repr)
+@pytest.mark.parametrize("key", ["gfd", "top-level"])
+def test_sleep_interval_schema_accepts_what_the_config_parser_reads(
+    chart: Any, value: Any, key: str
+) -> None:
+    """The schema takes exactly the strings and integers (nanoseconds) a config file's
+    sleepInterval takes, and the labeller is handed the same duration."""
+    from kubegpu.config.names import parse_go_duration
+
+    try:
+        expected_ns: int | None = max(0, parse_go_duration(value))
+    except ValueError:
+        expected_ns = None
+    vals: dict[str, Any] = (
+        {"gfd": {"enabled": True, "sleepInterval": value}}
+        if key == "gfd"
+        else {"gfd": {"enabled": True}, "sleepInterval": value}
+    )
+    if expected_ns is None:
+        with pytest.raises(helm_python.HelmValuesError):
+            chart.validate_schema(vals)
+        return
+    chart.validate_schema(vals)
+    given = env(one(render(chart, vals), "DaemonSet", "kubegpu-labeller"))["GFD_SLEEP_INTERVAL"]
+    assert max(0, parse_go_duration(given)) == expected_ns
+    # A bare number is nanoseconds only in YAML; as a flag it would be refused.
+    assert not given.lstrip("+-").isdigit()
+
+
+@pytest.mark.parametrize(
+    ("value", "seconds"),
+    [("0", 0.0), ("0s", 0.0), ("60s", 60.0), ("1m", 60.0), (90_000_000_000, 90.0)],
+    ids=repr,
+)
+def test_nvidia_style_sleep_intervals_reach_kubegpu_labels_as_durations(
+    chart: Any, value: Any, seconds: float
+) -> None:
+    """NVIDIA's chart passes `0` and integers through; `kubegpu labels` gets a duration with
+    a unit for both (Go's flag parser, like ours, takes no bare number but `0`)."""
+    from kubegpu.labeller import parse_duration
+
+    vals = {"gfd": {"enabled": True}, "sleepInterval": value}
+    given = env(one(render(chart, vals), "DaemonSet", "kubegpu-labeller"))["GFD_SLEEP_INTERVAL"]
+    assert parse_duration(given) == pytest.approx(seconds)
+
+
+def test_null_sleep_interval_leaves_the_binary_default(chart: Any) -> None:
+    ds = one(render(chart, {"gfd": {"enabled": True}}), "DaemonSet", "kubegpu-labeller")
+    assert "GFD_SLEEP_INTERVAL" not in env(ds)
 
 
 def test_plugin_env_names_and_values_are_ones_kubegpu_serve_accepts(chart: Any) -> None:

@@ -588,3 +588,130 @@ def test_top_level_fail_on_init_error_is_the_plugins_only(chart: Any) -> None:
     assert env(r.labeller())["FAIL_ON_INIT_ERROR"] == "false"
     r = render(chart, {"gfd": {"enabled": True, "failOnInitError": True}})
     assert env(r.labeller())["FAIL_ON_INIT_ERROR"] == "true"
+
+
+# --- GFD's DaemonSet: named configs, downward API, sleepInterval, RBAC ---------------------
+
+GFD = yaml.safe_load((HELM_DATA / "gfd-daemonset.yaml").read_text())
+GFD_TEMPLATE = "deployments/helm/nvidia-device-plugin/templates/daemonset-gfd.yml"
+
+
+def test_labeller_gets_gfds_downward_api_env(chart: Any) -> None:
+    """NVIDIA daemonset-gfd.yml: GFD learns its node, namespace and pod (the NodeFeature
+    object's owner) from the downward API, under these names."""
+    for delivery in ({}, {"useNodeFeatureAPI": True}, {"nodePatch": True}):
+        e = env(render(chart, {"gfd": {"enabled": True, **delivery}}).labeller())
+        for name, field in GFD["downward_env"].items():
+            assert e[name] == {"fieldRef": {"fieldPath": field}}, name
+
+
+@pytest.mark.parametrize(
+    "case",
+    GFD["named_config_cases"],
+    ids=[f"{c['id']} {NVIDIA_DP.cite(GFD_TEMPLATE)}" for c in GFD["named_config_cases"]],
+)
+def test_labeller_picks_the_named_config_as_gfds_config_manager(
+    chart: Any, case: dict[str, Any]
+) -> None:
+    """NVIDIA's config-manager picks GFD's config from the node label with these settings;
+    kubegpu's labeller reads the same settings itself (no sidecar) from the same ConfigMap."""
+    from kubegpu.labeller import _named_configs
+
+    # What `kubegpu labels` uses for a setting the chart leaves to the binary (null values).
+    binary = _named_configs({"config_dir": "/available-configs"}, None)
+    assert binary is not None
+    defaults = {
+        "NODE_LABEL": binary.label,
+        "FALLBACK_STRATEGIES": ",".join(binary.fallback_strategies),
+    }
+    r = render(chart, _merge(case["values"], {"gfd": {"enabled": True}}))
+    labeller = r.labeller()
+    e = env(labeller)
+    for name, value in case["env"].items():
+        assert e.get(name, defaults.get(name)) == value, name
+    assert mounts(labeller)["/available-configs"]["readOnly"] is True
+    volume = next(v for v in pod(labeller)["volumes"] if v["name"] == "available-configs")
+    maps = r.of_kind("ConfigMap")
+    expected = case.get("configmap") or maps[0]["metadata"]["name"]
+    assert volume["configMap"]["name"] == expected
+    assert "CONFIG_FILE" not in e  # no fixed file: the node label decides
+    assert_all_valid(r)
+
+
+SLEEP_CASES = GFD["sleep_intervals"]
+
+
+@pytest.mark.parametrize(
+    "case",
+    [c for c in SLEEP_CASES if c["ns"] is not None],
+    ids=[
+        f"{c['value']!r} {NVIDIA_DP.cite(GFD_TEMPLATE)}" for c in SLEEP_CASES if c["ns"] is not None
+    ],
+)
+def test_sleep_interval_means_what_gfd_sleeps(chart: Any, case: dict[str, Any]) -> None:
+    """NVIDIA's chart passes sleepInterval on to GFD_SLEEP_INTERVAL; the duration kubegpu's
+    labeller gets is the one GFD sleeps, and `kubegpu labels` reads it so."""
+    from kubegpu.config.names import parse_go_duration
+    from kubegpu.labeller import parse_duration
+
+    for vals in (
+        {"gfd": {"enabled": True}, "sleepInterval": case["value"]},
+        {"gfd": {"enabled": True, "sleepInterval": case["value"]}},
+    ):
+        given = env(render(chart, vals).labeller())["GFD_SLEEP_INTERVAL"]
+        assert parse_go_duration(given) == case["ns"]
+        seconds = parse_duration(given)
+        if case["value"] == "infinite":
+            assert seconds == float("inf")
+        else:
+            assert seconds * 1e9 == pytest.approx(case["ns"])
+
+
+@pytest.mark.deliberate("helm-sleep-interval-nanoseconds")
+def test_integer_sleep_interval_is_nanoseconds(chart: Any) -> None:
+    """NVIDIA's chart passes an integer sleepInterval on as a bare number, which GFD refuses
+    (Go durations need a unit); kubegpu reads it as nanoseconds, as a config file's."""
+    from kubegpu.labeller import parse_duration
+
+    for case in (c for c in SLEEP_CASES if c["ns"] is None):
+        assert isinstance(case["value"], int)
+        chart.validate_schema({"sleepInterval": case["value"]})
+        given = env(
+            render(chart, {"gfd": {"enabled": True}, "sleepInterval": case["value"]}).labeller()
+        )["GFD_SLEEP_INTERVAL"]
+        assert given != case["env"]
+        assert parse_duration(given) * 1e9 == pytest.approx(case["value"])
+
+
+def _rules(doc: Doc) -> set[tuple[str, str, str]]:
+    return {
+        (group, resource, verb)
+        for rule in doc["rules"]
+        for group in rule["apiGroups"]
+        for resource in rule["resources"]
+        for verb in rule["verbs"]
+    }
+
+
+@pytest.mark.deliberate("helm-labeller-rbac-by-use")
+@pytest.mark.parametrize("named", [False, True], ids=["no-configs", "named-configs"])
+@pytest.mark.parametrize("nfd_api", [False, True], ids=["features-file", "nodefeature-api"])
+def test_labeller_rbac_is_within_gfds(chart: Any, named: bool, nfd_api: bool) -> None:
+    """NVIDIA role.yml grants GFD's account nodes, NodeFeatures and pods whatever it uses;
+    kubegpu's labeller gets a subset: nodes to follow named configs, NodeFeatures and its
+    namespace's pods for the NodeFeature API, nothing for a features.d file."""
+    nvidia = {(r["apiGroup"], r["resource"], verb) for r in GFD["rbac"] for verb in r["verbs"]}
+    vals: dict[str, Any] = {"gfd": {"enabled": True, "useNodeFeatureAPI": nfd_api}}
+    if named:
+        vals["config"] = {"name": "site-configs", "default": "base"}
+    r = render(chart, vals)
+    granted: set[tuple[str, str, str]] = set()
+    for kind in ("ClusterRole", "Role"):
+        for doc in r.of_kind(kind):
+            if doc["metadata"]["name"].endswith("-labeller"):
+                granted |= _rules(doc)
+    assert granted <= nvidia
+    assert (("", "nodes", "watch") in granted) == named
+    assert (("", "pods", "get") in granted) == nfd_api
+    assert (("nfd.k8s-sigs.io", "nodefeatures", "create") in granted) == nfd_api
+    assert pod(r.labeller())["automountServiceAccountToken"] is bool(named or nfd_api)

@@ -240,6 +240,25 @@ capabilities:
 {{- end -}}
 {{- end -}}
 
+{{/*
+The labeller's GFD_SLEEP_INTERVAL, "" when unset: gfd.sleepInterval, else NVIDIA's top-level
+sleepInterval. A number is nanoseconds, as in a config file's sleepInterval; it is written
+with a unit because the flag, like Go's time.ParseDuration, takes none without (a negative
+one relabels without pause, as Go's timer does: 0s). Go's one unitless duration, "0", is
+written 0s for the same reason.
+*/}}
+{{- define "kubegpu.sleepInterval" -}}
+{{- $v := .Values.gfd.sleepInterval -}}
+{{- if kindIs "invalid" $v -}}{{- $v = .Values.sleepInterval -}}{{- end -}}
+{{- if or (kindIs "float64" $v) (kindIs "int" $v) (kindIs "int64" $v) -}}
+{{- if gt (int64 $v) 0 -}}{{- printf "%dns" (int64 $v) -}}{{- else -}}0s{{- end -}}
+{{- else if and (kindIs "string" $v) (regexMatch "^[-+]?0$" (toString $v)) -}}
+0s
+{{- else if not (kindIs "invalid" $v) -}}
+{{- $v -}}
+{{- end -}}
+{{- end -}}
+
 {{/* The labeller's securityContext: gfd.securityContext as given, else least privilege. */}}
 {{- define "kubegpu.labellerSecurityContext" -}}
 {{- if .Values.gfd.securityContext -}}
