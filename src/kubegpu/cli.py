@@ -35,17 +35,18 @@ KUBELET_SOCKET = "kubelet.sock"
 
 log = logging.getLogger("kubegpu")
 
-TRUE = {"1", "true", "yes", "on", "t", "y"}
-FALSE = {"0", "false", "no", "off", "f", "n"}
+#: Exactly the spellings Go's strconv.ParseBool takes, as NVIDIA's urfave/cli flags do.
+GO_TRUE = ("1", "t", "T", "TRUE", "true", "True")
+GO_FALSE = ("0", "f", "F", "FALSE", "false", "False")
 
 
 def parse_bool(text: str) -> bool:
-    value = text.strip().lower()
-    if value in TRUE:
+    """A boolean as NVIDIA's flags read it (Go's strconv.ParseBool): `yes`/`on` are refused."""
+    if text in GO_TRUE:
         return True
-    if value in FALSE:
+    if text in GO_FALSE:
         return False
-    raise ValueError(f"expected true or false, got {text!r}")
+    raise ValueError(f"invalid boolean {text!r}; use one of {', '.join(GO_TRUE + GO_FALSE)}")
 
 
 def parse_list(text: str) -> list[str]:
@@ -53,6 +54,26 @@ def parse_list(text: str) -> list[str]:
     if not items:
         raise ValueError("expected a comma-separated list")
     return items
+
+
+def parse_go_int(text: str) -> int:
+    """An integer as Go's strconv.ParseInt(s, 0, 64) reads it: a sign, `0x`/`0o`/`0b` or a
+    leading `0` (octal), `_` between digits."""
+    sign = -1 if text.startswith("-") else 1
+    body = text[1:] if text[:1] in ("+", "-") else text
+    try:
+        if not body[:1].isdigit() or body != body.strip():
+            raise ValueError(text)
+        if len(body) > 1 and body[0] == "0" and body[1] in "01234567_":
+            return sign * int(body[1:], 8)  # Go's legacy octal `010`; Python's base 0 refuses it
+        return sign * int(body, 0)
+    except ValueError:
+        raise ValueError(f"invalid integer {text!r}") from None
+
+
+def parse_int_list(text: str) -> list[int]:
+    """NVIDIA's IntSliceFlag: comma-separated integers, each trimmed."""
+    return [parse_go_int(part.strip()) for part in text.split(",")]
 
 
 @dataclass(frozen=True)
@@ -64,13 +85,27 @@ class Flag:
     help: str
     #: Dotted path in the v1 config schema, or None for daemon-only settings.
     path: str | None = None
-    kind: str = "str"  # str | bool | list | int | float | choice
+    kind: str = "str"  # str | bool | list | intlist | int | float | choice
     choices: tuple[str, ...] = ()
     default: Any = None
+    #: Other names of the flag (NVIDIA's `Aliases`, or kubegpu's older name).
+    aliases: tuple[str, ...] = ()
+    #: Every env var read, in NVIDIA's precedence order (the first one set wins), when
+    #: there is more than `env`.
+    env_names: tuple[str, ...] = ()
 
     @property
     def dest(self) -> str:
         return self.flag.lstrip("-").replace("-", "_")
+
+    @property
+    def envs(self) -> tuple[str, ...]:
+        return self.env_names or (self.env,)
+
+    @property
+    def repeatable(self) -> bool:
+        """List flags add up when repeated (`--x=a --x=b`), as urfave/cli slice flags do."""
+        return self.kind in ("list", "intlist")
 
     def convert(self, text: str) -> Any:
         value = self._parse(text)
@@ -84,6 +119,8 @@ class Flag:
             return parse_bool(text)
         if self.kind == "list":
             return parse_list(text)
+        if self.kind == "intlist":
+            return parse_int_list(text)
         if self.kind == "int":
             return int(text)
         if self.kind == "float":
@@ -143,6 +180,28 @@ def check_label_key(value: str) -> None:
         )
 
 
+def check_imex_channels(value: list[int]) -> None:
+    if value not in ([], [0]):
+        raise ValueError(
+            f"{value} is not a supported channel list; only IMEX channel 0 exists, use 0"
+        )
+
+
+def check_kubelet_socket(value: str) -> None:
+    """kubegpu finds the kubelet's socket in the device-plugin directory, where the kubelet
+    also looks for the plugins' sockets; only the directory can move."""
+    if not value:
+        raise ValueError(
+            "empty: kubegpu always registers with the kubelet; drop the setting, or give "
+            "<device-plugin dir>/kubelet.sock"
+        )
+    if not value.startswith("/") or Path(value).name != KUBELET_SOCKET:
+        raise ValueError(
+            f"{value!r} must be an absolute path ending in /{KUBELET_SOCKET}; to move the "
+            f"device-plugin directory use --device-plugin-path"
+        )
+
+
 #: Checks on a flag's value after its kind is parsed, by `Flag.dest`; each raises
 #: ValueError with what is wrong and what to do, for the flag and its env var alike.
 VALIDATORS: dict[str, Callable[[Any], None]] = {
@@ -152,6 +211,8 @@ VALIDATORS: dict[str, Callable[[Any], None]] = {
     "simulate": check_simulate,
     "mps_root": check_absolute,
     "node_label": check_label_key,
+    "imex_channel_ids": check_imex_channels,
+    "kubelet_socket": check_kubelet_socket,
 }
 
 
@@ -177,12 +238,14 @@ SERVE_FLAGS: tuple[Flag, ...] = (
         "NVIDIA_DRIVER_ROOT",
         "root of the driver installation",
         "flags.nvidiaDriverRoot",
+        aliases=("--driver-root",),
     ),
     Flag(
         "--dev-root",
         "NVIDIA_DEV_ROOT",
         "root of the host's /dev nodes (default: driver root)",
         "flags.nvidiaDevRoot",
+        aliases=("--nvidia-dev-root",),
     ),
     Flag(
         "--pass-device-specs",
@@ -215,14 +278,52 @@ SERVE_FLAGS: tuple[Flag, ...] = (
     Flag(
         "--nvidia-ctk-path",
         "NVIDIA_CTK_PATH",
-        "path of nvidia-ctk on the host",
+        "path of nvidia-ctk (or nvidia-cdi-hook) on the host, for CDI hooks",
         "flags.plugin.nvidiaCTKPath",
+        aliases=("--nvidia-cdi-hook-path",),
+        env_names=("NVIDIA_CDI_HOOK_PATH", "NVIDIA_CTK_PATH"),
     ),
     Flag(
         "--container-driver-root",
         "CONTAINER_DRIVER_ROOT",
         "where the driver root is mounted in this container",
         "flags.plugin.containerDriverRoot",
+        aliases=("--driver-root-ctr-path",),
+        env_names=("DRIVER_ROOT_CTR_PATH", "CONTAINER_DRIVER_ROOT"),
+    ),
+    Flag(
+        "--shared-devices-allocation-policy",
+        "SHARED_DEVICES_ALLOCATION_POLICY",
+        "how replicas of shared GPUs are picked for a multi-replica request",
+        "flags.plugin.sharedDevicesAllocationPolicy",
+        "choice",
+        ("distributed", "packed"),
+    ),
+    Flag(
+        "--imex-channel-ids",
+        "IMEX_CHANNEL_IDS",
+        "IMEX channels to inject (comma list; only 0 exists)",
+        "imex.channelIDs",
+        "intlist",
+    ),
+    Flag(
+        "--imex-required",
+        "IMEX_REQUIRED",
+        "the IMEX channels must exist when the plugin starts",
+        "imex.required",
+        "bool",
+    ),
+    Flag(
+        "--cdi-feature-flags",
+        "CDI_FEATURE_FLAGS",
+        "NVIDIA's CDI generator options (comma list); accepted, not applied by kubegpu",
+        kind="list",
+    ),
+    Flag(
+        "--cdi-disable-hooks",
+        "CDI_DISABLE_HOOKS",
+        "OCI hooks to leave out of CDI specs (comma list, or all); kubegpu's serve writes none",
+        kind="list",
     ),
     Flag("--mps-root", "MPS_ROOT", "host directory for MPS pipes and logs", "flags.mpsRoot"),
     Flag(
@@ -266,6 +367,11 @@ SERVE_FLAGS: tuple[Flag, ...] = (
         "DEVICE_PLUGIN_PATH",
         "the kubelet's device-plugin directory",
         default=DEVICE_PLUGIN_PATH,
+    ),
+    Flag(
+        "--kubelet-socket",
+        "KUBELET_SOCKET",
+        "the kubelet's registration socket; its directory is the device-plugin directory",
     ),
     Flag(
         "--backend",
@@ -331,7 +437,8 @@ class OneLineParser(argparse.ArgumentParser):
 
 def _add_flags(parser: argparse.ArgumentParser, flags: Sequence[Flag]) -> None:
     for f in flags:
-        help_text = f"{f.help} [env {f.env}]"
+        help_text = f"{f.help} [env {', '.join(f.envs)}]"
+        names = (f.flag, *f.aliases)
 
         def typed(text: str, f: Flag = f) -> Any:
             try:
@@ -341,9 +448,25 @@ def _add_flags(parser: argparse.ArgumentParser, flags: Sequence[Flag]) -> None:
 
         if f.kind == "bool":
             # `--flag` alone means true; `--flag=false` as in NVIDIA's urfave/cli flags.
-            parser.add_argument(f.flag, nargs="?", const=True, type=typed, help=help_text)
+            parser.add_argument(
+                *names, dest=f.dest, nargs="?", const=True, type=typed, help=help_text
+            )
+        elif f.repeatable:
+            parser.add_argument(*names, dest=f.dest, action="append", type=typed, help=help_text)
         else:
-            parser.add_argument(f.flag, type=typed, help=help_text)
+            parser.add_argument(*names, dest=f.dest, type=typed, help=help_text)
+
+
+def env_value(f: Flag, env: Mapping[str, str]) -> tuple[str, str] | None:
+    """The env var that sets `f` and its text: NVIDIA's first name that is set wins.
+
+    An empty value counts as unset (a templated manifest's `value: ""`), except for a
+    boolean, where NVIDIA's urfave/cli reads an empty variable as false.
+    """
+    for name in f.envs:
+        if name in env and (env[name] != "" or f.kind == "bool"):
+            return name, env[name]
+    return None
 
 
 def resolve_flags(
@@ -353,11 +476,15 @@ def resolve_flags(
     values: dict[str, Any] = {}
     for f in flags:
         given = getattr(args, f.dest, None)
-        if given is None and env.get(f.env, "") != "":
+        if given is not None and f.repeatable:
+            given = [item for part in given for item in part]
+        found = env_value(f, env) if given is None else None
+        if found is not None:
+            name, text = found
             try:
-                given = f.convert(env[f.env])
+                given = False if f.kind == "bool" and text == "" else f.convert(text)
             except ValueError as exc:
-                raise UsageError(f"environment variable {f.env}: {exc}") from exc
+                raise UsageError(f"environment variable {name}: {exc}") from exc
         values[f.dest] = f.default if given is None else given
     return values
 
@@ -396,8 +523,10 @@ def cmd_serve(args: argparse.Namespace) -> int:
             label=values["node_label"],
             labels=KubernetesNodeLabels() if node else None,
         )
+    for notice in serve_notices(values):
+        log.warning("%s", notice)
     settings = DaemonSettings(
-        plugin_dir=Path(values["device_plugin_path"]),
+        plugin_dir=plugin_dir(values),
         backend=values["backend"],
         simulate=values["simulate"],
         config_file=Path(values["config_file"]) if values["config_file"] else None,
@@ -440,11 +569,46 @@ def _first_leaf(group: BaseExceptionGroup[BaseException]) -> BaseException:
     return _first_leaf(first) if isinstance(first, BaseExceptionGroup) else first
 
 
+def serve_notices(values: Mapping[str, Any]) -> list[str]:
+    """Settings NVIDIA's plugin takes that kubegpu accepts but does not act on."""
+    notices = []
+    if values.get("cdi_feature_flags"):
+        notices.append(
+            f"--cdi-feature-flags (CDI_FEATURE_FLAGS) {','.join(values['cdi_feature_flags'])}: "
+            f"options of NVIDIA's CDI generator, not used by kubegpu's CDI specs; ignored"
+        )
+    return notices
+
+
+def plugin_dir(values: Mapping[str, Any]) -> Path:
+    """The device-plugin directory: `--device-plugin-path`, or the directory of NVIDIA's
+    `--kubelet-socket` when only that moved it."""
+    chosen = Path(values.get("device_plugin_path") or DEVICE_PLUGIN_PATH)
+    socket = values.get("kubelet_socket")
+    if socket is None:
+        return chosen
+    from_socket = Path(socket).parent
+    if chosen == from_socket:
+        return chosen
+    if chosen != Path(DEVICE_PLUGIN_PATH):
+        raise UsageError(
+            f"--kubelet-socket (KUBELET_SOCKET) {socket} is not in --device-plugin-path "
+            f"(DEVICE_PLUGIN_PATH) {chosen}; the kubelet keeps both in "
+            f"one directory: drop one of them"
+        )
+    try:
+        check_plugin_path(str(from_socket))
+    except ValueError as exc:
+        raise UsageError(f"--kubelet-socket (KUBELET_SOCKET): {exc}") from exc
+    return from_socket
+
+
 def check_serve(values: Mapping[str, Any], env: Mapping[str, str]) -> None:
     """Combinations that cannot mean anything; `UsageError` names both sides."""
     from kubegpu.config.v1 import HealthFlags
     from kubegpu.health import health_flags_from_env
 
+    plugin_dir(values)
     if values["config_file"] and values["config_dir"]:
         raise UsageError(
             "--config-file (CONFIG_FILE) and --config-dir (CONFIG_FILE_SRCDIR) both given; "
@@ -543,7 +707,8 @@ def build_parser() -> argparse.ArgumentParser:
     parser.add_argument("--version", action="version", version=f"kubegpu {__version__}")
     sub = parser.add_subparsers(dest="command", required=True, parser_class=OneLineParser)
 
-    serve = sub.add_parser("serve", help="run the device plugin daemon")
+    # No abbreviations (`--mig` for `--mig-strategy`): NVIDIA's Go flags take none.
+    serve = sub.add_parser("serve", help="run the device plugin daemon", allow_abbrev=False)
     _add_flags(serve, SERVE_FLAGS)
     serve.set_defaults(func=cmd_serve)
 

@@ -34,6 +34,7 @@ from pathlib import Path
 from typing import Any, Protocol
 
 from kubegpu.config import Config, load_file, resolve
+from kubegpu.config.names import parse_go_duration
 from kubegpu.config.source import (
     DEFAULT_NODE_LABEL,
     ConfigSource,
@@ -567,13 +568,18 @@ def parse_duration(text: str) -> float:
     return total
 
 
+#: Exactly the spellings of Go's strconv.ParseBool, which GFD's urfave/cli flags use.
+_GO_TRUE = ("1", "t", "T", "TRUE", "true", "True")
+_GO_FALSE = ("0", "f", "F", "FALSE", "false", "False")
+
+
 def parse_bool(text: str) -> bool:
-    value = text.strip().lower()
-    if value in ("1", "t", "true", "yes", "on"):
+    """A boolean as GFD reads it (Go's strconv.ParseBool): `yes`/`on` are refused."""
+    if text in _GO_TRUE:
         return True
-    if value in ("0", "f", "false", "no", "off"):
+    if text in _GO_FALSE:
         return False
-    raise ValueError(f"invalid boolean {text!r}; use true or false")
+    raise ValueError(f"invalid boolean {text!r}; use one of {', '.join(_GO_TRUE + _GO_FALSE)}")
 
 
 @dataclass(frozen=True)
@@ -584,6 +590,15 @@ class _Option:
     help: str
     boolean: bool = False
     short: str | None = None
+    #: Other flag names (GFD's `Aliases`).
+    aliases: tuple[str, ...] = ()
+    #: Every env var read, in GFD's precedence order (the first one set wins), when
+    #: there is more than `env`.
+    env_names: tuple[str, ...] = ()
+
+    @property
+    def envs(self) -> tuple[str, ...]:
+        return self.env_names or (self.env,)
 
 
 _OPTIONS = (
@@ -607,6 +622,7 @@ _OPTIONS = (
         "output_file",
         "NFD features.d file to write; '-' for stdout",
         short="-o",
+        aliases=("--output",),
     ),
     _Option(
         "--machine-type-file",
@@ -620,6 +636,7 @@ _OPTIONS = (
         "use_node_feature_api",
         "publish an NFD NodeFeature object instead of a file",
         boolean=True,
+        env_names=("GFD_USE_NODE_FEATURE_API", "USE_NODE_FEATURE_API"),
     ),
     _Option(
         "--node-patch",
@@ -628,15 +645,34 @@ _OPTIONS = (
         "patch the Node's labels directly (no NFD needed)",
         boolean=True,
     ),
-    _Option("--mig-strategy", "MIG_STRATEGY", "mig_strategy", "none, single or mixed"),
+    _Option(
+        "--mig-strategy",
+        "MIG_STRATEGY",
+        "mig_strategy",
+        "none, single or mixed",
+        env_names=("GFD_MIG_STRATEGY", "MIG_STRATEGY"),
+    ),
     _Option(
         "--fail-on-init-error",
         "FAIL_ON_INIT_ERROR",
         "fail_on_init_error",
         "exit when no GPU can be read (false: keep labelling without GPU labels)",
         boolean=True,
+        env_names=("GFD_FAIL_ON_INIT_ERROR", "FAIL_ON_INIT_ERROR"),
     ),
-    _Option("--config-file", "CONFIG_FILE", "config_file", "kubegpu/NVIDIA v1 config file"),
+    _Option(
+        "--config-file",
+        "CONFIG_FILE",
+        "config_file",
+        "kubegpu/NVIDIA v1 config file",
+        env_names=("GFD_CONFIG_FILE", "CONFIG_FILE"),
+    ),
+    _Option(
+        "--device-discovery-strategy",
+        "DEVICE_DISCOVERY_STRATEGY",
+        "device_discovery_strategy",
+        "GFD's auto, nvml, tegra or vfio; checked only: --backend picks kubegpu's backend",
+    ),
     _Option(
         "--mps-root",
         "MPS_ROOT",
@@ -692,6 +728,8 @@ _OPTIONS = (
         "CONTAINER_DRIVER_ROOT",
         "driver_root",
         "where the host's driver root is mounted in this container",
+        aliases=("--driver-root-ctr-path", "--container-driver-root"),
+        env_names=("DRIVER_ROOT_CTR_PATH", "CONTAINER_DRIVER_ROOT"),
     ),
     _Option(
         "--sysfs-root",
@@ -727,8 +765,8 @@ def register_cli(subparsers: argparse._SubParsersAction[argparse.ArgumentParser]
         ),
     )
     for opt in _OPTIONS:
-        names = [opt.flag, *([opt.short] if opt.short else [])]
-        help_text = f"{opt.help} [env {opt.env}]"
+        names = [opt.flag, *opt.aliases, *([opt.short] if opt.short else [])]
+        help_text = f"{opt.help} [env {', '.join(opt.envs)}]"
         if opt.boolean:
             # `--oneshot` and `--oneshot=false` both work, as with GFD's flags.
             parser.add_argument(
@@ -746,12 +784,29 @@ class _UsageError(Exception):
 def _raw(args: argparse.Namespace, opt: _Option, environ: Mapping[str, str]) -> str | None:
     value: str | None = getattr(args, opt.dest, None)
     if value is None:
-        value = environ.get(opt.env) or None
+        found = _env(opt, environ)
+        value = None if found is None else found[1]
     return value
 
 
-def _source(args: argparse.Namespace, opt: _Option) -> str:
-    return opt.flag if getattr(args, opt.dest, None) is not None else opt.env
+def _env(opt: _Option, environ: Mapping[str, str]) -> tuple[str, str] | None:
+    """GFD's first env var that is set, and its text. Empty counts as unset, except for a
+    boolean, which urfave/cli reads as false."""
+    for name in opt.envs:
+        if name in environ and (environ[name] != "" or opt.boolean):
+            return name, environ[name]
+    return None
+
+
+def _source(args: argparse.Namespace, opt: _Option, environ: Mapping[str, str]) -> str:
+    if getattr(args, opt.dest, None) is not None:
+        return opt.flag
+    found = _env(opt, environ)
+    return opt.env if found is None else found[0]
+
+
+#: GFD's accepted device discovery strategies (cmd/gpu-feature-discovery validateFlags).
+_DISCOVERY_STRATEGIES = ("auto", "nvml", "tegra", "vfio")
 
 
 def _options(args: argparse.Namespace, environ: Mapping[str, str]) -> dict[str, Any]:
@@ -763,20 +818,35 @@ def _options(args: argparse.Namespace, environ: Mapping[str, str]) -> dict[str, 
             continue
         try:
             if opt.boolean:
-                values[opt.dest] = parse_bool(raw)
+                values[opt.dest] = False if raw == "" else parse_bool(raw)
             elif opt.dest == "sleep_interval":
-                parse_duration(raw)
+                _check_go_duration(raw)
                 values[opt.dest] = raw
             elif opt.dest == "mig_strategy":
-                values[opt.dest] = MigStrategy(raw.strip().lower()).value
+                values[opt.dest] = MigStrategy(raw).value
+            elif opt.dest == "device_discovery_strategy" and raw not in _DISCOVERY_STRATEGIES:
+                raise ValueError(
+                    f"invalid value {raw!r}; use one of {', '.join(_DISCOVERY_STRATEGIES)}"
+                )
             else:
                 values[opt.dest] = raw
         except ValueError as exc:
             reason = str(exc)
             if opt.dest == "mig_strategy":
                 reason = f"invalid value {raw!r}; use none, single or mixed"
-            raise _UsageError(f"{_source(args, opt)}: {reason}") from exc
+            raise _UsageError(f"{_source(args, opt, environ)}: {reason}") from exc
     return values
+
+
+def _check_go_duration(text: str) -> None:
+    """GFD's `--sleep-interval`: Go's time.ParseDuration (`60s`, `1h30m`, a bare `0`) or
+    `infinite`, exactly as written."""
+    try:
+        parse_go_duration(text)
+    except ValueError:
+        raise ValueError(
+            f"invalid duration {text!r}; use e.g. 60s, 5m, 1h30m, 0 or infinite"
+        ) from None
 
 
 def _config_loader(path: str | None, overrides: Mapping[str, Any]) -> Callable[[], Config]:

@@ -197,3 +197,55 @@ def test_info_mistakes_exit_2_with_one_line(
     assert run_main(argv) == 2
     err = capsys.readouterr().err.strip()
     assert len(err.splitlines()) == 1 and named in err
+
+
+# -- Go's value syntax, as NVIDIA's urfave/cli flags read it ----------------------------
+
+
+@pytest.mark.parametrize(
+    ("text", "expected"),
+    [
+        ("0", 0),
+        ("7", 7),
+        ("-3", -3),
+        ("+3", 3),
+        ("010", 8),
+        ("0x1f", 31),
+        ("0o17", 15),
+        ("0b101", 5),
+        ("1_000", 1000),
+    ],
+)
+def test_go_integers(text: str, expected: int) -> None:
+    from kubegpu.cli import parse_go_int
+
+    assert parse_go_int(text) == expected
+
+
+@pytest.mark.parametrize("text", ["", "-", "--1", "0x", "08", "1.0", " 1", "one", "+-1"])
+def test_not_go_integers(text: str) -> None:
+    from kubegpu.cli import parse_go_int
+
+    with pytest.raises(ValueError, match="invalid integer"):
+        parse_go_int(text)
+
+
+def test_yes_is_not_a_go_bool(capsys: pytest.CaptureFixture[str]) -> None:
+    assert run_main(["serve", "--gds-enabled=yes"]) == 2
+    err = capsys.readouterr().err.strip()
+    assert len(err.splitlines()) == 1
+    assert "--gds-enabled" in err and "'yes'" in err and "True" in err and "FALSE" in err
+
+
+def test_kubelet_socket_moves_the_plugin_dir_and_is_checked_like_it() -> None:
+    from kubegpu.cli import UsageError, plugin_dir
+
+    values = resolve_flags(
+        build_parser().parse_args(["serve", "--kubelet-socket=/k/device-plugins/kubelet.sock"]),
+        SERVE_FLAGS,
+        {},
+    )
+    assert plugin_dir(values) == Path("/k/device-plugins")
+    values["kubelet_socket"] = "/" + "d" * 100 + "/kubelet.sock"
+    with pytest.raises(UsageError, match="107"):
+        plugin_dir(values)
