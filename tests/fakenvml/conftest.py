@@ -48,17 +48,25 @@ def _config_text(config: dict[str, Any] | Path) -> str:
     return str(config) if isinstance(config, Path) else json.dumps(config)
 
 
+def fakenvml_env(
+    lib: Path, config: dict[str, Any] | Path, events: Path | None = None
+) -> dict[str, str]:
+    """The environment of a process that sees the simulated machine `config` through NVML."""
+    env = dict(os.environ)
+    env["LD_LIBRARY_PATH"] = str(lib)
+    env["FAKENVML_CONFIG"] = _config_text(config)
+    env["PYTHONPATH"] = os.pathsep.join([str(REPO_ROOT / "src"), str(REPO_ROOT)])
+    if events is not None:
+        env["FAKENVML_EVENTS"] = str(events)
+    return env
+
+
 @pytest.fixture
 def probe(fakenvml_lib: Path) -> Probe:
     """probe(config, *args, events=None) -> the JSON probe.py prints, run on that machine."""
 
     def run(config: dict[str, Any] | Path, *args: str, events: Path | None = None) -> Any:
-        env = dict(os.environ)
-        env["LD_LIBRARY_PATH"] = str(fakenvml_lib)
-        env["FAKENVML_CONFIG"] = _config_text(config)
-        env["PYTHONPATH"] = os.pathsep.join([str(REPO_ROOT / "src"), str(REPO_ROOT)])
-        if events is not None:
-            env["FAKENVML_EVENTS"] = str(events)
+        env = fakenvml_env(fakenvml_lib, config, events)
         done = subprocess.run(
             [sys.executable, str(PROBE), *args],
             capture_output=True,

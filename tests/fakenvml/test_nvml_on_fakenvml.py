@@ -20,7 +20,7 @@ from typing import Any
 import pytest
 
 from tests.conformance.origin import NVIDIA_DP
-from tests.fakenvml.conftest import FAKENVML, Probe
+from tests.fakenvml.conftest import FAKENVML, Probe, fakenvml_env
 
 EXAMPLES = FAKENVML / "examples"
 NVLIB = "vendor/github.com/NVIDIA/go-nvlib/pkg/nvlib/device/"
@@ -284,3 +284,24 @@ def test_xids_reach_the_health_tracker(probe: Probe, tmp_path: Path) -> None:
         "MIG-32564ada-f40b-cbb1-f318-c6771ad280c0",
         "MIG-d056cdc9-b7df-f0df-328b-b0ecd5315485",
     }
+
+
+def test_kubegpu_info_on_the_simulated_a100(fakenvml_lib: Path) -> None:
+    """The whole CLI (`kubegpu info`, default NVML backend) on examples/a100-mig.json."""
+    done = subprocess.run(
+        [sys.executable, "-c", "import sys, kubegpu.cli as c; sys.exit(c.main(['info']))"],
+        env=fakenvml_env(fakenvml_lib, EXAMPLES / "a100-mig.json"),
+        capture_output=True,
+        text=True,
+        timeout=120,
+        check=False,
+    )
+    assert done.returncode == 0, done.stderr
+    assert "backend: nvml" in done.stdout and "NVIDIA A100-SXM4-40GB" in done.stdout
+    for line in (
+        "MIG-f6268203-0b1f-436c-c018-8654b8105b26    MIG 3g.20gb (0:0)",
+        "MIG-65433f2c-f5c2-fc53-9a80-416d5164931e    MIG 2g.10gb (0:1)",
+        "MIG-32564ada-f40b-cbb1-f318-c6771ad280c0    MIG 1g.5gb (0:2)",
+        "MIG-d056cdc9-b7df-f0df-328b-b0ecd5315485    MIG 1g.5gb (0:3)",
+    ):
+        assert line in done.stdout
