@@ -265,23 +265,32 @@ def test_nvswitch_all_to_all(probe: Probe) -> None:
 
 
 def test_xids_reach_the_health_tracker(probe: Probe, tmp_path: Path) -> None:
-    """On examples/a100-mig.json: an Xid on one MIG slice marks that slice only; an ignored
-    Xid (13, an application error) marks nothing; a GPU-wide Xid 79 marks the GPU."""
+    """On examples/a100-mig.json: an Xid on one MIG slice (by MIG UUID, or by GPU + GPU/compute
+    instance IDs) marks that slice only; an ignored Xid (13, an application error) and a
+    corrected single-bit ECC error mark nothing; a GPU-wide Xid 79 or a double-bit ECC error
+    marks the GPU and so every slice."""
     events = tmp_path / "events"
     events.write_text("# kubegpu test\n")
     slice_uuid = "MIG-65433f2c-f5c2-fc53-9a80-416d5164931e"
+    small_uuid = "MIG-32564ada-f40b-cbb1-f318-c6771ad280c0"  # the first 1g.5gb: GI 9, CI 0
     gpu_uuid = "GPU-4f0cac3b-c11a-5097-b96a-6b845754ca32"
     config = EXAMPLES / "a100-mig.json"
-    result = probe(config, "watch", "2", f"xid {slice_uuid} 48", "xid 0 13", events=events)
+    lines = ["sbe 0", f"xid {slice_uuid} 48", "xid 0 13", "xid 0 31 9 0"]
+    result = probe(config, "watch", "3", *lines, events=events)
     assert result["complete"]
-    assert result["events"] == [[slice_uuid, "xid", 48], [gpu_uuid, "xid", 13]]
+    assert result["events"] == [
+        [slice_uuid, "xid", 48],
+        [gpu_uuid, "xid", 13],
+        [small_uuid, "xid", 31],
+    ]
+    # 31 is ignored by default too: only the slice with Xid 48 is unhealthy.
     assert result["unhealthy"] == [slice_uuid]
-    result = probe(config, "watch", "1", "xid 0 79", events=events)
-    assert result["events"] == [[gpu_uuid, "xid", 79]]
+    result = probe(config, "watch", "2", "xid 0 79", "dbe 0", events=events)
+    assert result["events"] == [[gpu_uuid, "xid", 79], [gpu_uuid, "xid", 48]]
     assert set(result["unhealthy"]) == {gpu_uuid} | {
         "MIG-f6268203-0b1f-436c-c018-8654b8105b26",
         slice_uuid,
-        "MIG-32564ada-f40b-cbb1-f318-c6771ad280c0",
+        small_uuid,
         "MIG-d056cdc9-b7df-f0df-328b-b0ecd5315485",
     }
 
