@@ -36,24 +36,39 @@ _NO_ID = 0xFFFFFFFF
 _MIB = 1024 * 1024
 _UUID_NS = uuidlib.UUID("6c1b9a9e-3f4d-4b8e-9f57-2b7c4a1d0e11")
 _PROFILE_RE = re.compile(r"^(?:(\d+)c\.)?(\d+)g\.(\d+)gb(\+me|\+me\.all|-me|\+gfx)?$")
-_GI_PROFILE_IDS = {
-    1: pynvml.NVML_GPU_INSTANCE_PROFILE_1_SLICE,
-    2: pynvml.NVML_GPU_INSTANCE_PROFILE_2_SLICE,
-    3: pynvml.NVML_GPU_INSTANCE_PROFILE_3_SLICE,
-    4: pynvml.NVML_GPU_INSTANCE_PROFILE_4_SLICE,
-    6: pynvml.NVML_GPU_INSTANCE_PROFILE_6_SLICE,
-    7: pynvml.NVML_GPU_INSTANCE_PROFILE_7_SLICE,
-    8: pynvml.NVML_GPU_INSTANCE_PROFILE_8_SLICE,
+#: GPU-instance profiles: (GPU slices, suffix) -> (profile index, profile ID). As on a real
+#: driver the index (`NVML_GPU_INSTANCE_PROFILE_*`, what nvmlDeviceGetGpuInstanceProfileInfo
+#: takes) and the ID (what a GPU instance reports, `nvidia-smi mig -lgip`) differ: the IDs of
+#: the A100/H100 table are the driver's (1g 19, 1g+me 20, 2g 14, 3g 9, 4g 5, 7g 0); the
+#: others, not seen on those GPUs, get distinct IDs of our own choosing (30 and up).
+_GI_PROFILES = {
+    (1, ""): (pynvml.NVML_GPU_INSTANCE_PROFILE_1_SLICE, 19),
+    (2, ""): (pynvml.NVML_GPU_INSTANCE_PROFILE_2_SLICE, 14),
+    (3, ""): (pynvml.NVML_GPU_INSTANCE_PROFILE_3_SLICE, 9),
+    (4, ""): (pynvml.NVML_GPU_INSTANCE_PROFILE_4_SLICE, 5),
+    (7, ""): (pynvml.NVML_GPU_INSTANCE_PROFILE_7_SLICE, 0),
+    (8, ""): (pynvml.NVML_GPU_INSTANCE_PROFILE_8_SLICE, 30),
+    (6, ""): (pynvml.NVML_GPU_INSTANCE_PROFILE_6_SLICE, 31),
+    (1, "+me"): (pynvml.NVML_GPU_INSTANCE_PROFILE_1_SLICE_REV1, 20),
+    (2, "+me"): (pynvml.NVML_GPU_INSTANCE_PROFILE_2_SLICE_REV1, 32),
+    (1, "+gfx"): (pynvml.NVML_GPU_INSTANCE_PROFILE_1_SLICE_GFX, 33),
+    (2, "+gfx"): (pynvml.NVML_GPU_INSTANCE_PROFILE_2_SLICE_GFX, 34),
+    (4, "+gfx"): (pynvml.NVML_GPU_INSTANCE_PROFILE_4_SLICE_GFX, 35),
+    (1, "-me"): (pynvml.NVML_GPU_INSTANCE_PROFILE_1_SLICE_NO_ME, 36),
+    (2, "-me"): (pynvml.NVML_GPU_INSTANCE_PROFILE_2_SLICE_NO_ME, 37),
+    (1, "+me.all"): (pynvml.NVML_GPU_INSTANCE_PROFILE_1_SLICE_ALL_ME, 38),
+    (2, "+me.all"): (pynvml.NVML_GPU_INSTANCE_PROFILE_2_SLICE_ALL_ME, 39),
 }
-_ME_PROFILE_IDS = {
-    ("+me", 1): pynvml.NVML_GPU_INSTANCE_PROFILE_1_SLICE_REV1,
-    ("+me.all", 1): pynvml.NVML_GPU_INSTANCE_PROFILE_1_SLICE_ALL_ME,
-    ("+me.all", 2): pynvml.NVML_GPU_INSTANCE_PROFILE_2_SLICE_ALL_ME,
-    ("-me", 1): pynvml.NVML_GPU_INSTANCE_PROFILE_1_SLICE_NO_ME,
-    ("-me", 2): pynvml.NVML_GPU_INSTANCE_PROFILE_2_SLICE_NO_ME,
-    ("+gfx", 1): pynvml.NVML_GPU_INSTANCE_PROFILE_1_SLICE_GFX,
-    ("+gfx", 2): pynvml.NVML_GPU_INSTANCE_PROFILE_2_SLICE_GFX,
-    ("+gfx", 4): pynvml.NVML_GPU_INSTANCE_PROFILE_4_SLICE_GFX,
+#: Compute-instance profiles: compute slices -> (profile index, profile ID); a real driver's
+#: compute-instance IDs happen to equal the indices (`nvidia-smi mig -lcip`).
+_CI_PROFILES = {
+    1: (pynvml.NVML_COMPUTE_INSTANCE_PROFILE_1_SLICE, 0),
+    2: (pynvml.NVML_COMPUTE_INSTANCE_PROFILE_2_SLICE, 1),
+    3: (pynvml.NVML_COMPUTE_INSTANCE_PROFILE_3_SLICE, 2),
+    4: (pynvml.NVML_COMPUTE_INSTANCE_PROFILE_4_SLICE, 3),
+    7: (pynvml.NVML_COMPUTE_INSTANCE_PROFILE_7_SLICE, 4),
+    8: (pynvml.NVML_COMPUTE_INSTANCE_PROFILE_8_SLICE, 5),
+    6: (pynvml.NVML_COMPUTE_INSTANCE_PROFILE_6_SLICE, 6),
 }
 #: What NVML reports as supported events on a datacenter GPU.
 DEFAULT_EVENTS = (
@@ -116,6 +131,24 @@ class GpuInstanceInfo:
 
 
 @dataclass
+class ProfileInfo:
+    """The fields of `c_nvmlGpuInstanceProfileInfo_v2_t` / compute-instance profile info read."""
+
+    id: int
+    sliceCount: int
+
+
+@dataclass
+class ComputeInstanceInfo:
+    """Mirrors `pynvml.c_nvmlComputeInstanceInfo_t` (placement left out)."""
+
+    device: FakeGpu
+    gpuInstance: FakeMig
+    id: int
+    profileId: int
+
+
+@dataclass
 class EventData:
     """Mirrors `pynvml.c_nvmlEventData_t`; `device` is None for a NULL device handle."""
 
@@ -139,6 +172,7 @@ class FakeMig:
     memory_mib: int
     multiprocessors: int
     gi_profile_id: int
+    ci_profile_id: int = 0
     #: Shared engines: copy, decoder, encoder, jpeg, ofa.
     engines: tuple[int, int, int, int, int] = (1, 0, 0, 0, 0)
 
@@ -190,7 +224,9 @@ class FakeGpu:
             self.enable_mig()
         if gi_id is None:
             gi_id = max((m.gi_id for m in self.migs), default=0) + 1
-        profile_id = _ME_PROFILE_IDS[suffix, gi_slices] if suffix else _GI_PROFILE_IDS[gi_slices]
+        if (gi_slices, suffix or "") not in _GI_PROFILES or ci_slices not in _CI_PROFILES:
+            raise ValueError(f"MIG profile {profile!r} has no NVML profile to simulate it with")
+        profile_id = _GI_PROFILES[gi_slices, suffix or ""][1]
         mig = FakeMig(
             parent=self,
             uuid=f"MIG-{uuidlib.uuid5(_UUID_NS, f'{self.uuid}/{gi_id}/{ci_id}')}",
@@ -202,6 +238,7 @@ class FakeGpu:
             memory_mib=memory_mib if memory_mib is not None else int(int(gb_text) * 1024 * 0.97),
             multiprocessors=multiprocessors if multiprocessors is not None else 14 * ci_slices,
             gi_profile_id=profile_id,
+            ci_profile_id=_CI_PROFILES[ci_slices][1],
             engines=engines,
         )
         self.migs.append(mig)
@@ -538,6 +575,44 @@ class FakeNvml(types.ModuleType):
         mig = self._mig("nvmlGpuInstanceGetInfo", gpuInstance)
         return GpuInstanceInfo(device=mig.parent, id=mig.gi_id, profileId=mig.gi_profile_id)
 
+    def nvmlDeviceGetGpuInstanceProfileInfo(
+        self, device: Any, profile: int, version: int = 2
+    ) -> ProfileInfo:
+        """Info of a profile *index*; profiles this simulation lacks answer NOT_SUPPORTED."""
+        self._gpu("nvmlDeviceGetGpuInstanceProfileInfo", device)
+        if not 0 <= profile < pynvml.NVML_GPU_INSTANCE_PROFILE_COUNT:
+            raise pynvml.NVMLError(pynvml.NVML_ERROR_INVALID_ARGUMENT)
+        for (slices, _), (index, profile_id) in _GI_PROFILES.items():
+            if index == profile:
+                return ProfileInfo(id=profile_id, sliceCount=slices)
+        raise pynvml.NVMLError(pynvml.NVML_ERROR_NOT_SUPPORTED)
+
+    def nvmlGpuInstanceGetComputeInstanceById(
+        self, gpuInstance: Any, computeInstanceId: int
+    ) -> FakeMig:
+        instance = self._mig("nvmlGpuInstanceGetComputeInstanceById", gpuInstance)
+        for mig in instance.parent.migs:
+            if mig.gi_id == instance.gi_id and mig.ci_id == computeInstanceId:
+                return mig
+        raise pynvml.NVMLError(pynvml.NVML_ERROR_NOT_FOUND)
+
+    def nvmlComputeInstanceGetInfo(self, computeInstance: Any) -> ComputeInstanceInfo:
+        mig = self._mig("nvmlComputeInstanceGetInfo", computeInstance)
+        return ComputeInstanceInfo(
+            device=mig.parent, gpuInstance=mig, id=mig.ci_id, profileId=mig.ci_profile_id
+        )
+
+    def nvmlGpuInstanceGetComputeInstanceProfileInfo(
+        self, gpuInstance: Any, profile: int, engProfile: int, version: int = 2
+    ) -> ProfileInfo:
+        instance = self._mig("nvmlGpuInstanceGetComputeInstanceProfileInfo", gpuInstance)
+        if not 0 <= profile < pynvml.NVML_COMPUTE_INSTANCE_PROFILE_COUNT:
+            raise pynvml.NVMLError(pynvml.NVML_ERROR_INVALID_ARGUMENT)
+        for slices, (index, profile_id) in _CI_PROFILES.items():
+            if index == profile and slices <= instance.gi_slices:
+                return ProfileInfo(id=profile_id, sliceCount=slices)
+        raise pynvml.NVMLError(pynvml.NVML_ERROR_NOT_SUPPORTED)
+
     def nvmlDeviceGetNvLinkState(self, device: Any, link: int) -> int:
         try:
             self._link("nvmlDeviceGetNvLinkState", device, link)
@@ -611,6 +686,7 @@ from kubegpu.kubelet import KubeletEmulator  # noqa: E402 - re-export
 
 __all__ = [
     "DEFAULT_EVENTS",
+    "ComputeInstanceInfo",
     "DeviceAttributes",
     "EventData",
     "FakeGpu",
@@ -620,5 +696,6 @@ __all__ = [
     "KubeletEmulator",
     "Memory",
     "PciInfo",
+    "ProfileInfo",
     "SimulatedBackend",
 ]

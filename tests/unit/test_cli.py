@@ -52,7 +52,7 @@ def test_info_lists_gpus_and_mig_slices(capsys: pytest.CaptureFixture[str]) -> N
     assert main(["info", "--simulate", "a100-40gb-mig"]) == 0
     out = capsys.readouterr().out
     assert "GPUs: 2" in out and "NVIDIA A100-SXM4-40GB" in out
-    assert out.count("MIG 1g.5gb") == 7 and "MIG 3g.20gb (1:1)" in out
+    assert out.count("MIG 1g.5gb") == 7 and "MIG 3g.20gb (1:0)" in out
 
 
 # -- every serve mistake: one line naming it, exit 2, nothing started ------------------

@@ -242,6 +242,70 @@ def test_compute_instance_profile_name() -> None:
     assert [m.profile for m in found.mig_devices] == ["1c.3g.40gb", "2c.3g.40gb"]
 
 
+@pytest.mark.parametrize(
+    ("profile", "memory_mib"),
+    [
+        # The A100's 2g has profile ID 14, the index of NVML_GPU_INSTANCE_PROFILE_2_SLICE_NO_ME;
+        # the 1g with two memory slices has ID 15, the index of 1_SLICE_ALL_ME: a backend
+        # comparing IDs with index constants names them 2g.10gb-me and 1g.10gb+me.all.
+        ("2g.10gb", 9728),
+        ("1g.10gb", 9728),
+        ("1g.5gb", 4864),
+        ("1g.5gb+me", 4864),
+        ("1g.5gb-me", 4864),
+        ("1g.5gb+me.all", 4864),
+        ("2g.10gb+me.all", 9728),
+        ("1g.5gb+gfx", 4864),
+        ("4g.20gb+gfx", 19968),
+        ("3g.20gb", 19968),
+        ("4g.20gb", 19968),
+        ("7g.40gb", 40192),
+    ],
+)
+def test_mig_profile_named_from_profile_id_via_index_lookup(profile: str, memory_mib: int) -> None:
+    """go-nvlib mig_device.go GetProfile: the GI's profile ID is matched against the ID of
+    each profile index's info, and the index carries the name's attribute."""
+    fake = FakeNvml()
+    gpu = fake.add_gpu("NVIDIA A100-SXM4-40GB", memory_mib=40536)
+    mig = gpu.add_mig(profile, memory_mib=memory_mib)
+    (found,) = _open(fake).discover().gpus
+    assert [m.profile for m in found.mig_devices] == [profile]
+    # The simulation is only faithful if IDs and indices differ where the driver's do.
+    if profile == "2g.10gb":
+        assert mig.gi_profile_id != pynvml.NVML_GPU_INSTANCE_PROFILE_2_SLICE
+
+
+def test_unknown_profile_id_is_named_from_slice_counts() -> None:
+    fake = FakeNvml()
+    gpu = fake.add_gpu("NVIDIA A100-SXM4-40GB", memory_mib=40536)
+    gpu.add_mig("2g.10gb+me", memory_mib=9728).gi_profile_id = 99
+    (found,) = _open(fake).discover().gpus
+    assert [m.profile for m in found.mig_devices] == ["2g.10gb"]
+
+
+def test_compute_instance_slices_come_from_its_profile() -> None:
+    fake = FakeNvml()
+    gpu = fake.add_gpu(memory_mib=81559)
+    mig = gpu.add_mig("1c.3g.40gb", memory_mib=40192, gi_id=2)
+    # Attributes disagreeing with the profile: the profile wins, as in go-nvlib.
+    mig.ci_slices = 3
+    (found,) = _open(fake).discover().gpus
+    assert [m.profile for m in found.mig_devices] == ["1c.3g.40gb"]
+
+
+def test_mig_index_is_the_mig_device_slot_not_the_gpu_instance_id() -> None:
+    """NVIDIA internal/rm nvml_devices.go: `fmt.Sprintf("%d:%d", gpuIndex, migIndex)`, the
+    index given to GetMigDeviceHandleByIndex; 7x 1g.5gb on an A100 have GI IDs 7..13."""
+    fake = FakeNvml()
+    fake.add_gpu()
+    gpu = fake.add_gpu("NVIDIA A100-SXM4-40GB", memory_mib=40536)
+    for gi_id in range(7, 14):
+        gpu.add_mig("1g.5gb", memory_mib=4864, gi_id=gi_id)
+    found = _open(fake).discover().gpus[1]
+    assert [m.index for m in found.mig_devices] == [f"1:{n}" for n in range(7)]
+    assert [m.gi_id for m in found.mig_devices] == list(range(7, 14))
+
+
 def test_mig_capable_but_disabled() -> None:
     fake = FakeNvml()
     fake.add_gpu(mig_capable=True)

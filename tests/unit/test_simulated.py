@@ -55,7 +55,7 @@ def test_a100_mig_preset() -> None:
     assert [m.profile for m in zero.mig_devices] == ["1g.5gb"] * 7
     assert [m.profile for m in one.mig_devices] == ["3g.20gb", "2g.10gb", "2g.10gb"]
     mig = one.mig_devices[0]
-    assert mig.uuid.startswith("MIG-") and mig.parent_uuid == one.uuid and mig.index == "1:1"
+    assert mig.uuid.startswith("MIG-") and mig.parent_uuid == one.uuid and mig.index == "1:0"
     assert mig.attributes["slices.gi"] == 3
     assert len({m.uuid for m in inv.mig_devices()}) == 10
 

@@ -73,11 +73,20 @@ class MigDevice:
     #: Attributes reported by NVML for GFD-style labels (engines, slices).
     attributes: Mapping[str, int] = field(default_factory=dict, hash=False)
     health: Health = Health.HEALTHY
+    #: The MIG device's index on its GPU (the slot of nvmlDeviceGetMigDeviceHandleByIndex).
+    #: None for backends that have no such slot; the GPU-instance ID stands in then.
+    mig_index: int | None = None
 
     @property
     def index(self) -> str:
-        """NVIDIA's `<gpu>:<mig>` index notation (GPU index : GPU-instance ID)."""
-        return f"{self.parent_index}:{self.gi_id}"
+        """NVIDIA's `<gpu>:<mig>` index notation: GPU index : MIG device index.
+
+        NVIDIA's plugin (internal/rm) and CDI name a slice `<gpu index>:<MIG device index>`,
+        the slot NVML enumerates it in, not its GPU-instance ID: with 7x 1g.5gb the IDs are
+        `0:0`..`0:6`, while the GPU-instance IDs are 7..13.
+        """
+        slot = self.gi_id if self.mig_index is None else self.mig_index
+        return f"{self.parent_index}:{slot}"
 
 
 @dataclass(frozen=True)

@@ -59,19 +59,43 @@ _NO_ID = 0xFFFFFFFF
 _MIB = 1024 * 1024
 _MAX_BACKOFF_S = 30.0
 
-# GPU-instance profile IDs whose names carry a suffix (names looked up on the module so
-# older pynvml releases without them still work).
-_PROFILE_SUFFIXES = {
-    "NVML_GPU_INSTANCE_PROFILE_1_SLICE_REV1": "+me",
-    "NVML_GPU_INSTANCE_PROFILE_2_SLICE_REV1": "+me",
-    "NVML_GPU_INSTANCE_PROFILE_1_SLICE_ALL_ME": "+me.all",
-    "NVML_GPU_INSTANCE_PROFILE_2_SLICE_ALL_ME": "+me.all",
-    "NVML_GPU_INSTANCE_PROFILE_1_SLICE_NO_ME": "-me",
-    "NVML_GPU_INSTANCE_PROFILE_2_SLICE_NO_ME": "-me",
-    "NVML_GPU_INSTANCE_PROFILE_1_SLICE_GFX": "+gfx",
-    "NVML_GPU_INSTANCE_PROFILE_2_SLICE_GFX": "+gfx",
-    "NVML_GPU_INSTANCE_PROFILE_3_SLICE_GFX": "+gfx",
-    "NVML_GPU_INSTANCE_PROFILE_4_SLICE_GFX": "+gfx",
+# GPU-instance profile *indices* (`NVML_GPU_INSTANCE_PROFILE_*`, the argument of
+# nvmlDeviceGetGpuInstanceProfileInfo) -> (GPU slices, name suffix), as NVIDIA's go-nvlib
+# names them (pkg/nvlib/device/mig_profile.go). The driver reports a GPU instance's profile
+# by *ID* (19 for 1g on A100/H100, 15 for 1g with two memory slices, ...), which is found by
+# asking each index for its ID. Names are looked up on the module so older pynvml releases
+# without some of them still work.
+_GI_PROFILES = {
+    "NVML_GPU_INSTANCE_PROFILE_1_SLICE": (1, ""),
+    "NVML_GPU_INSTANCE_PROFILE_2_SLICE": (2, ""),
+    "NVML_GPU_INSTANCE_PROFILE_3_SLICE": (3, ""),
+    "NVML_GPU_INSTANCE_PROFILE_4_SLICE": (4, ""),
+    "NVML_GPU_INSTANCE_PROFILE_6_SLICE": (6, ""),
+    "NVML_GPU_INSTANCE_PROFILE_7_SLICE": (7, ""),
+    "NVML_GPU_INSTANCE_PROFILE_8_SLICE": (8, ""),
+    "NVML_GPU_INSTANCE_PROFILE_1_SLICE_REV1": (1, "+me"),
+    "NVML_GPU_INSTANCE_PROFILE_2_SLICE_REV1": (2, "+me"),
+    "NVML_GPU_INSTANCE_PROFILE_1_SLICE_REV2": (1, ""),
+    "NVML_GPU_INSTANCE_PROFILE_1_SLICE_GFX": (1, "+gfx"),
+    "NVML_GPU_INSTANCE_PROFILE_2_SLICE_GFX": (2, "+gfx"),
+    "NVML_GPU_INSTANCE_PROFILE_3_SLICE_GFX": (3, "+gfx"),
+    "NVML_GPU_INSTANCE_PROFILE_4_SLICE_GFX": (4, "+gfx"),
+    "NVML_GPU_INSTANCE_PROFILE_1_SLICE_NO_ME": (1, "-me"),
+    "NVML_GPU_INSTANCE_PROFILE_2_SLICE_NO_ME": (2, "-me"),
+    "NVML_GPU_INSTANCE_PROFILE_1_SLICE_ALL_ME": (1, "+me.all"),
+    "NVML_GPU_INSTANCE_PROFILE_2_SLICE_ALL_ME": (2, "+me.all"),
+}
+# Compute-instance profile indices -> compute slices (same scheme, go-nvlib's switch).
+_CI_PROFILES = {
+    "NVML_COMPUTE_INSTANCE_PROFILE_1_SLICE": 1,
+    "NVML_COMPUTE_INSTANCE_PROFILE_2_SLICE": 2,
+    "NVML_COMPUTE_INSTANCE_PROFILE_3_SLICE": 3,
+    "NVML_COMPUTE_INSTANCE_PROFILE_4_SLICE": 4,
+    "NVML_COMPUTE_INSTANCE_PROFILE_6_SLICE": 6,
+    "NVML_COMPUTE_INSTANCE_PROFILE_7_SLICE": 7,
+    "NVML_COMPUTE_INSTANCE_PROFILE_8_SLICE": 8,
+    "NVML_COMPUTE_INSTANCE_PROFILE_1_SLICE_REV1": 1,
+    "NVML_COMPUTE_INSTANCE_PROFILE_7_SLICE_NVL": 7,
 }
 _BRANDS = {
     "NVML_BRAND_QUADRO": "Quadro",
@@ -130,13 +154,14 @@ def mig_profile_name(
     """The canonical MIG profile name (`1g.10gb`, `1c.3g.40gb`, `1g.10gb+me`).
 
     Slices report a little less memory than their name says, so the size is the slice's
-    share of the whole GPU rounded up to eighths, in whole GB, as NVIDIA names them.
+    share of the whole GPU rounded up to eighths, times the GPU's memory in whole GB
+    rounded up, rounded half away from zero: go-nvlib's getMigMemorySizeGB.
     """
     if total_mib > 0:
         eighths = math.ceil(memory_mib / total_mib * 8 - 1e-9) / 8
-        memory_gb = int(eighths * total_mib / 1024 + 0.5)
+        memory_gb = math.floor(eighths * math.ceil(total_mib / 1024) + 0.5)
     else:
-        memory_gb = int(memory_mib / 1024 + 0.5)
+        memory_gb = math.floor(memory_mib / 1024 + 0.5)
     name = f"{gi_slices}g.{memory_gb}gb{suffix}"
     if 0 < ci_slices < gi_slices:
         name = f"{ci_slices}c.{name}"
@@ -368,11 +393,12 @@ class NvmlBackend:
             return None
         return None if node < 0 else node
 
-    def _iter_mig_handles(self, handle: Any, gpu_uuid: str) -> Iterator[Any]:
+    def _iter_mig_handles(self, handle: Any, gpu_uuid: str) -> Iterator[tuple[int, Any]]:
+        """(MIG device index, handle) for each populated slot of a GPU."""
         count = int(self._optional(self._nvml.nvmlDeviceGetMaxMigDeviceCount, handle, default=0))
         for slot in range(count):
             try:
-                yield self._nvml.nvmlDeviceGetMigDeviceHandleByIndex(handle, slot)
+                yield slot, self._nvml.nvmlDeviceGetMigDeviceHandleByIndex(handle, slot)
             except self._error as err:
                 if err.value not in (
                     self._nvml.NVML_ERROR_NOT_FOUND,
@@ -385,7 +411,10 @@ class NvmlBackend:
     ) -> tuple[MigDevice, ...]:
         nvml = self._nvml
         migs = []
-        for mig_handle in self._iter_mig_handles(handle, gpu_uuid):
+        # Profile ID -> shape tables, read once per GPU (and per GPU instance for compute
+        # profiles) rather than once per slice: up to 18 NVML calls each.
+        tables: dict[int | None, dict[int, Any]] = {}
+        for slot, mig_handle in self._iter_mig_handles(handle, gpu_uuid):
             try:
                 uuid = str(nvml.nvmlDeviceGetUUID(mig_handle))
                 gi_id = int(nvml.nvmlDeviceGetGpuInstanceId(mig_handle))
@@ -400,18 +429,14 @@ class NvmlBackend:
                 continue
             memory_mib = int(attrs.memorySizeMB)
             self._mig_uuids[(gpu_uuid, gi_id, ci_id)] = uuid
-            profile = mig_profile_name(
-                int(attrs.gpuInstanceSliceCount),
-                int(attrs.computeInstanceSliceCount),
-                memory_mib,
-                total_mib,
-                self._profile_suffix(handle, gi_id),
-            )
+            gi_slices, ci_slices, suffix = self._profile_shape(handle, gi_id, ci_id, attrs, tables)
+            profile = mig_profile_name(gi_slices, ci_slices, memory_mib, total_mib, suffix)
             migs.append(
                 MigDevice(
                     uuid=uuid,
                     parent_uuid=gpu_uuid,
                     parent_index=index,
+                    mig_index=slot,
                     gi_id=gi_id,
                     ci_id=ci_id,
                     profile=profile,
@@ -433,17 +458,80 @@ class NvmlBackend:
             )
         return tuple(sorted(migs, key=lambda m: (m.gi_id, m.ci_id)))
 
-    def _profile_suffix(self, handle: Any, gi_id: int) -> str:
-        """`+me`, `-me`, `+me.all`, `+gfx` from the GPU instance's profile ID, if readable."""
+    def _profile_shape(
+        self,
+        handle: Any,
+        gi_id: int,
+        ci_id: int,
+        attrs: Any,
+        tables: dict[int | None, dict[int, Any]],
+    ) -> tuple[int, int, str]:
+        """(GPU slices, compute slices, suffix) of a slice, from its profile IDs.
+
+        As go-nvlib does: the GPU instance reports a profile *ID*; the profile *index*
+        (`NVML_GPU_INSTANCE_PROFILE_*`) whose info carries that ID gives the slices and the
+        `+me`/`-me`/`+me.all`/`+gfx` attribute, and likewise for the compute instance.
+        When the instance or its profiles cannot be read, the slice counts of the device
+        attributes stand, without a suffix.
+        """
+        nvml = self._nvml
+        gi_slices = int(attrs.gpuInstanceSliceCount)
+        ci_slices = int(attrs.computeInstanceSliceCount)
         try:
-            instance = self._nvml.nvmlDeviceGetGpuInstanceById(handle, gi_id)
-            profile_id = self._nvml.nvmlGpuInstanceGetInfo(instance).profileId
-        except (self._error, AttributeError):
-            return ""
-        for const, suffix in _PROFILE_SUFFIXES.items():
-            if getattr(self._nvml, const, None) == profile_id:
-                return suffix
-        return ""
+            instance = nvml.nvmlDeviceGetGpuInstanceById(handle, gi_id)
+            gi_profile_id = int(nvml.nvmlGpuInstanceGetInfo(instance).profileId)
+        except (self._error, AttributeError) as err:
+            log.debug("GPU instance %d: profile unreadable (%s)", gi_id, err)
+            return gi_slices, ci_slices, ""
+        if None not in tables:
+            tables[None] = self._profile_ids(
+                _GI_PROFILES, lambda i: nvml.nvmlDeviceGetGpuInstanceProfileInfo(handle, i)
+            )
+        gi_shape: tuple[int, str] | None = tables[None].get(gi_profile_id)
+        if gi_shape is None:
+            log.warning(
+                "GPU instance %d: profile ID %d matches no known GPU-instance profile; "
+                "naming it from its slice counts",
+                gi_id,
+                gi_profile_id,
+            )
+            return gi_slices, ci_slices, ""
+        gi_slices, suffix = gi_shape
+        try:
+            compute = nvml.nvmlGpuInstanceGetComputeInstanceById(instance, ci_id)
+            ci_profile_id = int(nvml.nvmlComputeInstanceGetInfo(compute).profileId)
+        except (self._error, AttributeError) as err:
+            log.debug("compute instance %d/%d: profile unreadable (%s)", gi_id, ci_id, err)
+            return gi_slices, ci_slices, suffix
+        shared = int(getattr(nvml, "NVML_COMPUTE_INSTANCE_ENGINE_PROFILE_SHARED", 0))
+        if gi_id not in tables:
+            tables[gi_id] = self._profile_ids(
+                _CI_PROFILES,
+                lambda i: nvml.nvmlGpuInstanceGetComputeInstanceProfileInfo(instance, i, shared),
+            )
+        ci_found: int | None = tables[gi_id].get(ci_profile_id)
+        return gi_slices, ci_slices if ci_found is None else ci_found, suffix
+
+    def _profile_ids(self, table: dict[str, T], info: Callable[[int], Any]) -> dict[int, T]:
+        """Profile ID -> the table entry of the profile index whose info reports that ID.
+
+        Indices are asked in ascending order and the first match wins, as go-nvlib does.
+        """
+        indexed = sorted(
+            (int(index), shape)
+            for const, shape in table.items()
+            if (index := getattr(self._nvml, const, None)) is not None
+        )
+        ids: dict[int, T] = {}
+        for index, shape in indexed:
+            try:
+                found = int(info(index).id)
+            except self._error as err:
+                # Profiles this GPU does not offer answer NOT_SUPPORTED / INVALID_ARGUMENT.
+                log.debug("profile index %d: %s", index, err)
+                continue
+            ids.setdefault(found, shape)
+        return ids
 
     def _mig_caps(self, minor: int, gi_id: int, ci_id: int) -> tuple[str, ...]:
         """The /dev/nvidia-caps nodes granting a slice, from the driver's /proc capability files."""
@@ -662,7 +750,7 @@ class NvmlBackend:
         if mode[0] != nvml.NVML_DEVICE_MIG_ENABLE:
             return frozenset()
         uuids = set()
-        for mig_handle in self._iter_mig_handles(handle, gpu_uuid):
+        for _, mig_handle in self._iter_mig_handles(handle, gpu_uuid):
             uuid = str(nvml.nvmlDeviceGetUUID(mig_handle))
             gi_id = int(nvml.nvmlDeviceGetGpuInstanceId(mig_handle))
             ci_id = int(nvml.nvmlDeviceGetComputeInstanceId(mig_handle))

@@ -356,6 +356,7 @@ class SimulatedBackend:
                     uuid=f"MIG-{uuidlib.uuid5(_UUID_NS, f'{gpu_uuid}/{slot}/{profile}')}",
                     parent_uuid=gpu_uuid,
                     parent_index=index,
+                    mig_index=slot,
                     gi_id=gi_id,
                     ci_id=0,
                     profile=profile,
