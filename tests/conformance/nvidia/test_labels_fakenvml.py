@@ -145,12 +145,7 @@ def run_labels(lib: Path, tmp: Path, node: str, *flags: str) -> subprocess.Compl
             "expected-output-mig-mixed.txt",
             {"nvidia.com/mig-2g.10gb.count": "1"},
             id=NVIDIA_DP.cite("tests/expected-output-mig-mixed.txt") + " 2g.10gb",
-            # kubegpu.devices.nvml reads nvmlGpuInstanceInfo_t.profileId (the profile's
-            # unique id, 14 for 2g.10gb on A100) as an NVML_GPU_INSTANCE_PROFILE_* index
-            # (14 = 2_SLICE_NO_ME) and names the slice 2g.10gb-me. Owned by devices/.
-            marks=pytest.mark.xfail(
-                strict=True, reason="devices/nvml.py: profile id taken for a profile index"
-            ),
+            # Profile id 14 is 2g.10gb on A100; read as an index it was 2g.10gb-me.
         ),
     ],
 )
