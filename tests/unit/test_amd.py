@@ -45,7 +45,8 @@ def test_mi250_node() -> None:
     assert inv.control_device_paths == ("/dev/kfd",)
     zero, one = inv.gpus
     assert zero.vendor is Vendor.AMD
-    assert zero.uuid == "AMD-3a1c6f2e8b9d4a10"
+    # ROCm's device ID: the PCI address (the old `AMD-<unique_id>` collided for partitions).
+    assert zero.uuid == "0000:c1:00.0"
     assert (zero.index, one.index) == (0, 1)
     assert zero.product == "AMD Instinct MI250X"
     assert zero.brand == "Instinct"
@@ -64,7 +65,7 @@ def test_mi250_node() -> None:
 def test_radeon_fallbacks_and_non_amd_cards_skipped() -> None:
     inv = AmdBackend(root=str(RADEON)).discover()
     (gpu,) = inv.gpus
-    assert gpu.uuid == "AMD-0000:03:00.0", "no unique_id: the PCI address identifies it"
+    assert gpu.uuid == "0000:03:00.0", "the PCI address identifies it, as in ROCm's plugin"
     assert gpu.product == "AMD Radeon RX 7900 XTX", "from the device-id table"
     assert gpu.brand == "Radeon"
     assert gpu.numa_node is None
