@@ -38,6 +38,7 @@ from kubegpu.config.v1 import GfdFlags, MigStrategy
 from kubegpu.devices.model import Inventory
 from kubegpu.errors import ConfigError, InitError, KubegpuError
 from kubegpu.labels import gpu_labels, pci_classes, pci_present
+from kubegpu.labels_amd import amd_labels
 
 log = logging.getLogger(__name__)
 
@@ -430,7 +431,7 @@ def _compute(
         # GFD's behaviour with --fail-on-init-error=false: keep running, label what we know.
         log.warning("no GPUs could be read (%s); labelling without them", exc)
         inventory = Inventory(gpus=())
-    return gpu_labels(
+    labels = gpu_labels(
         inventory,
         cfg,
         machine_type=machine_type(),
@@ -438,6 +439,8 @@ def _compute(
         present=pci_present(sysfs_root) if sysfs_root is not None else None,
         pci_classes=pci_classes(sysfs_root) if sysfs_root is not None else None,
     )
+    # AMD GPUs get ROCm's node labeller labels (empty without AMD GPUs).
+    return labels | amd_labels(inventory)
 
 
 def read_machine_type(path: str) -> str:
@@ -775,9 +778,12 @@ def _discoverer(opts: Mapping[str, Any], cfg: Config) -> Callable[[], Inventory]
     simulate = opts.get("simulate")
     kind = opts.get("backend") or "auto"
     driver_root = opts.get("driver_root") or cfg.flags.nvidia_driver_root
+    sysfs_root = opts.get("sysfs_root") or "/"
 
     def discover() -> Inventory:
-        backend = open_backend(kind, simulate=simulate, driver_root=driver_root)
+        backend = open_backend(
+            kind, simulate=simulate, driver_root=driver_root, sysfs_root=sysfs_root
+        )
         try:
             return backend.discover()
         finally:
