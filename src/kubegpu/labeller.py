@@ -38,7 +38,7 @@ from kubegpu.config.v1 import GfdFlags, MigStrategy
 from kubegpu.devices.model import Inventory
 from kubegpu.errors import ConfigError, InitError, KubegpuError
 from kubegpu.labels import gpu_labels, pci_classes, pci_present
-from kubegpu.labels_amd import amd_labels
+from kubegpu.labels_amd import amd_labels, rocm_owned_keys
 
 log = logging.getLogger(__name__)
 
@@ -341,6 +341,8 @@ class NodePatchSink:
         changes: dict[str, str | None] = {
             key: value for key, value in labels.items() if current.get(key) != value
         }
+        # ROCm's labeller's keys are replaced too, so switching from it leaves none stale.
+        previous |= rocm_owned_keys(current)
         changes |= {key: None for key in previous - set(labels) if key in current}
         managed = json.dumps(sorted(labels), separators=(",", ":"))
         patch: dict[str, Any] = {}

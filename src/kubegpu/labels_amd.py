@@ -167,3 +167,21 @@ def _firmware(infos: Iterable[AmdInfo]) -> dict[str, str]:
 
 def _bool(value: bool) -> str:
     return "true" if value else "false"
+
+
+def rocm_owned_keys(current: Mapping[str, str]) -> set[str]:
+    """The labels on a node that ROCm's labeller owns and replaces on every pass.
+
+    Each kind's `amd.com/gpu.<kind>`, and `beta.amd.com/gpu.<kind>` together with the
+    `beta.amd.com/gpu.<kind>.<value>` count it names. A node that ran ROCm's labeller
+    before kubegpu's keeps none of them stale; other `amd.com/*` labels are not ours.
+    """
+    owned = set()
+    for kind in KINDS:
+        key = f"{PREFIX}/gpu.{kind}"
+        if key in current:
+            owned.add(key)
+        beta = f"{BETA_PREFIX}/gpu.{kind}"
+        if beta in current:
+            owned |= {beta, f"{beta}.{current[beta]}"} & set(current)
+    return owned
