@@ -20,6 +20,7 @@ command-line flag is given; kubegpu writes every kind it can read.
 
 from __future__ import annotations
 
+import math
 from collections import Counter
 from collections.abc import Iterable, Mapping
 
@@ -97,7 +98,8 @@ def product_label(name: str) -> str:
 def vram_label(size_in_bytes: int) -> str:
     """KFD memory bank size as ROCm writes it: whole MiB, then GiB rounded, then `G`."""
     mib = size_in_bytes // _MIB
-    return f"{round(mib / 1024)}G"
+    # Go's math.Round: halves away from zero (Python's round() would go to even).
+    return f"{math.floor(mib / 1024 + 0.5)}G"
 
 
 def counted(kind: str, values: Iterable[str]) -> dict[str, str]:
