@@ -150,11 +150,9 @@ def amd_labels(inventory: Inventory) -> dict[str, str]:
 
 
 def _product(gpu: Gpu, info: AmdInfo) -> str:
-    """The driver's product_name, else the marketing name (ROCm asks libdrm for it); empty
-    for a board neither names (the backend's `AMD GPU 0x....` placeholder is no name)."""
-    if info.product_name:
-        return info.product_name
-    return "" if gpu.product.startswith("AMD GPU 0x") else gpu.product
+    """The driver's product_name, else libdrm's marketing name for the device and revision
+    (what ROCm asks libdrm for); empty when neither names the board."""
+    return info.product_name or info.marketing_name
 
 
 def _firmware(infos: Iterable[AmdInfo]) -> dict[str, str]:

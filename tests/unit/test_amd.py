@@ -10,7 +10,7 @@ from pathlib import Path
 import pytest
 
 from kubegpu.devices import open_backend
-from kubegpu.devices.amd import AmdBackend
+from kubegpu.devices.amd import AmdBackend, marketing_name
 from kubegpu.devices.model import (
     AmdInfo,
     AmdNode,
@@ -193,7 +193,12 @@ def _amd_gpu(index: int, **info: object) -> Gpu:
 def test_mixed_partition_modes_write_no_partition_label() -> None:
     inv = Inventory(
         gpus=(
-            _amd_gpu(0, compute_partition="cpx", memory_partition="nps1"),
+            _amd_gpu(
+                0,
+                compute_partition="cpx",
+                memory_partition="nps1",
+                marketing_name="AMD Instinct MI210",
+            ),
             _amd_gpu(1, compute_partition="spx", memory_partition="nps1"),
         ),
         amd=AmdNode(compute_partitioning_supported=True),
@@ -211,6 +216,7 @@ def test_no_amd_gpus_no_amd_labels() -> None:
 
 def test_unknown_board_has_no_product_label() -> None:
     gpu = dataclasses.replace(_amd_gpu(0, device_id=0x1234), product="AMD GPU 0x1234")
+    assert marketing_name(0x1234, None) == ""
     labels = amd_labels(Inventory(gpus=(gpu,)))
     assert not any("product-name" in k for k in labels)
     assert labels["amd.com/gpu.device-id"] == "1234"
@@ -229,3 +235,16 @@ def test_pair_weight_terms() -> None:
     assert amd_pair_weight(a, dataclasses.replace(b, numa_node=1)) == 20 + 50 + 20
     same = dataclasses.replace(b, amd=dataclasses.replace(b.amd, pci_group=a.amd.pci_group))  # type: ignore[type-var,union-attr]
     assert amd_pair_weight(xgmi, same) == 10 + 10 + 10
+
+
+def test_marketing_names_from_libdrms_table(tmp_path: Path) -> None:
+    """Radeon boards have no product_name file: the name comes from amdgpu.ids by revision."""
+    assert marketing_name(0x744C, 0xCC) == "AMD Radeon RX 7900 XT"
+    assert marketing_name(0x744C, 0x01, exact=True) == "", "libdrm matches the revision exactly"
+    assert marketing_name(0x744C, None) == "AMD Radeon RX 7900 XTX"
+    shutil.copytree(RADEON, tmp_path, dirs_exist_ok=True)
+    (tmp_path / "sys/class/drm/card1/device/revision").write_text("0xcc\n")
+    (gpu,) = AmdBackend(root=str(tmp_path)).discover().gpus
+    assert gpu.product == "AMD Radeon RX 7900 XT"
+    labels = amd_labels(Inventory(gpus=(gpu,)))
+    assert labels["amd.com/gpu.product-name"] == "AMD_Radeon_RX_7900_XT"

@@ -21,6 +21,8 @@ import logging
 import re
 from collections.abc import Callable, Mapping
 from dataclasses import dataclass
+from functools import cache
+from importlib import resources
 from pathlib import Path
 
 from kubegpu.devices.model import (
@@ -65,6 +67,34 @@ PRODUCTS: Mapping[int, str] = {
     0x744C: "AMD Radeon RX 7900 XTX",
     0x7448: "AMD Radeon PRO W7900",
 }
+
+
+@cache
+def marketing_names() -> Mapping[tuple[int, int], str]:
+    """(PCI device id, revision) -> marketing name, from libdrm's `amdgpu.ids` as ROCm ships
+    it: the name ROCm's labeller gets from libdrm when the driver has no `product_name`."""
+    text = resources.files("kubegpu.devices").joinpath("amdgpu.ids").read_text(encoding="utf-8")
+    names: dict[tuple[int, int], str] = {}
+    for line in text.splitlines():
+        fields = [f.strip() for f in line.split(",", 2)]
+        if line.startswith("#") or len(fields) != 3:
+            continue  # comments and the format version line
+        try:
+            names[int(fields[0], 16), int(fields[1], 16)] = fields[2]
+        except ValueError:
+            continue
+    return names
+
+
+def marketing_name(device_id: int, revision: int | None, *, exact: bool = False) -> str:
+    """libdrm's name for the device and revision; unless `exact`, else the first name
+    listed for the device. `""` when none."""
+    names = marketing_names()
+    if revision is not None and (device_id, revision) in names:
+        return names[device_id, revision]
+    if exact:
+        return ""
+    return next((n for (d, _), n in names.items() if d == device_id), "")
 
 
 def _read(path: Path) -> str | None:
@@ -325,7 +355,16 @@ class AmdBackend:
         debugfs = self.root / f"sys/kernel/debug/dri/{card}/amdgpu_firmware_info"
         device = props.get("device_id") or (_int(_read(pdev / "device"), 16) if pdev else None)
         product_file = (_read(pdev / "product_name") if pdev else None) or ""
-        product = product_file or PRODUCTS.get(device or 0, f"AMD GPU {device or 0:#06x}")
+        revision = _int(_read(pdev / "revision"), 16) if pdev else None
+        # libdrm matches device and revision exactly; without a revision file, the device.
+        libdrm = marketing_name(device or 0, revision, exact=revision is not None)
+        product = (
+            product_file
+            or libdrm
+            or PRODUCTS.get(device or 0)
+            or marketing_name(device or 0, None)
+            or f"AMD GPU {device or 0:#06x}"
+        )
         target = props.get("gfx_target_version", 0)
         paths = []
         if card is not None:
@@ -359,6 +398,7 @@ class AmdBackend:
                 simd_per_cu=props.get("simd_per_cu", 0),
                 device_id=device or 0,
                 product_name=product_file,
+                marketing_name=libdrm,
                 vram_bytes=banks,
                 gfx_target_version=target,
                 firmware=firmware_info(_read(debugfs) or "") if card is not None else (),

@@ -103,6 +103,9 @@ class AmdInfo:
     device_id: int = 0
     #: The driver's `product_name` file verbatim; empty when the board has none.
     product_name: str = ""
+    #: libdrm's marketing name for the device and PCI revision (any revision when sysfs has
+    #: no `revision` file); empty when unlisted.
+    marketing_name: str = ""
     #: KFD `mem_banks/0` size, the memory this device (or partition) owns.
     vram_bytes: int = 0
     gfx_target_version: int = 0
