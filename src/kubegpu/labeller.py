@@ -47,6 +47,7 @@ from kubegpu.config.v1 import GfdFlags, MigStrategy
 from kubegpu.devices.model import Inventory
 from kubegpu.errors import ConfigError, InitError, KubegpuError
 from kubegpu.labels import gpu_labels, pci_classes, pci_configs, pci_present
+from kubegpu.labels_amd import amd_labels, rocm_owned_keys
 
 log = logging.getLogger(__name__)
 
@@ -409,6 +410,8 @@ class NodePatchSink:
         changes: dict[str, str | None] = {
             key: value for key, value in labels.items() if current.get(key) != value
         }
+        # ROCm's labeller's keys are replaced too, so switching from it leaves none stale.
+        previous |= rocm_owned_keys(current)
         changes |= {key: None for key in previous - set(labels) if key in current}
         managed = json.dumps(sorted(labels), separators=(",", ":"))
         patch: dict[str, Any] = {}
@@ -441,7 +444,10 @@ def _managed_keys(annotation: str | None) -> set[str]:
 VendorLabels = Callable[[Inventory, Config], Mapping[str, str]]
 #: Vendors labelled besides NVIDIA (GFD's labels are built in, since they need the
 #: labeller's sysfs reads). Another vendor's label module adds its function here.
-VENDOR_LABELS: tuple[VendorLabels, ...] = ()
+VENDOR_LABELS: tuple[VendorLabels, ...] = (
+    # AMD GPUs get ROCm's node labeller labels (none without AMD GPUs).
+    lambda inventory, _config: amd_labels(inventory),
+)
 
 
 async def run_labeller(
@@ -1073,9 +1079,12 @@ def _discoverer(opts: Mapping[str, Any], cfg: Config) -> Callable[[], Inventory]
     simulate = opts.get("simulate")
     kind = opts.get("backend") or "auto"
     driver_root = opts.get("driver_root") or cfg.flags.nvidia_driver_root
+    sysfs_root = opts.get("sysfs_root") or "/"
 
     def discover() -> Inventory:
-        backend = open_backend(kind, simulate=simulate, driver_root=driver_root)
+        backend = open_backend(
+            kind, simulate=simulate, driver_root=driver_root, sysfs_root=sysfs_root
+        )
         try:
             return backend.discover()
         finally:

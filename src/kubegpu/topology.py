@@ -6,6 +6,10 @@ searched exhaustively (8 GPUs choose 4 is 70 sets); large ones greedily. Replica
 shared GPUs follow `sharedDevicesAllocationPolicy`: `distributed` spreads a request over
 the least-used GPUs, `packed` fills one GPU before the next.
 
+AMD GPUs are weighed as ROCm's best-effort allocator weighs them (see `amd_pair_weight`), so
+`amd.com/gpu` gets the devices ROCm's plugin would pick: partitions of one GPU together, on
+the GPU with the fewest free partitions (so whole GPUs stay whole), xGMI peers before PCIe.
+
 The answer is a hint to the kubelet, but it must be a valid one: only IDs it offered,
 every `must_include` ID, exactly `allocation_size` of them.
 """
@@ -17,7 +21,7 @@ import math
 from collections.abc import Sequence
 
 from kubegpu.config import AllocationPolicy
-from kubegpu.devices import DeviceID, Health, LinkKind
+from kubegpu.devices import DeviceID, Gpu, Health, LinkKind, Vendor
 from kubegpu.errors import AllocationError
 from kubegpu.resources import AdvertisedDevice, ResourceSpec, SharingKind, Unit
 
@@ -67,7 +71,9 @@ def preferred_allocation(
     )
     need = size - len(chosen)
     if need:
-        if spec.sharing is SharingKind.NONE:
+        if spec.sharing is SharingKind.NONE and spec.vendor is Vendor.AMD:
+            chosen += _best_amd(chosen, pool, need)
+        elif spec.sharing is SharingKind.NONE:
             chosen += _best_units(chosen, pool, need)
         else:
             chosen += _replicas(spec, chosen, pool, need, policy)
@@ -126,6 +132,84 @@ def _best_units(
         picked.append(nxt)
         rest.remove(nxt)
     return picked
+
+
+# ROCm's best-effort weights (lower is closer); a pair's weight is one term of each kind.
+_AMD_SAME_GPU, _AMD_OTHER_GPU = 10, 20
+_AMD_XGMI, _AMD_PCIE, _AMD_OTHER_LINK = 10, 40, 50
+_AMD_SAME_NUMA, _AMD_OTHER_NUMA = 10, 20
+#: KFD io_link types.
+_IOLINK_XGMI, _IOLINK_PCIE = 11, 2
+
+
+def amd_pair_weight(a: Gpu, b: Gpu) -> int:
+    """How far apart two AMD devices (GPUs or partitions) are; lower is better.
+
+    Same physical GPU, the KFD link type between them (xGMI, PCIe, other) and the NUMA
+    node each add a term, with ROCm's values. Where KFD lists no link ROCm's allocator
+    counts nothing for the pair; we count an "other" link instead, so an unlisted pair is
+    never preferred over a listed one (real KFD trees list every GPU pair).
+    """
+    same_gpu = a.amd is not None and b.amd is not None and a.amd.pci_group == b.amd.pci_group
+    link = a.link_to(b.uuid)
+    kind = link.iolink_type if link is not None else None
+    return (
+        (_AMD_SAME_GPU if same_gpu else _AMD_OTHER_GPU)
+        + {_IOLINK_XGMI: _AMD_XGMI, _IOLINK_PCIE: _AMD_PCIE}.get(kind or -1, _AMD_OTHER_LINK)
+        + (_AMD_SAME_NUMA if a.numa_node == b.numa_node else _AMD_OTHER_NUMA)
+    )
+
+
+def _best_amd(
+    chosen: list[AdvertisedDevice], pool: list[AdvertisedDevice], need: int
+) -> list[AdvertisedDevice]:
+    """The `need` devices that, with `chosen`, have the lowest total ROCm weight.
+
+    Devices are tried GPU by GPU, the GPU with the fewest free devices first: among equal
+    totals that keeps whole GPUs free for bigger requests, the tie-break ROCm uses. Small
+    searches are exhaustive; larger ones start once from each GPU (take its free devices,
+    then add the closest device until full) and keep the lowest total.
+    """
+    groups: dict[str, list[AdvertisedDevice]] = {}
+    for d in pool:
+        key = d.unit.gpu.amd.pci_group if d.unit.gpu.amd is not None else d.unit.uuid
+        groups.setdefault(key, []).append(d)
+    ordered = sorted(groups.values(), key=lambda g: (len(g), _order(g[0])))
+    pool = [d for group in ordered for d in group]
+    every = [d.unit.gpu for d in chosen + pool]
+    weight = {
+        (a.uuid, b.uuid): amd_pair_weight(a, b) for a in every for b in every if a.uuid != b.uuid
+    }
+    fixed = [d.unit.gpu.uuid for d in chosen]
+
+    def total(devices: Sequence[AdvertisedDevice]) -> int:
+        uuids = fixed + [d.unit.gpu.uuid for d in devices]
+        return sum(weight[a, b] for a, b in itertools.combinations(uuids, 2))
+
+    best: list[AdvertisedDevice] = []
+    best_total: float = math.inf
+    if math.comb(len(pool), need) <= EXHAUSTIVE_LIMIT:
+        for combo in itertools.combinations(pool, need):  # first of equal totals wins
+            score = total(combo)
+            if score < best_total:
+                best, best_total = list(combo), score
+        return best
+    for group in ordered:
+        picked = group[:need]
+        taken = {d.id for d in picked}
+        rest = [d for d in pool if d.id not in taken]
+        members = fixed + [d.unit.gpu.uuid for d in picked]
+        cost = {d.id: sum(weight[d.unit.gpu.uuid, m] for m in members) for d in rest}
+        while len(picked) < need:
+            nxt = min(rest, key=lambda d: cost[d.id])  # min() keeps the first of ties
+            rest.remove(nxt)
+            picked.append(nxt)
+            for d in rest:
+                cost[d.id] += weight[d.unit.gpu.uuid, nxt.unit.gpu.uuid]
+        score = total(picked)
+        if score < best_total:
+            best, best_total = picked, score
+    return best
 
 
 def _replicas(

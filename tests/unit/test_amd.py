@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import dataclasses
 import shutil
 import threading
 from pathlib import Path
@@ -9,9 +10,21 @@ from pathlib import Path
 import pytest
 
 from kubegpu.devices import open_backend
-from kubegpu.devices.amd import AmdBackend
-from kubegpu.devices.model import HealthEvent, HealthEventKind, LinkKind, Vendor
+from kubegpu.devices.amd import AmdBackend, marketing_name
+from kubegpu.devices.model import (
+    AmdInfo,
+    AmdNode,
+    Gpu,
+    HealthEvent,
+    HealthEventKind,
+    Inventory,
+    Link,
+    LinkKind,
+    Vendor,
+)
 from kubegpu.errors import InitError
+from kubegpu.labels_amd import amd_labels, counted, family, product_label, vram_label
+from kubegpu.topology import amd_pair_weight
 
 FIXTURES = Path(__file__).parent.parent / "fixtures"
 MI250 = FIXTURES / "amd-mi250"
@@ -45,7 +58,8 @@ def test_mi250_node() -> None:
     assert inv.control_device_paths == ("/dev/kfd",)
     zero, one = inv.gpus
     assert zero.vendor is Vendor.AMD
-    assert zero.uuid == "AMD-3a1c6f2e8b9d4a10"
+    # ROCm's device ID: the PCI address (the old `AMD-<unique_id>` collided for partitions).
+    assert zero.uuid == "0000:c1:00.0"
     assert (zero.index, one.index) == (0, 1)
     assert zero.product == "AMD Instinct MI250X"
     assert zero.brand == "Instinct"
@@ -64,7 +78,7 @@ def test_mi250_node() -> None:
 def test_radeon_fallbacks_and_non_amd_cards_skipped() -> None:
     inv = AmdBackend(root=str(RADEON)).discover()
     (gpu,) = inv.gpus
-    assert gpu.uuid == "AMD-0000:03:00.0", "no unique_id: the PCI address identifies it"
+    assert gpu.uuid == "0000:03:00.0", "the PCI address identifies it, as in ROCm's plugin"
     assert gpu.product == "AMD Radeon RX 7900 XTX", "from the device-id table"
     assert gpu.brand == "Radeon"
     assert gpu.numa_node is None
@@ -117,3 +131,120 @@ def test_probe_and_watch_notice_a_lost_gpu(tmp_path: Path) -> None:
         thread.join(5)
     assert "is gone" in (backend.probe(one.uuid) or "")
     assert [(e.uuid, e.kind) for e in events] == [(one.uuid, HealthEventKind.PROBE_FAILED)]
+
+
+# --- ROCm-style labels (kubegpu.labels_amd) ---------------------------------------------
+
+
+@pytest.mark.parametrize(
+    ("target", "name"),
+    [
+        (90010, "AI"),  # MI210 gfx90a
+        (90402, "AI"),  # MI300X gfx942
+        (90012, "RV"),  # Renoir APU gfx90c
+        (100300, "NV"),  # Navi 21 gfx1030
+        (100305, "YC"),
+        (110000, "GC_11_0_0"),  # Navi 31 gfx1100
+        (110003, "GC_11_0_1"),  # Phoenix APU
+        (110501, "GC_11_5_0"),
+        (120001, "GC_12_0_0"),
+        (80003, "VI"),
+        (0, None),
+    ],
+)
+def test_family_from_gfx_target(target: int, name: str | None) -> None:
+    assert family(target) == name
+
+
+def test_value_formats() -> None:
+    assert product_label(" AMD Instinct MI300X (OAM) ") == "AMD_Instinct_MI300X_OAM"
+    assert vram_label(17163091968) == "16G"  # 16368 MiB
+    assert vram_label(206141652992) == "192G"
+    assert vram_label(1024 * 1024 * 1535 + 1048575) == "1G", "whole MiB first, then GiB rounded"
+    assert vram_label(1024 * 1024 * 2560) == "3G", "halves round up, as Go's math.Round"
+
+
+def test_several_values_are_counted_under_both_prefixes() -> None:
+    labels = counted("vram", ["64G", "64G", "192G"])
+    assert labels == {
+        "beta.amd.com/gpu.vram.64G": "2",
+        "beta.amd.com/gpu.vram.192G": "1",
+        "amd.com/gpu.vram.64G": "2",
+        "amd.com/gpu.vram.192G": "1",
+    }
+
+
+def _amd_gpu(index: int, **info: object) -> Gpu:
+    base = {"kfd_node": index + 1, "pci_group": f"0000:{index:02x}:00:0"}
+    return Gpu(
+        index=index,
+        uuid=f"0000:{index:02x}:00.0",
+        minor=128 + index,
+        product="AMD Instinct MI210",
+        memory_mib=0,
+        pci_bus_id=f"0000:{index:02x}:00.0",
+        numa_node=0,
+        compute_capability=(9, 0),
+        vendor=Vendor.AMD,
+        amd=AmdInfo(**(base | info)),  # type: ignore[arg-type]
+    )
+
+
+def test_mixed_partition_modes_write_no_partition_label() -> None:
+    inv = Inventory(
+        gpus=(
+            _amd_gpu(
+                0,
+                compute_partition="cpx",
+                memory_partition="nps1",
+                marketing_name="AMD Instinct MI210",
+            ),
+            _amd_gpu(1, compute_partition="spx", memory_partition="nps1"),
+        ),
+        amd=AmdNode(compute_partitioning_supported=True),
+    )
+    labels = amd_labels(inv)
+    assert "amd.com/gpu.compute-memory-partition" not in labels
+    assert labels["amd.com/gpu.compute-partitioning-supported"] == "true"
+    assert labels["amd.com/gpu.memory-partitioning-supported"] == "false"
+    assert labels["amd.com/gpu.product-name"] == "AMD_Instinct_MI210", "marketing name"
+
+
+def test_no_amd_gpus_no_amd_labels() -> None:
+    assert amd_labels(Inventory(gpus=())) == {}
+
+
+def test_unknown_board_has_no_product_label() -> None:
+    gpu = dataclasses.replace(_amd_gpu(0, device_id=0x1234), product="AMD GPU 0x1234")
+    assert marketing_name(0x1234, None) == ""
+    labels = amd_labels(Inventory(gpus=(gpu,)))
+    assert not any("product-name" in k for k in labels)
+    assert labels["amd.com/gpu.device-id"] == "1234"
+
+
+# --- ROCm's pair weights (kubegpu.topology) ---------------------------------------------
+
+
+def test_pair_weight_terms() -> None:
+    a, b = _amd_gpu(0), _amd_gpu(1)
+    xgmi = dataclasses.replace(a, links=(Link(b.uuid, LinkKind.NVLINK, 1, iolink_type=11),))
+    pcie = dataclasses.replace(a, links=(Link(b.uuid, LinkKind.SAME_NUMA, iolink_type=2),))
+    assert amd_pair_weight(xgmi, b) == 20 + 10 + 10
+    assert amd_pair_weight(pcie, b) == 20 + 40 + 10
+    # No KFD link: counted as "other", never better than a listed link.
+    assert amd_pair_weight(a, dataclasses.replace(b, numa_node=1)) == 20 + 50 + 20
+    same = dataclasses.replace(b, amd=dataclasses.replace(b.amd, pci_group=a.amd.pci_group))  # type: ignore[type-var,union-attr]
+    assert amd_pair_weight(xgmi, same) == 10 + 10 + 10
+
+
+def test_marketing_names_from_libdrms_table(tmp_path: Path) -> None:
+    """Radeon boards have no product_name file: the name comes from amdgpu.ids by revision."""
+    assert marketing_name(0x744C, 0xCC) == "AMD Radeon RX 7900 XT"
+    assert marketing_name(0x744C, 0x01, exact=True) == "", "libdrm matches the revision exactly"
+    assert marketing_name(0x744C, None) == "AMD Radeon RX 7900 XTX"
+    shutil.copytree(RADEON, tmp_path, dirs_exist_ok=True)
+    (tmp_path / "sys/class/drm/card1/device/revision").write_text("0xcc\n")
+    (gpu,) = AmdBackend(root=str(tmp_path)).discover().gpus
+    assert gpu.product == "AMD Radeon RX 7900 XT"
+    labels = amd_labels(Inventory(gpus=(gpu,)))
+    assert labels["amd.com/gpu.product-name"] == "AMD_Radeon_RX_7900_XT"

@@ -51,6 +51,9 @@ class Link:
     kind: LinkKind
     #: Number of NVLink lanes for `LinkKind.NVLINK`; 1 otherwise.
     count: int = 1
+    #: AMD only: the KFD io_link `type` to the peer (11 xGMI, 2 PCIe), None when KFD lists
+    #: no link. ROCm's allocator weighs pairs by it, so the AMD scorer needs the raw value.
+    iolink_type: int | None = None
 
 
 @dataclass(frozen=True)
@@ -90,6 +93,45 @@ class MigDevice:
 
 
 @dataclass(frozen=True)
+class AmdInfo:
+    """What the AMD backend knows beyond the vendor-neutral fields (for ROCm-style labels
+    and ROCm's allocator). A compute partition (CPX/DPX/QPX) is its own `Gpu` with this set."""
+
+    #: KFD topology node number (`/sys/class/kfd/kfd/topology/nodes/<n>`).
+    kfd_node: int
+    #: ROCm's "devID": `dddd:bb:dd:0`, the physical GPU every partition of it shares.
+    pci_group: str
+    #: A compute partition other than the one on the PCI function (`amdgpu_xcp_<n>`).
+    partition: bool = False
+    #: `current_compute_partition` / `current_memory_partition`, lower case (`cpx`, `nps1`).
+    compute_partition: str = ""
+    memory_partition: str = ""
+    simd_count: int = 0
+    simd_per_cu: int = 0
+    #: PCI device id (KFD `device_id`), e.g. 0x74a1.
+    device_id: int = 0
+    #: The driver's `product_name` file verbatim; empty when the board has none.
+    product_name: str = ""
+    #: libdrm's marketing name for the device and PCI revision (any revision when sysfs has
+    #: no `revision` file); empty when unlisted.
+    marketing_name: str = ""
+    #: KFD `mem_banks/0` size, the memory this device (or partition) owns.
+    vram_bytes: int = 0
+    gfx_target_version: int = 0
+    #: (name, feature version, firmware version) from the driver's amdgpu_firmware_info.
+    firmware: tuple[tuple[str, int, int], ...] = ()
+
+
+@dataclass(frozen=True)
+class AmdNode:
+    """Node-wide AMD facts for the `amd.com/gpu.*` labels."""
+
+    driver_src_version: str = ""
+    compute_partitioning_supported: bool = False
+    memory_partitioning_supported: bool = False
+
+
+@dataclass(frozen=True)
 class Gpu:
     """One physical GPU."""
 
@@ -116,6 +158,8 @@ class Gpu:
     #: Brand/architecture hints for labels (e.g. `Tesla`, `hopper`); empty when unknown.
     brand: str = ""
     health: Health = Health.HEALTHY
+    #: AMD backend details; None for NVIDIA and simulated GPUs.
+    amd: AmdInfo | None = None
 
     def link_to(self, peer_uuid: str) -> Link | None:
         return next((link for link in self.links if link.peer_uuid == peer_uuid), None)
@@ -134,6 +178,8 @@ class Inventory:
     control_device_paths: tuple[str, ...] = ()
     #: Name of the backend that produced this snapshot (`nvml`, `simulated`, `amd`, `null`).
     backend: str = ""
+    #: AMD node facts; None unless the AMD backend produced this snapshot.
+    amd: AmdNode | None = None
 
     def gpu(self, uuid: str) -> Gpu:
         for gpu in self.gpus:
