@@ -419,15 +419,14 @@ def test_unset_gfd_flags_leave_gfds_default(nvidia: dict[str, Any]) -> None:
     assert _labels_value(nvidia, [], {}) == nvidia["default"]
 
 
-@pytest.mark.xfail(
-    strict=True,
-    reason="GFD v0.20.0 defaults --use-node-feature-api to true; kubegpu labels still writes "
-    "the features.d file unless asked (flags.gfd.useNodeFeatureAPI default false): left to "
-    "the labels owner",
-)
-def test_use_node_feature_api_defaults_to_true_as_in_gfd() -> None:
+@pytest.mark.deliberate("labels-features-file-default")
+def test_use_node_feature_api_defaults_to_false_unlike_gfd() -> None:
+    """GFD v0.20.0 defaults --use-node-feature-api to true; kubegpu labels writes NFD's
+    features.d file unless asked, so it runs (and `-o -` prints) without an API server."""
     nvidia = next(f for f in GFD_FLAGS if f["name"] == "use-node-feature-api")
-    assert _labels_value(nvidia, [], {}) is True
+    assert nvidia["default"] is True
+    assert _labels_value(nvidia, [], {}) is False
+    assert _labels_value(nvidia, ["--use-node-feature-api"], {}) is True
 
 
 @pytest.mark.parametrize(
