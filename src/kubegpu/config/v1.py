@@ -106,7 +106,7 @@ class PluginFlags(_Model):
             raise invalid("needs at least one strategy", hint, got=[])
         valid = {m.value for m in DeviceListStrategy}
         for i, item in enumerate(items):
-            if item not in valid:
+            if not isinstance(item, str) or item not in valid:  # a list item is unhashable
                 at = f"[{i}]" if not isinstance(value, str) else ""
                 if isinstance(item, str) and "," in item:
                     hint += " (write several as a YAML list, not a comma string)"
