@@ -105,14 +105,14 @@ def build_config(
     override_source: str = OVERRIDE_SOURCE,
 ) -> Config:
     """Validate `raw` with `overrides` merged in; errors in overridden keys blame the flag."""
-    version = raw.get("version", VERSION)
-    if version not in SUPPORTED_VERSIONS:
-        # Checked first: a future version's keys would otherwise be reported as typos.
-        raise ConfigError(
-            f"{source}: version: unsupported config version (got {_show(version)}); "
-            f"this kubegpu reads version {', '.join(SUPPORTED_VERSIONS)}"
-        )
     with _total(source):
+        version = raw.get("version", VERSION)
+        if version not in SUPPORTED_VERSIONS:
+            # Checked first: a future version's keys would otherwise be reported as typos.
+            raise ConfigError(
+                f"{source}: version: unsupported config version (got {_show(version)}); "
+                f"this kubegpu reads version {', '.join(SUPPORTED_VERSIONS)}"
+            )
         merged = apply_overrides(raw, overrides)
         try:
             # by_name=False: files must use NVIDIA's camelCase keys, so `mig_strategy` is a typo.

@@ -120,9 +120,11 @@ class ConfigSource:
         poll_interval: float = 0.5,
         loader: Loader = _default_loader,
         settle_interval: float | None = None,
+        reader: Callable[[Path], bytes] = read_bytes,
     ) -> None:
         self._config_file = config_file
         self._loader = loader
+        self._reader = reader
         #: The gap between the two reads that must agree; a poll at most, 0.2 s by default.
         self._settle = min(poll_interval, 0.2) if settle_interval is None else settle_interval
         self._overrides = dict(overrides)
@@ -220,10 +222,10 @@ class ConfigSource:
         """The file's bytes once two reads one poll apart agree (it is not being written)."""
         if path is None:
             return None
-        data = await asyncio.to_thread(read_bytes, path)
+        data = await asyncio.to_thread(self._reader, path)
         while True:
             await asyncio.sleep(self._settle)
-            again = await asyncio.to_thread(read_bytes, path)
+            again = await asyncio.to_thread(self._reader, path)
             if again == data:
                 return data
             log.info("config file %s changed while being read; waiting for it to settle", path)
