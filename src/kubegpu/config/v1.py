@@ -248,15 +248,17 @@ class ReplicatedResource(_Model):
             raise invalid("is not a device selector", _DEVICES_HINT, got=value)
         if not value:
             raise invalid("lists no devices", _DEVICES_HINT, got=[])
+        seen: set[object] = set()  # a set, not value[:i]: linear in a long list
         for i, entry in enumerate(value):
             try:
                 device_entry_kind(entry)
             except ValueError as exc:
                 raise invalid(f"entry {exc}", _DEVICES_HINT, at=f"[{i}]", got=entry) from None
-            if entry in value[:i]:
+            if entry in seen:
                 raise invalid(
                     "lists a device twice", "list each device once", at=f"[{i}]", got=entry
                 )
+            seen.add(entry)
         return tuple(value)
 
     @field_validator("memory_limit", mode="before")
