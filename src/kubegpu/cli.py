@@ -737,9 +737,9 @@ def build_parser() -> argparse.ArgumentParser:
 
 
 def _plugins() -> list[Callable[[Any], None]]:
-    from kubegpu import cdi, labeller
+    from kubegpu import cdi, check, labeller
 
-    return [labeller.register_cli, cdi.register_cli]
+    return [labeller.register_cli, cdi.register_cli, check.register_cli]
 
 
 def _setup_logging(level: str) -> None:

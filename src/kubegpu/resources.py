@@ -30,6 +30,12 @@ DEFAULT_AMD = ResourceName("amd.com/gpu")
 MPS_MAX_REPLICAS = 48
 MPS_MAX_REPLICAS_BEFORE_CC75 = 16
 REPLICA_SEPARATOR = "::"
+#: The kubelet reads at most 4 MiB per gRPC message; one ListAndWatch answer holds every
+#: device of a resource, so a resource must fit in it (or the node shows 0 of it).
+KUBELET_MAX_MESSAGE_BYTES = 4 * 1024 * 1024
+#: An upper bound on one device's bytes in that message beyond its ID: the Device framing
+#: and length (4), health "Unhealthy" (11), a NUMA topology entry (16), the ID's tag (3).
+DEVICE_OVERHEAD_BYTES = 34
 
 
 class SharingKind(StrEnum):
@@ -264,6 +270,7 @@ def _apply_sharing(
                 raise ConfigError(
                     f"{key}.name: resource {name} is produced twice; rename one of them"
                 )
+            _check_fits(name, selected, entry.replicas, key)
             devices = [
                 AdvertisedDevice(id=replica_id(u.uuid, n), unit=u, replica=n)
                 for u in selected
@@ -286,6 +293,28 @@ def _apply_sharing(
             None,
         )
     return out
+
+
+def list_message_bytes(ids: Sequence[str]) -> int:
+    """An upper bound on the ListAndWatch message size for devices with these IDs."""
+    return sum(len(i.encode()) + DEVICE_OVERHEAD_BYTES for i in ids)
+
+
+def _check_fits(name: ResourceName, units: Sequence[Unit], replicas: int, key: str) -> None:
+    """Refuse replicas whose device list the kubelet could not read, before building it.
+
+    Computed from the sizes alone, so `replicas: 1000000000` fails at once instead of
+    building a billion IDs.
+    """
+    suffix = len(REPLICA_SEPARATOR) + len(str(max(replicas - 1, 0)))
+    per_replica = sum(len(u.uuid.encode()) + suffix + DEVICE_OVERHEAD_BYTES for u in units)
+    if per_replica * replicas > KUBELET_MAX_MESSAGE_BYTES:
+        most = KUBELET_MAX_MESSAGE_BYTES // max(per_replica, 1)
+        raise ConfigError(
+            f"{key}.replicas: {replicas} replicas of {len(units)} device(s) would make "
+            f"{name}'s device list larger than the kubelet's 4 MiB message limit "
+            f"(got {replicas}); use at most {most} replicas here"
+        )
 
 
 def _select(units: Sequence[Unit], entry: ReplicatedResource, key: str) -> list[Unit]:

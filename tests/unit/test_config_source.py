@@ -369,3 +369,135 @@ def test_symlinked_config_file_fingerprint_follows_target(tmp_path: Path) -> Non
     link.unlink()
     link.symlink_to("b")
     assert _stat(_Selection(link, "")) != before
+
+
+# -- reload safety (issue 8): empty files, half-written files, off-loop loading -----------------
+
+
+@pytest.mark.parametrize("empty", ["", "  \n\t\n"])
+async def test_empty_file_on_reload_keeps_the_last_good_config(tmp_path: Path, empty: str) -> None:
+    path = tmp_path / "config.yaml"
+    path.write_text(mig("mixed"))
+    async with running(ConfigSource(config_file=path, overrides={}, poll_interval=FAST)) as s:
+        assert strategy(await next_update(s)) is MigStrategy.MIXED
+        path.write_text(empty)
+        update = await next_update(s)
+        assert update.config is None
+        assert "the file is empty; keeping the last good config" in str(update.error)
+        path.write_text(mig("single"))
+        assert strategy(await next_update(s)) is MigStrategy.SINGLE
+
+
+async def test_empty_file_at_start_is_the_defaults(tmp_path: Path) -> None:
+    # As NVIDIA's plugin reads it: no keys, version defaulted. Only a *reload* refuses it.
+    path = tmp_path / "config.yaml"
+    path.write_text("")
+    async with running(ConfigSource(config_file=path, overrides={}, poll_interval=FAST)) as s:
+        assert strategy(await next_update(s)) is MigStrategy.NONE
+
+
+class ScriptedReader:
+    """A file whose successive reads return the scripted contents (the last one repeats)."""
+
+    def __init__(self, *contents: str) -> None:
+        self.contents = [c.encode() for c in contents]
+        self.reads = 0
+
+    def __call__(self, path: Path) -> bytes:
+        self.reads += 1
+        return self.contents.pop(0) if len(self.contents) > 1 else self.contents[0]
+
+
+async def test_a_file_is_applied_only_once_it_reads_the_same_twice(tmp_path: Path) -> None:
+    half = mig("mixed")[:18]  # "version: v1\nflags:" cut mid-way: valid YAML, wrong config
+    seen: list[bytes | None] = []
+
+    def loader(data: bytes | None, overrides: Any, source: str) -> Any:
+        seen.append(data)
+        from kubegpu.config.loader import load_config_bytes
+
+        return load_config_bytes(data, overrides, source=source)
+
+    reader = ScriptedReader(half, mig("mixed"))
+    source = ConfigSource(
+        config_file=tmp_path / "config.yaml",
+        overrides={},
+        poll_interval=3600,
+        settle_interval=0.0,
+        loader=loader,
+        reader=reader,
+    )
+    async with running(source) as s:
+        assert strategy(await next_update(s)) is MigStrategy.MIXED
+    assert seen == [mig("mixed").encode()]  # the half-written read never reached the loader
+    assert reader.reads >= 3
+
+
+async def test_loading_runs_off_the_event_loop(tmp_path: Path) -> None:
+    path = tmp_path / "config.yaml"
+    path.write_text(mig("mixed"))
+    entered, release = threading.Event(), threading.Event()
+
+    def slow_loader(data: bytes | None, overrides: Any, source: str) -> Any:
+        from kubegpu.config.loader import load_config_bytes
+
+        entered.set()
+        assert release.wait(WAIT), "the test never released the loader"
+        return load_config_bytes(data, overrides, source=source)
+
+    source = ConfigSource(
+        config_file=path, overrides={}, poll_interval=FAST, settle_interval=0.0, loader=slow_loader
+    )
+    async with running(source) as s:
+        assert await asyncio.to_thread(entered.wait, WAIT)
+        # While the load is stuck, other coroutines (gRPC, /healthz, SIGTERM) still run.
+        ticked = asyncio.Event()
+        asyncio.get_running_loop().call_soon(ticked.set)
+        await asyncio.wait_for(ticked.wait(), WAIT)
+        assert s.empty()
+        release.set()
+        assert strategy(await next_update(s)) is MigStrategy.MIXED
+
+
+async def test_a_loader_crash_is_an_error_update_not_the_end(tmp_path: Path) -> None:
+    path = tmp_path / "config.yaml"
+    path.write_text(mig("mixed"))
+    crash = True
+
+    def loader(data: bytes | None, overrides: Any, source: str) -> Any:
+        from kubegpu.config.loader import load_config_bytes
+
+        if crash:
+            raise RuntimeError("boom")
+        return load_config_bytes(data, overrides, source=source)
+
+    source = ConfigSource(config_file=path, overrides={}, poll_interval=FAST, loader=loader)
+    async with running(source) as s:
+        update = await next_update(s)
+        assert update.config is None and "RuntimeError('boom')" in str(update.error)
+        crash = False
+        source.poke()
+        assert strategy(await next_update(s)) is MigStrategy.MIXED
+
+
+@pytest.mark.parametrize(
+    "text",
+    [
+        "version: {2001-01-01: 1}\n",
+        "flags: &f {plugin: *f}\n",
+        "flags: " + "[" * 3000 + "]" * 3000 + "\n",
+        "version: v1\nversion: v1\n",
+    ],
+    ids=["date-key", "self-alias", "deep", "duplicate"],
+)
+async def test_bad_files_on_reload_keep_the_last_good(tmp_path: Path, text: str) -> None:
+    path = tmp_path / "config.yaml"
+    path.write_text(mig("mixed"))
+    async with running(ConfigSource(config_file=path, overrides={}, poll_interval=FAST)) as s:
+        assert strategy(await next_update(s)) is MigStrategy.MIXED
+        path.write_text(text)
+        update = await next_update(s)
+        assert update.config is None and isinstance(update.error, ConfigError)
+        assert "\n" not in str(update.error)
+        path.write_text(mig("single"))
+        assert strategy(await next_update(s)) is MigStrategy.SINGLE

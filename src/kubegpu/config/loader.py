@@ -4,6 +4,10 @@ Every `ConfigError` raised here reads `<source>: <key.path>: <what is wrong> (go
 <what to do>`, with list indices in the path (`sharing.mps.resources[0].replicas`), so a
 log line alone tells an operator which ConfigMap key to fix and how.
 
+Loading is total: any byte string gives a `Config` or one `ConfigError` line, within the
+bounds of `kubegpu.config.yamlsafe` (size, depth, aliases, number sizes); an unexpected
+exception from a library is still turned into a `ConfigError`, never let through.
+
 Overrides (flag and env values) are dotted key paths merged into the raw file *before*
 validation, so a rule spanning both (MPS in the file, `--mps-root` on the command line)
 is checked on the effective config, as NVIDIA's plugin does.
@@ -11,17 +15,18 @@ is checked on the effective config, as NVIDIA's plugin does.
 
 from __future__ import annotations
 
+import contextlib
 import copy
 import difflib
 import json
 import typing
-from collections.abc import Mapping, Sequence
+from collections.abc import Iterator, Mapping, Sequence
 from pathlib import Path
 from typing import Any, Final
 
 import pydantic
-import yaml
 
+from kubegpu.config import yamlsafe
 from kubegpu.config.v1 import SUPPORTED_VERSIONS, VERSION, Config
 from kubegpu.errors import ConfigError
 
@@ -30,14 +35,13 @@ OVERRIDE_SOURCE: Final = "flag/env"
 _MAX_SHOWN: Final = 80
 
 
-def parse_raw(text: str, source: str = "<config>") -> dict[str, Any]:
+def parse_raw(text: str | bytes, source: str = "<config>") -> dict[str, Any]:
     """YAML (or JSON) text as a plain mapping; an empty document is `{}`."""
-    try:
-        raw = yaml.safe_load(text)
-    except yaml.YAMLError as exc:
-        raise ConfigError(
-            f"{source}: not valid YAML ({_yaml_reason(exc)}); fix the syntax"
-        ) from exc
+    with _total(source):
+        if isinstance(text, bytes):
+            raw = yamlsafe.load_bytes(text, source)
+        else:
+            raw = yamlsafe.load_text(text, source)
     if raw is None:
         return {}
     if not isinstance(raw, dict):
@@ -48,23 +52,26 @@ def parse_raw(text: str, source: str = "<config>") -> dict[str, Any]:
     return raw
 
 
-def parse_config(text: str, source: str = "<config>") -> Config:
+def parse_config(text: str | bytes, source: str = "<config>") -> Config:
     """Parse YAML (or JSON) text into a validated `Config`."""
     return build_config(parse_raw(text, source), {}, source=source)
 
 
-def read_raw(path: str | Path) -> dict[str, Any]:
-    """The raw mapping in a config file; a `ConfigError` names the file when unreadable."""
+def read_bytes(path: str | Path) -> bytes:
+    """A config file's bytes, at most `yamlsafe.MAX_BYTES` (+1, to tell it is too big)."""
     p = Path(path)
     try:
-        text = p.read_text(encoding="utf-8")
+        with p.open("rb") as f:
+            return f.read(yamlsafe.MAX_BYTES + 1)
     except OSError as exc:
         raise ConfigError(
             f"{p}: cannot read the config file ({exc.strerror}); check the path and mount"
         ) from exc
-    except UnicodeDecodeError as exc:
-        raise ConfigError(f"{p}: not UTF-8 text ({exc.reason}); save it as UTF-8") from exc
-    return parse_raw(text, str(p))
+
+
+def read_raw(path: str | Path) -> dict[str, Any]:
+    """The raw mapping in a config file; a `ConfigError` names the file when unreadable."""
+    return parse_raw(read_bytes(path), str(path))
 
 
 def load_file(path: str | Path) -> Config:
@@ -74,8 +81,13 @@ def load_file(path: str | Path) -> Config:
 
 def load_config(config_file: str | Path | None, overrides: Mapping[str, Any]) -> Config:
     """The effective config: `config_file` (if any) with `overrides` on top, validated once."""
-    raw = read_raw(config_file) if config_file is not None else {}
-    source = str(config_file) if config_file is not None else "<defaults>"
+    data = read_bytes(config_file) if config_file is not None else None
+    return load_config_bytes(data, overrides, source=str(config_file or "<defaults>"))
+
+
+def load_config_bytes(data: bytes | None, overrides: Mapping[str, Any], *, source: str) -> Config:
+    """As `load_config`, from a file's bytes already read (`None`: no file)."""
+    raw = parse_raw(data, source) if data is not None else {}
     return build_config(raw, overrides, source=source)
 
 
@@ -96,22 +108,43 @@ def build_config(
     override_source: str = OVERRIDE_SOURCE,
 ) -> Config:
     """Validate `raw` with `overrides` merged in; errors in overridden keys blame the flag."""
-    # As in NVIDIA's loader, a missing, null or empty version reads as v1.
-    version = raw.get("version") or VERSION
-    if version not in SUPPORTED_VERSIONS:
-        # Checked first: a future version's keys would otherwise be reported as typos.
-        raise ConfigError(
-            f"{source}: version: unsupported config version (got {_show(version)}); "
-            f"this kubegpu reads version {', '.join(SUPPORTED_VERSIONS)}"
-        )
-    merged = apply_overrides(raw, overrides)
+    with _total(source):
+        # As in NVIDIA's loader, a missing, null or empty version reads as v1.
+        version = raw.get("version") or VERSION
+        if version not in SUPPORTED_VERSIONS:
+            # Checked first: a future version's keys would otherwise be reported as typos.
+            raise ConfigError(
+                f"{source}: version: unsupported config version (got {_show(version)}); "
+                f"this kubegpu reads version {', '.join(SUPPORTED_VERSIONS)}"
+            )
+        merged = apply_overrides(raw, overrides)
+        try:
+            # by_name=False: files must use NVIDIA's camelCase keys, so `mig_strategy` is a typo.
+            return Config.model_validate(merged, by_name=False)
+        except pydantic.ValidationError as exc:
+            path = _error_path(_first(exc.errors()))
+            blamed = override_source if _overridden(path, overrides) else source
+            raise ConfigError(f"{blamed}: {_one_line(format_validation_error(exc))}") from exc
+
+
+@contextlib.contextmanager
+def _total(source: str) -> Iterator[None]:
+    """Turn any exception but `ConfigError` into one: a reload must never end the daemon."""
     try:
-        # by_name=False: files must use NVIDIA's camelCase keys, so `mig_strategy` is a typo.
-        return Config.model_validate(merged, by_name=False)
-    except pydantic.ValidationError as exc:
-        path = _error_path(_first(exc.errors()))
-        blamed = override_source if _overridden(path, overrides) else source
-        raise ConfigError(f"{blamed}: {format_validation_error(exc)}") from exc
+        yield
+    except ConfigError:
+        raise
+    except (Exception, RecursionError) as exc:  # the last line of defence, by design
+        detail = _one_line(str(exc))[:_MAX_SHOWN] or "no detail"
+        raise ConfigError(
+            f"{source}: cannot read this config ({type(exc).__name__}: {detail}); "
+            "fix the file, and report it as a kubegpu bug if it looks valid"
+        ) from exc
+
+
+def _one_line(text: str) -> str:
+    """`text` safe for one log line: no newlines, no lone surrogates."""
+    return " ".join(text.encode("utf-8", "backslashreplace").decode("utf-8").split())
 
 
 def apply_overrides(raw: Mapping[str, Any], overrides: Mapping[str, Any]) -> dict[str, Any]:
@@ -316,11 +349,3 @@ def _show(value: Any) -> str:
         text = repr(value)
     text = text.replace("\n", " ")
     return text if len(text) <= _MAX_SHOWN else f"{text[: _MAX_SHOWN - 1]}…"
-
-
-def _yaml_reason(exc: yaml.YAMLError) -> str:
-    mark = getattr(exc, "problem_mark", None)
-    problem = getattr(exc, "problem", None) or "syntax error"
-    if mark is not None:
-        return f"{problem} at line {mark.line + 1}, column {mark.column + 1}"
-    return str(problem)

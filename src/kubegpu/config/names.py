@@ -32,6 +32,8 @@ _QUANTITY = re.compile(
     r"(?P<num>[+-]?(\d+(\.\d*)?|\.\d+))"
     r"(?P<suffix>Ki|Mi|Gi|Ti|Pi|Ei|n|u|m|k|M|G|T|P|E|[eE][+-]?\d+)?"
 )
+#: No memory size needs more: 1e30 bytes is far beyond any GPU.
+_MAX_EXPONENT = 30
 _BINARY = {"Ki": 2**10, "Mi": 2**20, "Gi": 2**30, "Ti": 2**40, "Pi": 2**50, "Ei": 2**60}
 _DECIMAL = {
     "n": Fraction(1, 10**9),
@@ -94,7 +96,10 @@ def parse_quantity(value: str | int) -> int:
         elif suffix in _DECIMAL:
             amount *= _DECIMAL[suffix]
         elif suffix:
-            amount *= Fraction(10) ** int(suffix[1:])
+            exponent = int(suffix[1:])
+            if abs(exponent) > _MAX_EXPONENT:  # 10**999999999 would take minutes to build
+                raise ValueError(f"has an exponent beyond ±{_MAX_EXPONENT}")
+            amount *= Fraction(10) ** exponent
     if amount <= 0:
         raise ValueError("must be more than 0 bytes")
     return math.ceil(amount)

@@ -5,6 +5,13 @@ later items arrive only when the effective config changes (or a reload fails). F
 watched by polling `stat` through symlinks, which also sees a ConfigMap volume swapping its
 `..data` link; inotify would miss that swap on some kernels and is not portable.
 
+Every read runs in a worker thread (`asyncio.to_thread`), so a slow disk or a large file
+never stalls gRPC, `/healthz` or SIGTERM. A file is applied only once it reads the same
+twice, one poll apart (a file rewritten in place is never applied half-written), and on a
+reload an empty or whitespace-only file is refused, keeping the last good config (a
+ConfigMap being replaced can show up empty for a moment; taking it as "all defaults" would
+silently turn sharing off).
+
 Named configs follow NVIDIA's config-manager: a directory holds one file per config, the
 node label `nvidia.com/device-plugin.config` picks one, and fallback strategies decide
 when the label is unset. Changing the label switches the config live.
@@ -23,7 +30,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, Final, Protocol
 
-from kubegpu.config.loader import load_config
+from kubegpu.config.loader import load_config_bytes, read_bytes
 from kubegpu.config.v1 import Config
 from kubegpu.errors import ConfigError
 
@@ -93,6 +100,13 @@ class _Selection:
 #: A file's identity and version: inode and device, size, mtime, and the resolved path.
 _Fingerprint = tuple[str, int, int, int, int] | None
 
+#: Builds the effective config from a file's bytes (`None`: no file); runs in a thread.
+Loader = Callable[[bytes | None, Mapping[str, Any], str], Config]
+
+
+def _default_loader(data: bytes | None, overrides: Mapping[str, Any], source: str) -> Config:
+    return load_config_bytes(data, overrides, source=source)
+
 
 class ConfigSource:
     """The live config: the initial load, then one update per effective change."""
@@ -104,8 +118,15 @@ class ConfigSource:
         overrides: Mapping[str, Any],
         named: NamedConfigs | None = None,
         poll_interval: float = 0.5,
+        loader: Loader = _default_loader,
+        settle_interval: float | None = None,
+        reader: Callable[[Path], bytes] = read_bytes,
     ) -> None:
         self._config_file = config_file
+        self._loader = loader
+        self._reader = reader
+        #: The gap between the two reads that must agree; a poll at most, 0.2 s by default.
+        self._settle = min(poll_interval, 0.2) if settle_interval is None else settle_interval
         self._overrides = dict(overrides)
         self._named = named
         self._poll_interval = poll_interval
@@ -148,7 +169,7 @@ class ConfigSource:
                 key = (selection.path, selection.origin, str(selection.error), _stat(selection))
                 if key != last_key or forced or last is None:
                     last_key = key
-                    update = self._load(selection)
+                    update = await self._load(selection, reload=last is not None)
                     if _is_news(update, last, last_good):
                         last = update
                         if update.config is not None:
@@ -177,14 +198,38 @@ class ConfigSource:
             return _Selection(self._config_file, f"file {self._config_file}")
         return select_named(self._named, self._label_value)
 
-    def _load(self, selection: _Selection) -> ConfigUpdate:
+    async def _load(self, selection: _Selection, *, reload: bool) -> ConfigUpdate:
+        """Read (settled), parse and validate off the loop; every failure is an update."""
         if selection.error is not None:
             return ConfigUpdate(None, selection.error, selection.origin)
         try:
-            config = load_config(selection.path, self._overrides)
+            data = await self._read_settled(selection.path)
+            if reload and data is not None and not data.strip():
+                raise ConfigError(
+                    f"{selection.path}: the file is empty; keeping the last good config "
+                    "(write 'version: v1' for an all-defaults config)"
+                )
+            source = str(selection.path or "<defaults>")
+            config = await asyncio.to_thread(self._loader, data, self._overrides, source)
         except ConfigError as exc:
             return ConfigUpdate(None, exc, selection.origin)
+        except Exception as exc:  # a custom loader's bug must not end the daemon either
+            error = ConfigError(f"{selection.origin}: cannot load the config ({exc!r:.200})")
+            return ConfigUpdate(None, error, selection.origin)
         return ConfigUpdate(config, None, selection.origin)
+
+    async def _read_settled(self, path: Path | None) -> bytes | None:
+        """The file's bytes once two reads one poll apart agree (it is not being written)."""
+        if path is None:
+            return None
+        data = await asyncio.to_thread(self._reader, path)
+        while True:
+            await asyncio.sleep(self._settle)
+            again = await asyncio.to_thread(self._reader, path)
+            if again == data:
+                return data
+            log.info("config file %s changed while being read; waiting for it to settle", path)
+            data = again
 
     # -- the node label ------------------------------------------------------------------
 

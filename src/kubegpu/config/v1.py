@@ -135,7 +135,7 @@ class PluginFlags(_Model):
             raise invalid("needs at least one strategy", hint, got=[])
         valid = {m.value for m in DeviceListStrategy}
         for i, item in enumerate(items):
-            if item not in valid:
+            if not isinstance(item, str) or item not in valid:  # a list item is unhashable
                 at = f"[{i}]" if not isinstance(value, str) else ""
                 if isinstance(item, str) and "," in item:
                     hint += " (write several as a YAML list, not a comma string)"
@@ -348,15 +348,17 @@ class ReplicatedResource(_Model):
             raise invalid("is not a device selector", _DEVICES_HINT, got=value)
         if not value:
             raise invalid("lists no devices", _DEVICES_HINT, got=[])
+        seen: set[object] = set()  # a set, not value[:i]: linear in a long list
         for i, entry in enumerate(value):
             try:
                 device_entry_kind(entry)
             except ValueError as exc:
                 raise invalid(f"entry {exc}", _DEVICES_HINT, at=f"[{i}]", got=entry) from None
-            if entry in value[:i]:
+            if entry in seen:
                 raise invalid(
                     "lists a device twice", "list each device once", at=f"[{i}]", got=entry
                 )
+            seen.add(entry)
         return tuple(value)
 
     @field_validator("memory_limit", mode="before")

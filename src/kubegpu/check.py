@@ -1,0 +1,120 @@
+"""`kubegpu check CONFIG`: validate a config offline, as `serve` would, and show the result.
+
+The same loader (`load_config`) and the same device-list builder (`build_resources`,
+with the kubelet's message-size check) as the daemon, so "check passes" means "serve
+starts with it" on that node. Without a GPU at hand, `--simulate PRESET|FILE` shows what
+a node of that shape would advertise, which is how a ConfigMap is tested in CI.
+"""
+
+from __future__ import annotations
+
+import argparse
+import os
+import sys
+from collections.abc import Sequence
+from pathlib import Path
+from typing import Any, TextIO
+
+from kubegpu.config import Config, config_to_json, load_config
+from kubegpu.devices import Inventory, open_backend
+from kubegpu.errors import ConfigError, InitError
+from kubegpu.resources import ResourceSpec, build_resources
+
+
+def check(config: Config, inventory: Inventory) -> tuple[ResourceSpec, ...]:
+    """The resources `serve` would advertise; `ConfigError` when it would refuse the config."""
+    return build_resources(inventory, config)
+
+
+def format_resources(specs: Sequence[ResourceSpec], inventory: Inventory) -> str:
+    """One line per resource: name, device count, sharing, replicas per unit."""
+    head = f"node: {inventory.backend}, {len(inventory.gpus)} GPU(s)"
+    if not specs:
+        return f"{head}\nno resources would be advertised"
+    rows = [("RESOURCE", "DEVICES", "HEALTHY", "SHARING", "REPLICAS")]
+    for spec in specs:
+        rows.append(
+            (
+                spec.name,
+                str(len(spec.devices)),
+                str(spec.healthy_count),
+                str(spec.sharing),
+                str(spec.replicas),
+            )
+        )
+    widths = [max(len(r[i]) for r in rows) for i in range(len(rows[0]))]
+    lines = ["  ".join(c.ljust(w) for c, w in zip(r, widths, strict=True)).rstrip() for r in rows]
+    return "\n".join([head, *lines])
+
+
+def run_check(
+    path: Path,
+    *,
+    simulate: str | None,
+    backend: str = "auto",
+    driver_root: str = "/",
+    out: TextIO | None = None,
+    err: TextIO | None = None,
+) -> int:
+    """Exit status: 0 valid (and what it advertises), 1 with one line saying what is wrong."""
+    # Looked up per call, not bound at import: tests and callers swap sys.stdout.
+    out = out or sys.stdout
+    err = err or sys.stderr
+    try:
+        config = load_config(path, {})
+    except ConfigError as exc:
+        print(f"kubegpu: {exc}", file=err)
+        return 1
+    try:
+        devices = open_backend(backend, simulate=simulate, driver_root=driver_root)
+        try:
+            inventory = devices.discover()
+        finally:
+            devices.close()
+    except InitError as exc:
+        print(
+            f"kubegpu: no node to check the device list on ({exc}); "
+            "pass --simulate PRESET|FILE to see what it would advertise",
+            file=err,
+        )
+        print(f"{path}: valid; effective config: {config_to_json(config)}", file=out)
+        return 0
+    try:
+        specs = check(config, inventory)
+    except ConfigError as exc:
+        print(f"kubegpu: {path}: {exc}", file=err)
+        return 1
+    print(f"{path}: valid; effective config: {config_to_json(config)}", file=out)
+    print(format_resources(specs, inventory), file=out)
+    return 0
+
+
+def register_cli(subparsers: Any) -> None:
+    """Add `check` to the `kubegpu` command's subparsers."""
+    parser = subparsers.add_parser(
+        "check",
+        help="validate a config file offline and show what it would advertise",
+        description=(
+            "Validate CONFIG exactly as 'serve' loads it, then print the resources and "
+            "device counts it would advertise on this node or a simulated one."
+        ),
+    )
+    parser.add_argument("config", type=Path, help="the config file (as mounted from the ConfigMap)")
+    parser.add_argument(
+        "--simulate",
+        default=os.environ.get("SIMULATE"),
+        help="a simulated node: a preset name or a node YAML file [env SIMULATE]",
+    )
+    parser.add_argument("--backend", default="auto", choices=("auto", "nvml", "amd", "simulated"))
+    parser.add_argument(
+        "--nvidia-driver-root",
+        dest="driver_root",
+        default=os.environ.get("NVIDIA_DRIVER_ROOT", "/"),
+    )
+    parser.set_defaults(func=_cmd_check)
+
+
+def _cmd_check(args: argparse.Namespace) -> int:
+    return run_check(
+        args.config, simulate=args.simulate, backend=args.backend, driver_root=args.driver_root
+    )

@@ -1,0 +1,82 @@
+"""`kubegpu serve` keeps serving its last good config through every bad reload (issue 8).
+
+Each input here once ended or stalled the daemon (allocatable 0 on the node); now each is
+rejected on one log line while the kubelet keeps seeing the same devices.
+"""
+
+from __future__ import annotations
+
+import signal
+from collections.abc import AsyncIterator
+from pathlib import Path
+
+import pytest
+
+from kubegpu.kubelet import KubeletEmulator
+from tests.integration.test_serve import GPU, SHARED, run_to_end, serve_cmd, start
+
+ALIAS_BOMB = "".join(
+    f"l{n}: &l{n} [{', '.join([f'*l{n - 1}'] * 9) if n else ', '.join(['lol'] * 9)}]\n"
+    for n in range(9)
+)
+
+#: (what is written, a fragment of the one-line rejection it must produce)
+BAD_RELOADS = [
+    ("", "the file is empty"),
+    ("   \n", "the file is empty"),
+    (ALIAS_BOMB, "expands to more than"),
+    ("version: {2001-01-01: 1}\n", "unsupported config version"),
+    ("flags: &f {plugin: *f}\n", "refers to a node that contains it"),
+    ("flags: " + "[" * 3000 + "]" * 3000 + "\n", "nested more than"),
+    (SHARED.format(replicas="9" * 4301), "over the limit of"),
+    (SHARED.format(replicas=10**9), "4 MiB message limit"),
+    ('version: "\\ud800"\n', "not valid YAML"),
+    ("version: v1\nversion: v1\n", "duplicate key"),
+]
+
+
+@pytest.fixture
+async def kubelet(socket_dir: Path) -> AsyncIterator[KubeletEmulator]:
+    emulator = KubeletEmulator(socket_dir / "dp", grace_period=0.5)
+    await emulator.start()
+    try:
+        yield emulator
+    finally:
+        await emulator.stop()
+
+
+async def test_every_bad_reload_keeps_the_last_good_config(
+    kubelet: KubeletEmulator, socket_dir: Path
+) -> None:
+    config = socket_dir / "config.yaml"
+    config.write_text(SHARED.format(replicas=4))
+    serve = await start(
+        serve_cmd(kubelet.plugin_dir, "--simulate", "a10g-4", "--config-file", str(config))
+    )
+    try:
+        await kubelet.wait_for_resource(GPU, capacity=16, allocatable=16, timeout=20)
+        for text, fragment in BAD_RELOADS:
+            config.write_text(text)
+            serve.proc.send_signal(signal.SIGHUP)
+            await serve.wait_for_line(fragment)
+            assert serve.proc.returncode is None
+            assert (kubelet.capacity(GPU), kubelet.allocatable(GPU)) == (16, 16)
+        config.write_text(SHARED.format(replicas=2))
+        await kubelet.wait_for_resource(GPU, capacity=8, allocatable=8, timeout=10)
+    finally:
+        code, out = await serve.stop()
+    assert code == 0, out
+    assert "Traceback" not in out
+
+
+async def test_a_device_list_too_big_for_the_kubelet_is_refused_at_start(
+    socket_dir: Path,
+) -> None:
+    config = socket_dir / "config.yaml"
+    config.write_text(SHARED.format(replicas=9000))
+    code, out = await run_to_end(
+        serve_cmd(socket_dir, "--simulate", "h100-8", "--config-file", str(config))
+    )
+    assert code == 1, out
+    assert "sharing.timeSlicing.resources[0].replicas" in out and "4 MiB" in out
+    assert "Traceback" not in out

@@ -1,0 +1,104 @@
+"""`kubegpu check CONFIG`: offline validation as `serve` loads it, and what it would advertise."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import pytest
+
+from kubegpu.cli import main
+
+
+def write(tmp_path: Path, text: str) -> Path:
+    path = tmp_path / "config.yaml"
+    path.write_text(text)
+    return path
+
+
+def table(out: str) -> dict[str, list[str]]:
+    """RESOURCE -> [DEVICES, HEALTHY, SHARING, REPLICAS] from the printed table."""
+    lines = out.splitlines()
+    start = next(i for i, line in enumerate(lines) if line.startswith("RESOURCE"))
+    return {line.split()[0]: line.split()[1:] for line in lines[start + 1 :]}
+
+
+@pytest.fixture(autouse=True)
+def _no_env(monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.delenv("SIMULATE", raising=False)
+
+
+def test_time_slicing_on_a_simulated_node(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    config = write(
+        tmp_path,
+        "version: v1\nsharing:\n  timeSlicing:\n    resources:\n"
+        "    - name: nvidia.com/gpu\n      replicas: 4\n",
+    )
+    assert main(["check", str(config), "--simulate", "h100-8"]) == 0
+    out = capsys.readouterr().out
+    assert f"{config}: valid" in out
+    assert table(out) == {"nvidia.com/gpu": ["32", "32", "time-slicing", "4"]}
+
+
+def test_mixed_mig_lists_each_profile(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    config = write(tmp_path, "version: v1\nflags:\n  migStrategy: mixed\n")
+    assert main(["check", str(config), "--simulate", "a100-40gb-mig"]) == 0
+    rows = table(capsys.readouterr().out)
+    assert any(name.startswith("nvidia.com/mig-") for name in rows), rows
+    assert all(cols[2] == "none" for cols in rows.values())
+
+
+def test_a_typo_exits_1_with_one_line(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    config = write(tmp_path, "version: v1\nflags:\n  migStrategi: mixed\n")
+    assert main(["check", str(config), "--simulate", "h100-8"]) == 1
+    captured = capsys.readouterr()
+    assert captured.out == ""
+    (line,) = captured.err.splitlines()
+    assert "flags.migStrategi" in line and "migStrategy" in line
+
+
+@pytest.mark.parametrize(
+    "text",
+    ["version: v1\nversion: v1\n", "a: &a [*a]\n", "flags: " + "[" * 500 + "]" * 500 + "\n"],
+    ids=["duplicate-key", "self-alias", "deep"],
+)
+def test_unparseable_files_exit_1_with_one_line(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str], text: str
+) -> None:
+    assert main(["check", str(write(tmp_path, text)), "--simulate", "t4-1"]) == 1
+    (line,) = capsys.readouterr().err.splitlines()
+    assert line.startswith(f"kubegpu: {tmp_path}")
+
+
+def test_a_device_list_too_big_for_the_kubelet_is_refused(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    config = write(
+        tmp_path,
+        "version: v1\nsharing:\n  timeSlicing:\n    resources:\n"
+        "    - name: nvidia.com/gpu\n      replicas: 1000000000\n",
+    )
+    assert main(["check", str(config), "--simulate", "h100-8"]) == 1
+    captured = capsys.readouterr()
+    assert "valid" not in captured.out
+    (line,) = captured.err.splitlines()
+    assert "sharing.timeSlicing.resources[0].replicas" in line and "4 MiB" in line
+
+
+def test_without_a_gpu_it_validates_and_says_how_to_see_devices(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    config = write(tmp_path, "version: v1\n")
+    empty_root = tmp_path / "no-driver"
+    empty_root.mkdir()
+    args = ["check", str(config), "--backend", "nvml", "--nvidia-driver-root", str(empty_root)]
+    assert main(args) == 0
+    captured = capsys.readouterr()
+    assert f"{config}: valid" in captured.out
+    assert "--simulate" in captured.err
+
+
+def test_a_missing_file_exits_1(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    assert main(["check", str(tmp_path / "absent.yaml"), "--simulate", "t4-1"]) == 1
+    assert "cannot read the config file" in capsys.readouterr().err
