@@ -27,7 +27,7 @@ from kubegpu.api import DEVICE_PLUGIN_PATH
 from kubegpu.config import Config, DeviceListStrategy, Flags
 from kubegpu.config.loader import config_to_json
 from kubegpu.config.names import parse_quantity
-from kubegpu.config.source import ConfigSource, ConfigUpdate, NamedConfigs
+from kubegpu.config.source import POLL_INTERVAL, ConfigSource, ConfigUpdate, NamedConfigs
 from kubegpu.devices import (
     DeviceBackend,
     Health,
@@ -112,8 +112,7 @@ class DaemonSettings:
     metrics_port: int = 0
     health_address: str = "0.0.0.0"
     health_port: int = 0
-    #: 0.2 s keeps a file edit's reload under the 300 ms target (docs/performance.md).
-    config_poll_interval: float = 0.2
+    config_poll_interval: float = POLL_INTERVAL
     #: Where CDI specs go when a CDI device-list strategy is on.
     cdi_dir: Path = Path(cdi.DEFAULT_DIRECTORY)
     mps_control_binary: str = "nvidia-cuda-mps-control"

@@ -1,4 +1,6 @@
-"""Every metric name the docs and chart tell an operator to query is one kubegpu exposes.
+"""Facts the docs state that the code decides: metric names, the config poll interval.
+
+Every metric name the docs and chart tell an operator to query is one kubegpu exposes.
 
 A PromQL example with `kubegpu_allocate_errors` instead of `kubegpu_allocate_errors_total`
 silently matches nothing, so an alert written from the docs would never fire.
@@ -47,3 +49,15 @@ def test_the_check_sees_counters_only_with_their_total_suffix() -> None:
     exposed = exposed_names()
     assert "kubegpu_allocate_errors_total" in exposed
     assert "kubegpu_allocate_errors" not in exposed
+
+
+POLL_DOCS = ["configuration.md", "sharing.md", "architecture.md"]
+
+
+@pytest.mark.parametrize("name", POLL_DOCS)
+def test_docs_state_the_config_poll_interval_the_code_uses(name: str) -> None:
+    from kubegpu.config.source import POLL_INTERVAL
+
+    text = (REPO / "docs" / name).read_text(encoding="utf-8")
+    stated = {float(n) for n in re.findall(r"poll\w*[^.]{0,40}?\(?(?:every )?(\d+\.\d+) s", text)}
+    assert stated == {POLL_INTERVAL}, f"{name} gives the config poll as {stated}"
