@@ -302,7 +302,9 @@ def register_cli(subparsers: Any) -> None:
     gen.add_argument("--output", "-o", default="-", help="file to write, or - for stdout")
     gen.add_argument("--format", choices=("json", "yaml"), default="json")
     gen.add_argument(
-        "--driver-root",
+        "--nvidia-driver-root",
+        "--driver-root",  # NVIDIA's alias, as in serve
+        dest="driver_root",
         default=env.get("NVIDIA_DRIVER_ROOT", "/"),
         help="driver root on the host [NVIDIA_DRIVER_ROOT]",
     )

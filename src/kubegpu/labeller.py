@@ -729,12 +729,13 @@ _OPTIONS = (
         "this pod's name, to make its DaemonSet own the NodeFeature object",
     ),
     _Option("--backend", "BACKEND", "backend", "GPU backend: auto, nvml, amd or simulated"),
+    # GFD's names; no `--driver-root`, which means the host's root in serve and cdi.
     _Option(
-        "--driver-root",
+        "--driver-root-ctr-path",
         "CONTAINER_DRIVER_ROOT",
         "driver_root",
         "where the host's driver root is mounted in this container",
-        aliases=("--driver-root-ctr-path", "--container-driver-root"),
+        aliases=("--container-driver-root",),
         env_names=("DRIVER_ROOT_CTR_PATH", "CONTAINER_DRIVER_ROOT"),
     ),
     _Option(

@@ -82,7 +82,7 @@ def test_open_translates_missing_library() -> None:
     fake = FakeNvml()
     fake.init_error = pynvml.NVML_ERROR_LIBRARY_NOT_FOUND
     with pytest.raises(
-        InitError, match=r"libnvidia-ml.so.1 not found under /: .*--nvidia-driver-root"
+        InitError, match=r"libnvidia-ml.so.1 not found under /: .*NVIDIA_DRIVER_ROOT"
     ):
         _open(fake)
 

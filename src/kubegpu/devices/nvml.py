@@ -168,14 +168,20 @@ def mig_profile_name(
     return name
 
 
+def _missing_library(driver_root: str) -> str:
+    # Env names, not flags: every command (serve, labels, info, check, cdi) reads these.
+    return (
+        f"NVML library {LIBRARY} not found under {driver_root}: install the NVIDIA driver, "
+        "or give its root (NVIDIA_DRIVER_ROOT on the host, CONTAINER_DRIVER_ROOT where a "
+        "container mounts it)"
+    )
+
+
 def _init_message(nvml: ModuleType, err: Any, driver_root: str) -> str:
     """What to tell the operator when nvmlInit fails, by error code."""
     code = getattr(err, "value", None)
     if code == nvml.NVML_ERROR_LIBRARY_NOT_FOUND:
-        return (
-            f"NVML library {LIBRARY} not found under {driver_root}: "
-            "install the NVIDIA driver or set --nvidia-driver-root"
-        )
+        return _missing_library(driver_root)
     if code == nvml.NVML_ERROR_DRIVER_NOT_LOADED:
         return "NVIDIA kernel driver is not loaded: load it (modprobe nvidia) or run on a GPU node"
     if code == nvml.NVML_ERROR_LIB_RM_VERSION_MISMATCH:
@@ -245,10 +251,7 @@ class NvmlBackend:
         if driver_root not in ("", "/"):
             library = find_library(driver_root)
             if library is None:
-                raise InitError(
-                    f"NVML library {LIBRARY} not found under {driver_root}: "
-                    "install the NVIDIA driver or set --nvidia-driver-root"
-                )
+                raise InitError(_missing_library(driver_root))
             if getattr(nvml, "nvmlLib", None) is None:
                 try:
                     module.nvmlLib = load_library(str(library))
