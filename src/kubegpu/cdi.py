@@ -26,11 +26,11 @@ import os
 import posixpath
 import sys
 import tempfile
-from collections.abc import Iterable
+from collections.abc import Iterable, Sequence
 from pathlib import Path
 from typing import Any
 
-from kubegpu.allocation import cdi_device_name
+from kubegpu.allocation import ImexChannel, cdi_device_name
 from kubegpu.devices.model import Gpu, Inventory, MigDevice
 from kubegpu.errors import ConfigError, KubegpuError
 
@@ -41,6 +41,8 @@ CLASS = "gpu"
 KIND = f"{VENDOR}/{CLASS}"  # Allocate names devices in it: see allocation.cdi_device_name
 DEFAULT_DIRECTORY = "/var/run/cdi"
 DEFAULT_NAME = "k8s.device-plugin.nvidia.com-gpu.json"
+IMEX_KIND = f"{VENDOR}/imex-channel"
+IMEX_NAME = "k8s.device-plugin.nvidia.com-imex-channel.json"
 
 #: Device nodes every CUDA container needs; written even when not seen locally (the
 #: runtime resolves them on the host, and CUDA cannot start without them).
@@ -242,6 +244,25 @@ def _host(root: str, path: str) -> str:
 
 def _exists(root: Path, path: str) -> bool:
     return (root / path.lstrip("/")).exists()
+
+
+def generate_imex_spec(
+    channels: Sequence[ImexChannel], *, dev_root: str = "/"
+) -> dict[str, Any] | None:
+    """The `k8s.device-plugin.nvidia.com/imex-channel` spec: one device per channel ID.
+
+    Allocate names `imex-channel=<id>` under the CDI strategies (as NVIDIA's plugin does),
+    so this spec must sit next to the GPU one; None when no channel is selected.
+    """
+    if not channels:
+        return None
+    devices = []
+    for channel in channels:
+        node: dict[str, Any] = {"path": channel.path}
+        if dev_root not in ("", "/"):
+            node["hostPath"] = _host(dev_root, channel.path)
+        devices.append(_device(channel.id, [node]))
+    return {"cdiVersion": CDI_VERSION, "kind": IMEX_KIND, "devices": devices}
 
 
 def _device(name: str, nodes: list[dict[str, Any]]) -> dict[str, Any]:

@@ -325,3 +325,22 @@ def test_cli_generate_simulated(
     args = parse(["cdi", "generate", "--simulate", preset, "--format", "yaml"])
     assert cdi.run_generate(args) == 0
     assert yaml.safe_load(capsys.readouterr().out)["kind"] == cdi.KIND
+
+
+def test_imex_channel_spec_matches_the_names_allocate_uses() -> None:
+    from kubegpu.allocation import ImexChannel, cdi_device_name
+
+    spec = cdi.generate_imex_spec(
+        [ImexChannel("0"), ImexChannel("3")], dev_root="/run/nvidia/driver"
+    )
+    assert spec is not None
+    jsonschema.validate(spec, SCHEMA)
+    names = [f"{spec['kind']}={d['name']}" for d in spec["devices"]]
+    assert names == [cdi_device_name(c, "imex-channel") for c in ("0", "3")]
+    assert spec["devices"][1]["containerEdits"]["deviceNodes"] == [
+        {
+            "path": "/dev/nvidia-caps-imex-channels/channel3",
+            "hostPath": "/run/nvidia/driver/dev/nvidia-caps-imex-channels/channel3",
+        }
+    ]
+    assert cdi.generate_imex_spec([]) is None
