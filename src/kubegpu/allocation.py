@@ -10,7 +10,7 @@ same flags (device list strategies, device specs, GDS/MOFED/GDRCopy, IMEX channe
 from __future__ import annotations
 
 import posixpath
-from collections.abc import Callable, Mapping, Sequence
+from collections.abc import Callable, Collection, Mapping, Sequence
 from dataclasses import dataclass, field
 
 from kubegpu.config import Config, DeviceIDStrategy, DeviceListStrategy
@@ -152,12 +152,20 @@ def build_response(
     response_id: str,
     extra: ContainerEdits | None = None,
     imex_channels: Sequence[ImexChannel] = (),
+    cdi_classes: Collection[str] | None = None,
 ) -> ContainerEdits:
     """The container edits for already-validated `devices` of `spec`, as NVIDIA answers.
 
     `response_id` names the CDI annotation (unique per response, as annotation keys
-    from several containers of a pod must not collide).
+    from several containers of a pod must not collide). `cdi_classes` are the CDI
+    classes (`imex-channel`, `gds`, ...) that have a spec on this node: a name without a
+    spec would fail the container, so NVIDIA's plugin names only those; None assumes
+    every enabled one has a spec.
     """
+
+    def has_spec(cdi_class: str) -> bool:
+        return cdi_classes is None or cdi_class in cdi_classes
+
     if spec.vendor is Vendor.AMD:
         edits = _amd_response(spec, devices, config)
         return merge(edits, extra) if extra is not None else edits
@@ -177,14 +185,15 @@ def build_response(
     cdi_strategies = {DeviceListStrategy.CDI_ANNOTATIONS, DeviceListStrategy.CDI_CRI}
     if cdi_strategies & set(strategies):
         names = [cdi_device_name(i) for i in ids]
-        names += [cdi_device_name(c.id, "imex-channel") for c in imex_channels]
+        if has_spec("imex-channel"):
+            names += [cdi_device_name(c.id, "imex-channel") for c in imex_channels]
         # The same modes NVIDIA's CDI handler adds, in its order.
         for enabled, mode in (
             (flags.gdrcopy_enabled, "gdrcopy"),
             (flags.gds_enabled, "gds"),
             (flags.mofed_enabled, "mofed"),
         ):
-            if enabled:
+            if enabled and has_spec(mode):
                 names.append(cdi_device_name("all", mode))
         if names and DeviceListStrategy.CDI_ANNOTATIONS in strategies:
             key = f"{plugin.cdi_annotation_prefix}{CDI_ANNOTATION_PLUGIN}_{response_id}"

@@ -20,6 +20,7 @@ from typing import Any
 import grpc
 from google.protobuf.message import DecodeError
 
+from kubegpu import cdi
 from kubegpu.allocation import (
     ContainerEdits,
     ImexChannel,
@@ -30,7 +31,7 @@ from kubegpu.allocation import (
     validate_request,
 )
 from kubegpu.api import add_device_plugin_servicer, pb, pb_grpc
-from kubegpu.config import AllocationPolicy, Config
+from kubegpu.config import AllocationPolicy, Config, DeviceListStrategy
 from kubegpu.errors import AllocationError, PreconditionError
 from kubegpu.metrics import Metrics
 from kubegpu.plugin.registration import register
@@ -42,6 +43,7 @@ log = logging.getLogger("kubegpu.plugin")
 #: Status details longer than this are cut: gRPC refuses metadata over 16 KiB, and the
 #: kubelet would then see RESOURCE_EXHAUSTED instead of our reason.
 MAX_DETAILS = 1024
+CDI_STRATEGIES = {DeviceListStrategy.CDI_ANNOTATIONS, DeviceListStrategy.CDI_CRI}
 
 #: Extra edits for a resource's containers (the MPS pipe directory), or None.
 ExtraEdits = Callable[[ResourceSpec], ContainerEdits | None]
@@ -91,9 +93,11 @@ class DevicePluginServicer(pb_grpc.DevicePluginServicer):
         *,
         metrics: Metrics | None = None,
         extra_edits: ExtraEdits | None = None,
+        cdi_dir: Path = Path(cdi.DEFAULT_DIRECTORY),
     ) -> None:
         self.spec = spec
         self.config = config
+        self.cdi_dir = cdi_dir
         self._metrics = metrics
         self._extra = extra_edits
         self._version = 0
@@ -186,6 +190,9 @@ class DevicePluginServicer(pb_grpc.DevicePluginServicer):
                 raise AllocationError(f"{spec.name}: the request has no container requests")
             extra = self._extra(spec) if self._extra is not None else None
             channels = self._imex_channels(config)
+            strategies = set(config.flags.plugin.device_list_strategy)
+            # Only CDI classes with a spec on this node may be named (listed once per call).
+            classes = cdi.available_classes(self.cdi_dir) if strategies & CDI_STRATEGIES else None
             for creq in request.container_requests:
                 devices = validate_request(spec, list(creq.devices_ids))
                 edits = build_response(
@@ -195,6 +202,7 @@ class DevicePluginServicer(pb_grpc.DevicePluginServicer):
                     response_id=str(uuid.uuid4()),
                     extra=extra,
                     imex_channels=channels,
+                    cdi_classes=classes,
                 )
                 responses.append(to_pb(edits))
         except AllocationError as exc:
@@ -368,8 +376,11 @@ class ResourceServer:
         metrics: Metrics | None = None,
         extra_edits: ExtraEdits | None = None,
         socket_name: str | None = None,
+        cdi_dir: Path = Path(cdi.DEFAULT_DIRECTORY),
     ) -> None:
-        self.servicer = DevicePluginServicer(spec, config, metrics=metrics, extra_edits=extra_edits)
+        self.servicer = DevicePluginServicer(
+            spec, config, metrics=metrics, extra_edits=extra_edits, cdi_dir=cdi_dir
+        )
         self.plugin_dir = plugin_dir
         self.socket_name = socket_name or spec.socket_name
         self._metrics = metrics

@@ -20,6 +20,7 @@ import grpc
 import pytest
 import yaml
 
+from kubegpu import cdi
 from kubegpu.allocation import (
     ContainerEdits,
     ImexChannel,
@@ -130,8 +131,14 @@ def socket_dir() -> Iterator[Path]:
 
 
 @contextlib.asynccontextmanager
-async def serving(directory: Path, spec: ResourceSpec, config: Config) -> AsyncIterator[Any]:
-    server = ResourceServer(spec, config, directory)
+async def serving(
+    directory: Path, spec: ResourceSpec, config: Config, cdi_classes: tuple[str, ...] = ()
+) -> AsyncIterator[Any]:
+    cdi_dir = directory / "cdi"
+    cdi_dir.mkdir()
+    for cdi_class in cdi_classes:
+        (cdi_dir / cdi.spec_name(cdi_class)).write_text("{}")
+    server = ResourceServer(spec, config, directory, cdi_dir=cdi_dir)
     await server.serve()
     try:
         async with grpc.aio.insecure_channel(f"unix://{server.socket_path}") as channel:
@@ -164,10 +171,29 @@ async def test_allocate_over_grpc(socket_dir: Path, case: dict[str, Any]) -> Non
     request = pb.AllocateRequest(
         container_requests=[pb.ContainerAllocateRequest(devices_ids=request_ids(case))]
     )
-    async with serving(socket_dir, spec, config) as stub:
+    # The node has a spec for every CDI class NVIDIA would name (see the next test).
+    async with serving(socket_dir, spec, config, ("gpu", "gds", "mofed", "gdrcopy")) as stub:
         resp = await stub.Allocate(request)
     assert len(resp.container_responses) == 1
     assert pb_as_data(resp.container_responses[0]) == expected(case)
+
+
+async def test_modes_without_a_cdi_spec_are_not_named(socket_dir: Path) -> None:
+    """NVIDIA drops a mode whose spec came out empty (no nvidia-fs / infiniband nodes) from
+    the names it sends (NVIDIA_DP internal/cdi/cdi.go CreateSpecFile, AdditionalDevices)."""
+    case = next(c for c in CASES if c["id"] == "gds-mofed-env-also-with-cdi-only")
+    spec, config = setup(case)
+    request = pb.AllocateRequest(
+        container_requests=[pb.ContainerAllocateRequest(devices_ids=request_ids(case))]
+    )
+    async with serving(socket_dir, spec, config, ("gpu", "mofed")) as stub:
+        resp = await stub.Allocate(request)
+    got = pb_as_data(resp.container_responses[0])
+    assert got["cdi_devices"] == [
+        f"k8s.device-plugin.nvidia.com/gpu={GPUS[0].uuid}",
+        "k8s.device-plugin.nvidia.com/mofed=all",
+    ]
+    assert got["envs"] == {"NVIDIA_GDS": "enabled", "NVIDIA_MOFED": "enabled"}
 
 
 async def test_cdi_annotation_key_over_grpc_is_unique_per_response(socket_dir: Path) -> None:
