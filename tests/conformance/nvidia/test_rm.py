@@ -223,3 +223,32 @@ def test_mps_replica_limits(case: dict[str, Any]) -> None:
     else:
         with pytest.raises(KubegpuError, match="replicas"):
             build_resources(inv, config_with({"sharing": sharing}))
+
+
+@pytest.mark.parametrize(
+    ("policy", "valid"),
+    [("distributed", True), ("packed", True), ("no-such-policy", False)],
+    ids=[f"{p}@{NVIDIA_DP.cite('cmd/nvidia-device-plugin/main.go')}" for p in ("d", "p", "bad")],
+)
+def test_allocation_policy_values(policy: str, valid: bool) -> None:
+    """NVIDIA accepts `distributed` and `packed` and refuses any other value at start-up."""
+    sections = {"flags": {"plugin": {"sharedDevicesAllocationPolicy": policy}}}
+    if valid:
+        assert config_with(sections).flags.plugin.shared_devices_allocation_policy == policy
+    else:
+        with pytest.raises(ConfigError, match="sharedDevicesAllocationPolicy"):
+            config_with(sections)
+
+
+def test_full_gpu_node_ignores_allocation_policy() -> None:
+    """Whole, unshared GPUs are placed by topology whatever the policy says, so one DaemonSet
+    serves full-GPU and shared nodes alike (NVIDIA_DP internal/rm/allocate_test.go
+    TestFullGPUNodeIgnoresAllocationPolicy)."""
+    inv = builders.nvlinked(8, numa_split=4)
+    spec = build_resources(inv, Config())[0]
+    ids = [d.id for d in spec.devices]
+    answers = {
+        p: preferred_allocation(spec, ids, [], 3, p)
+        for p in (AllocationPolicy.DISTRIBUTED, AllocationPolicy.PACKED)
+    }
+    assert answers[AllocationPolicy.DISTRIBUTED] == answers[AllocationPolicy.PACKED]
