@@ -3,25 +3,30 @@
 Pure: it takes the resource being served, the requested IDs and the config, and returns a
 `ContainerEdits` value; the gRPC layer only copies it into the protobuf message. Every
 requested ID is checked first, so a bad request is refused whole (INVALID_ARGUMENT) and
-never half-answered.
+never half-answered. For NVIDIA GPUs the answer is the one NVIDIA's plugin gives for the
+same flags (device list strategies, device specs, GDS/MOFED/GDRCopy, IMEX channels).
 """
 
 from __future__ import annotations
 
 import posixpath
-from collections import Counter
-from collections.abc import Mapping, Sequence
+from collections.abc import Callable, Collection, Mapping, Sequence
 from dataclasses import dataclass, field
 
 from kubegpu.config import Config, DeviceIDStrategy, DeviceListStrategy
 from kubegpu.devices import Vendor
-from kubegpu.errors import AllocationError
+from kubegpu.errors import AllocationError, PreconditionError
 from kubegpu.resources import AdvertisedDevice, ResourceSpec, Unit
 
 VISIBLE_DEVICES = "NVIDIA_VISIBLE_DEVICES"
 #: Where the NVIDIA container runtime looks for volume-mount device lists.
 VOLUME_MOUNT_ROOT = "/var/run/nvidia-container-devices"
-CDI_KIND = "k8s.device-plugin.nvidia.com/gpu"
+CDI_VENDOR = "k8s.device-plugin.nvidia.com"
+CDI_KIND = f"{CDI_VENDOR}/gpu"
+#: The plugin name in CDI annotation keys (`cdi.k8s.io/<name>_<response id>`), as NVIDIA's.
+CDI_ANNOTATION_PLUGIN = "nvidia-device-plugin"
+IMEX_CHANNELS = "NVIDIA_IMEX_CHANNELS"
+IMEX_CHANNEL_DIR = "/dev/nvidia-caps-imex-channels"
 AMD_VISIBLE_DEVICES = "AMD_VISIBLE_DEVICES"
 
 
@@ -50,33 +55,55 @@ class ContainerEdits:
     cdi_devices: tuple[str, ...] = ()
 
 
-def cdi_device_name(device_id: str) -> str:
-    """The fully qualified CDI name, in NVIDIA's kind so existing runtime configs match."""
-    return f"{CDI_KIND}={device_id}"
+def cdi_device_name(device_id: str, cdi_class: str = "gpu") -> str:
+    """The fully qualified CDI name, in NVIDIA's vendor so existing runtime configs match."""
+    return f"{CDI_VENDOR}/{cdi_class}={device_id}"
 
 
 def validate_request(spec: ResourceSpec, ids: Sequence[str]) -> tuple[AdvertisedDevice, ...]:
-    """The advertised devices named by `ids`, or `AllocationError` naming the bad ones."""
+    """The advertised devices named by `ids`, first occurrence kept, or `AllocationError`.
+
+    A repeated ID is answered once, as NVIDIA's plugin does (the kubelet never repeats
+    one, but a retried or hand-made request may). Unknown IDs are echoed bounded and
+    escaped: the message reaches the kubelet's logs and the gRPC status, which a request
+    must not be able to flood or forge lines in.
+    """
     if not ids:
         raise AllocationError(f"{spec.name}: the request lists no device IDs; ask for at least one")
-    dupes = sorted(i for i, n in Counter(ids).items() if n > 1)
-    if dupes:
-        raise AllocationError(f"{spec.name}: device ID(s) requested twice: {', '.join(dupes)}")
-    unknown = [i for i in ids if i not in spec.by_id]
+    unique = list(dict.fromkeys(ids))
+    unknown = [i for i in unique if i not in spec.by_id]
     if unknown:
-        shown = ", ".join(repr(i) for i in unknown[:5])
-        more = f" and {len(unknown) - 5} more" if len(unknown) > 5 else ""
         raise AllocationError(
-            f"{spec.name}: unknown device ID(s) {shown}{more}; "
+            f"{spec.name}: unknown device ID(s) {describe_ids(unknown)}; "
             f"this plugin advertises {len(spec.devices)} devices"
         )
+    # Counted before de-duplication, as NVIDIA counts the request's length.
     if spec.fail_requests_greater_than_one and len(ids) > 1:
         raise AllocationError(
             f"request for '{spec.name}: {len(ids)}' too large: shared devices are time-sliced "
             f"or MPS replicas and more than one does not add capacity; request 1 "
             f"(failRequestsGreaterThanOne is set)"
         )
-    return tuple(spec.by_id[i] for i in ids)
+    return tuple(spec.by_id[i] for i in unique)
+
+
+#: At most this many IDs, each cut to this many characters, are echoed in an error.
+ECHO_IDS = 5
+ECHO_ID_CHARS = 80
+
+
+def escape(text: str, limit: int = ECHO_ID_CHARS) -> str:
+    """`text` cut to `limit` characters with control characters escaped (one log line)."""
+    cut = text if len(text) <= limit else text[:limit] + "..."
+    # repr() escapes \n, \r, \x1b and other non-printables; strip its quotes.
+    return "".join(c if c.isprintable() else repr(c)[1:-1] for c in cut)
+
+
+def describe_ids(ids: Sequence[str]) -> str:
+    """A bounded, escaped rendering of offending IDs for errors and logs."""
+    shown = ", ".join(f"'{escape(i)}'" for i in ids[:ECHO_IDS])
+    more = f" and {len(ids) - ECHO_IDS} more" if len(ids) > ECHO_IDS else ""
+    return shown + more
 
 
 def unique_units(devices: Sequence[AdvertisedDevice]) -> tuple[Unit, ...]:
@@ -87,6 +114,36 @@ def unique_units(devices: Sequence[AdvertisedDevice]) -> tuple[Unit, ...]:
     return tuple(out.values())
 
 
+@dataclass(frozen=True)
+class ImexChannel:
+    """An IMEX channel given to every container (`imex.channelIDs`)."""
+
+    id: str
+
+    @property
+    def path(self) -> str:
+        return f"{IMEX_CHANNEL_DIR}/channel{self.id}"
+
+
+def select_imex_channels(config: Config, exists: Callable[[str], bool]) -> tuple[ImexChannel, ...]:
+    """The configured IMEX channels whose device node exists (checked by `exists`).
+
+    A missing channel is skipped, unless `imex.required` is set: then the whole answer is
+    refused, as NVIDIA's plugin refuses to start.
+    """
+    out = []
+    for n in config.imex.channel_ids:
+        channel = ImexChannel(str(n))
+        if exists(channel.path):
+            out.append(channel)
+        elif config.imex.required:
+            raise PreconditionError(
+                f"imex.channelIDs: IMEX channel {n} is required but {channel.path} does not "
+                f"exist on this node; create the channel or unset imex.required"
+            )
+    return tuple(out)
+
+
 def build_response(
     spec: ResourceSpec,
     devices: Sequence[AdvertisedDevice],
@@ -94,14 +151,27 @@ def build_response(
     *,
     response_id: str,
     extra: ContainerEdits | None = None,
+    imex_channels: Sequence[ImexChannel] = (),
+    cdi_classes: Collection[str] | None = None,
 ) -> ContainerEdits:
-    """The container edits for already-validated `devices` of `spec`.
+    """The container edits for already-validated `devices` of `spec`, as NVIDIA answers.
 
     `response_id` names the CDI annotation (unique per response, as annotation keys
-    from several containers of a pod must not collide).
+    from several containers of a pod must not collide). `cdi_classes` are the CDI
+    classes (`imex-channel`, `gds`, ...) that have a spec on this node: a name without a
+    spec would fail the container, so NVIDIA's plugin names only those; None assumes
+    every enabled one has a spec.
     """
+
+    def has_spec(cdi_class: str) -> bool:
+        return cdi_classes is None or cdi_class in cdi_classes
+
+    if spec.vendor is Vendor.AMD:
+        edits = _amd_response(spec, devices, config)
+        return merge(edits, extra) if extra is not None else edits
     units = unique_units(devices)
-    plugin = config.flags.plugin
+    flags = config.flags
+    plugin = flags.plugin
     strategies = plugin.device_list_strategy
     use_index = plugin.device_id_strategy is DeviceIDStrategy.INDEX
     ids = [u.index if use_index else u.uuid for u in units]
@@ -110,42 +180,63 @@ def build_response(
     mounts: list[MountSpec] = []
     annotations: dict[str, str] = {}
     cdi: tuple[str, ...] = ()
+    specs: tuple[DeviceNodeSpec, ...] = ()
 
-    if spec.vendor is Vendor.AMD:
-        envs[AMD_VISIBLE_DEVICES] = ",".join(ids)
-    elif DeviceListStrategy.ENVVAR in strategies:
-        envs[VISIBLE_DEVICES] = ",".join(ids)
-    elif DeviceListStrategy.VOLUME_MOUNTS in strategies:
-        envs[VISIBLE_DEVICES] = VOLUME_MOUNT_ROOT
-    else:
-        # CDI only: CUDA base images set NVIDIA_VISIBLE_DEVICES=all, which a legacy-mode
-        # runtime hook would honour; "void" keeps it from injecting every GPU.
-        envs[VISIBLE_DEVICES] = "void"
-    if DeviceListStrategy.VOLUME_MOUNTS in strategies:
-        mounts.extend(
-            MountSpec(container_path=posixpath.join(VOLUME_MOUNT_ROOT, i), host_path="/dev/null")
-            for i in ids
-        )
-    names = tuple(cdi_device_name(i) for i in ids)
-    if DeviceListStrategy.CDI_ANNOTATIONS in strategies:
-        annotations[f"{plugin.cdi_annotation_prefix}kubegpu_{response_id}"] = ",".join(names)
-    if DeviceListStrategy.CDI_CRI in strategies:
-        cdi = names
+    cdi_strategies = {DeviceListStrategy.CDI_ANNOTATIONS, DeviceListStrategy.CDI_CRI}
+    if cdi_strategies & set(strategies):
+        names = [cdi_device_name(i) for i in ids]
+        if has_spec("imex-channel"):
+            names += [cdi_device_name(c.id, "imex-channel") for c in imex_channels]
+        # The same modes NVIDIA's CDI handler adds, in its order.
+        for enabled, mode in (
+            (flags.gdrcopy_enabled, "gdrcopy"),
+            (flags.gds_enabled, "gds"),
+            (flags.mofed_enabled, "mofed"),
+        ):
+            if enabled and has_spec(mode):
+                names.append(cdi_device_name("all", mode))
+        if names and DeviceListStrategy.CDI_ANNOTATIONS in strategies:
+            key = f"{plugin.cdi_annotation_prefix}{CDI_ANNOTATION_PLUGIN}_{response_id}"
+            annotations[key] = ",".join(names)
+        if DeviceListStrategy.CDI_CRI in strategies:
+            cdi = tuple(names)
 
-    flags = config.flags
     for enabled, var in (
+        (flags.gdrcopy_enabled, "NVIDIA_GDRCOPY"),
         (flags.gds_enabled, "NVIDIA_GDS"),
         (flags.mofed_enabled, "NVIDIA_MOFED"),
-        (flags.gdrcopy_enabled, "NVIDIA_GDRCOPY"),
     ):
         if enabled:
             envs[var] = "enabled"
 
-    specs: tuple[DeviceNodeSpec, ...] = ()
-    # AMD runtimes have no hook that reads an env var by default: the device nodes
-    # (/dev/kfd, /dev/dri/renderD*) are how a container gets an AMD GPU at all.
-    if plugin.pass_device_specs or spec.vendor is Vendor.AMD:
-        specs = device_node_specs(units, spec.control_device_paths, flags.dev_root)
+    # CDI only: the runtime injects everything from the CDI spec; no env list, mounts or
+    # device nodes (NVIDIA answers the same), so a legacy hook has nothing to act on.
+    if not set(strategies) <= cdi_strategies:
+        if DeviceListStrategy.ENVVAR in strategies:
+            envs[VISIBLE_DEVICES] = ",".join(ids)
+            if imex_channels:
+                envs[IMEX_CHANNELS] = ",".join(c.id for c in imex_channels)
+        if DeviceListStrategy.VOLUME_MOUNTS in strategies:
+            # The hook reads the list from the mount names; the env var points at them
+            # (replacing an `envvar` list, as in NVIDIA's answer).
+            envs[VISIBLE_DEVICES] = VOLUME_MOUNT_ROOT
+            mounts.extend(
+                MountSpec(
+                    container_path=posixpath.join(VOLUME_MOUNT_ROOT, i), host_path="/dev/null"
+                )
+                for i in ids
+            )
+            mounts.extend(
+                MountSpec(
+                    container_path=posixpath.join(VOLUME_MOUNT_ROOT, "imex", c.id),
+                    host_path="/dev/null",
+                )
+                for c in imex_channels
+            )
+        if plugin.pass_device_specs:
+            specs = device_node_specs(
+                units, spec.control_device_paths, flags.dev_root, [c.path for c in imex_channels]
+            )
 
     edits = ContainerEdits(
         envs=envs,
@@ -157,18 +248,40 @@ def build_response(
     return merge(edits, extra) if extra is not None else edits
 
 
-def device_node_specs(
-    units: Sequence[Unit], control_paths: Sequence[str], dev_root: str
-) -> tuple[DeviceNodeSpec, ...]:
-    """Device nodes for runtimes without the NVIDIA hook: per-GPU nodes, then control nodes.
+def _amd_response(
+    spec: ResourceSpec, devices: Sequence[AdvertisedDevice], config: Config
+) -> ContainerEdits:
+    """AMD runtimes have no hook that reads an env var by default: the device nodes
+    (/dev/kfd, /dev/dri/renderD*) are how a container gets an AMD GPU at all."""
+    units = unique_units(devices)
+    use_index = config.flags.plugin.device_id_strategy is DeviceIDStrategy.INDEX
+    ids = [u.index if use_index else u.uuid for u in units]
+    return ContainerEdits(
+        envs={AMD_VISIBLE_DEVICES: ",".join(ids)},
+        device_specs=device_node_specs(
+            units, spec.control_device_paths, config.flags.dev_root, control_first=False
+        ),
+    )
 
-    Host paths sit under the dev root (the driver container's /dev when it owns the
-    nodes); container paths are the plain /dev paths the driver libraries expect.
+
+def device_node_specs(
+    units: Sequence[Unit],
+    control_paths: Sequence[str],
+    dev_root: str,
+    extra_paths: Sequence[str] = (),
+    *,
+    control_first: bool = True,
+) -> tuple[DeviceNodeSpec, ...]:
+    """Device nodes for runtimes without the NVIDIA hook.
+
+    NVIDIA's order: control nodes (nvidiactl, uvm, uvm-tools, modeset), then per-GPU
+    nodes, then IMEX channels. Host paths sit under the dev root (the driver
+    container's /dev when it owns the nodes); container paths are the plain /dev paths
+    the driver libraries expect.
     """
-    paths: dict[str, None] = {}
-    for unit in units:
-        paths.update(dict.fromkeys(unit.device_paths))
-    paths.update(dict.fromkeys(control_paths))
+    own = [p for unit in units for p in unit.device_paths]
+    ordered = [*control_paths, *own] if control_first else [*own, *control_paths]
+    paths = dict.fromkeys([*ordered, *extra_paths])
     return tuple(
         DeviceNodeSpec(container_path=p, host_path=_under(dev_root, p), permissions="rw")
         for p in paths

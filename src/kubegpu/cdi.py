@@ -26,11 +26,11 @@ import os
 import posixpath
 import sys
 import tempfile
-from collections.abc import Iterable
+from collections.abc import Iterable, Sequence
 from pathlib import Path
 from typing import Any
 
-from kubegpu.allocation import cdi_device_name
+from kubegpu.allocation import ImexChannel, cdi_device_name
 from kubegpu.devices.model import Gpu, Inventory, MigDevice
 from kubegpu.errors import ConfigError, KubegpuError
 
@@ -41,6 +41,7 @@ CLASS = "gpu"
 KIND = f"{VENDOR}/{CLASS}"  # Allocate names devices in it: see allocation.cdi_device_name
 DEFAULT_DIRECTORY = "/var/run/cdi"
 DEFAULT_NAME = "k8s.device-plugin.nvidia.com-gpu.json"
+IMEX_KIND = f"{VENDOR}/imex-channel"
 
 #: Device nodes every CUDA container needs; written even when not seen locally (the
 #: runtime resolves them on the host, and CUDA cannot start without them).
@@ -242,6 +243,99 @@ def _host(root: str, path: str) -> str:
 
 def _exists(root: Path, path: str) -> bool:
     return (root / path.lstrip("/")).exists()
+
+
+def generate_imex_spec(
+    channels: Sequence[ImexChannel], *, dev_root: str = "/"
+) -> dict[str, Any] | None:
+    """The `k8s.device-plugin.nvidia.com/imex-channel` spec: one device per channel ID.
+
+    Allocate names `imex-channel=<id>` under the CDI strategies (as NVIDIA's plugin does),
+    so this spec must sit next to the GPU one; None when no channel is selected.
+    """
+    if not channels:
+        return None
+    devices = []
+    for channel in channels:
+        node: dict[str, Any] = {"path": channel.path}
+        if dev_root not in ("", "/"):
+            node["hostPath"] = _host(dev_root, channel.path)
+        devices.append(_device(channel.id, [node]))
+    return {"cdiVersion": CDI_VERSION, "kind": IMEX_KIND, "devices": devices}
+
+
+#: Per mode (`flags.gdsEnabled`...): device node globs under /dev and, only when a node
+#: exists, driver-root paths to mount: what NVIDIA's CDI generator writes for each mode.
+MODES: dict[str, tuple[tuple[str, ...], tuple[str, ...]]] = {
+    "gdrcopy": (("gdrdrv",), ()),
+    "gds": (("nvidia-fs*",), ("/run/udev", "/etc/cufile.json")),
+    "mofed": (("infiniband/uverbs*", "infiniband/rdma_cm"), ()),
+}
+
+
+def spec_name(cdi_class: str) -> str:
+    """The file name of our spec for a CDI class (`...-gpu.json`, `...-gds.json`)."""
+    return f"{VENDOR}-{cdi_class}.json"
+
+
+def generate_mode_spec(
+    mode: str,
+    *,
+    driver_root: str = "/",
+    container_driver_root: str | None = None,
+    dev_root: str | None = None,
+) -> dict[str, Any] | None:
+    """The spec of `k8s.device-plugin.nvidia.com/<mode>` with one device, `all`.
+
+    None when the node has none of the mode's device nodes: NVIDIA's plugin then writes
+    no spec and Allocate names no such device (see `available_classes`).
+    """
+    globs, extra = MODES[mode]
+    local_root = Path(container_driver_root or driver_root)
+    local_dev = (Path(dev_root) if dev_root else local_root) / "dev"
+    host_dev_root = dev_root or driver_root
+    nodes = []
+    for pattern in globs:
+        for found in sorted(local_dev.glob(pattern)):
+            path = "/dev/" + found.relative_to(local_dev).as_posix()
+            entry: dict[str, Any] = {"path": path}
+            if host_dev_root not in ("", "/"):
+                entry["hostPath"] = _host(host_dev_root, path)
+            nodes.append(entry)
+    if not nodes:
+        return None
+    edits: dict[str, Any] = {"deviceNodes": nodes}
+    mounts = [
+        {
+            "hostPath": _host(driver_root, p),
+            "containerPath": p,
+            "options": list(MOUNT_OPTIONS),
+        }
+        for p in extra
+        if (local_root / p.lstrip("/")).exists()
+    ]
+    if mounts:
+        edits["mounts"] = mounts
+    return {
+        "cdiVersion": CDI_VERSION,
+        "kind": f"{VENDOR}/{mode}",
+        "devices": [{"name": "all", "containerEdits": edits}],
+    }
+
+
+def available_classes(directory: str | Path) -> frozenset[str]:
+    """The CDI classes of our vendor with a spec file in `directory` (what may be named)."""
+    prefix = f"{VENDOR}-"
+    try:
+        names = [p.name for p in Path(directory).iterdir()]
+    except OSError:
+        return frozenset()
+    return frozenset(
+        n[len(prefix) : -len(ext)]
+        for n in names
+        for ext in (".json", ".yaml")
+        if n.startswith(prefix) and n.endswith(ext)
+    )
 
 
 def _device(name: str, nodes: list[dict[str, Any]]) -> dict[str, Any]:

@@ -4,18 +4,27 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
-from collections.abc import AsyncIterator, Mapping
+import shutil
+import tempfile
+import threading
+from collections.abc import AsyncIterator, Iterator, Mapping
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
 import grpc
 import pytest
+from hypothesis import HealthCheck, given, settings
+from hypothesis import strategies as st
 
-from kubegpu.api import device_plugin_stub, pb
+from kubegpu.api import device_plugin_stub, pb, pb_grpc
+from kubegpu.config import Config
 from kubegpu.daemon import Daemon, DaemonSettings
 from kubegpu.devices.simulated import SimulatedBackend
 from kubegpu.kubelet import KubeletEmulator
+from kubegpu.plugin.server import ResourceServer
+from kubegpu.resources import ResourceSpec, build_resources
+from tests import builders
 from tests.integration.waiting import eventually
 
 GPU = "nvidia.com/gpu"
@@ -136,11 +145,12 @@ async def test_allocate_uuid_strategy_with_device_specs(socket_dir: Path) -> Non
         gpus = {g.uuid: g for g in node.daemon.inventory.gpus}
         minors = sorted(gpus[i].minor for i in a.device_ids)
         paths = [d.container_path for d in a.device_specs]
-        assert paths == [f"/dev/nvidia{gpus[i].minor}" for i in a.device_ids] + [
+        # Control nodes first, as NVIDIA orders them.
+        assert paths == [
             "/dev/nvidiactl",
             "/dev/nvidia-uvm",
             "/dev/nvidia-uvm-tools",
-        ]
+        ] + [f"/dev/nvidia{gpus[i].minor}" for i in a.device_ids]
         assert sorted(minors) == minors
         # The preferred pair shares a NUMA node (and NVLink on this preset).
         assert len({gpus[i].numa_node for i in a.device_ids}) == 1
@@ -179,15 +189,14 @@ async def test_preferred_allocation_prefers_numa_of_must_include(socket_dir: Pat
     [
         (["GPU-does-not-exist"], "unknown device ID"),
         ([], "lists no device IDs"),
-        (None, "requested twice"),
     ],
 )
 async def test_bad_allocate_gets_invalid_argument_and_plugin_keeps_serving(
-    socket_dir: Path, ids: list[str] | None, fragment: str
+    socket_dir: Path, ids: list[str], fragment: str
 ) -> None:
     async with running_node(socket_dir, "t4-1") as node:
         await node.kubelet.wait_for_resource(GPU, allocatable=1)
-        request_ids = [node.uuids[0]] * 2 if ids is None else ids
+        request_ids = ids
         async with grpc.aio.insecure_channel(f"unix://{node.socket()}") as channel:
             stub = device_plugin_stub(channel)
             bad = pb.AllocateRequest(
@@ -296,3 +305,193 @@ async def test_dp_disable_healthchecks_reaches_the_daemon(
         )
         assert (node.uuids[1] in node.daemon.health) is marked
         await node.kubelet.wait_for_resource(GPU, allocatable=3 if marked else 4)
+
+
+# -- the servicer alone, against hostile or stale requests (issue 8) -----------------------
+
+
+@contextlib.asynccontextmanager
+async def serving(
+    socket_dir: Path, spec: ResourceSpec, config: Config | None = None
+) -> AsyncIterator[tuple[ResourceServer, pb_grpc.DevicePluginStub]]:
+    server = ResourceServer(spec, config or Config(), socket_dir)
+    await server.serve()
+    try:
+        async with grpc.aio.insecure_channel(f"unix://{server.socket_path}") as channel:
+            yield server, device_plugin_stub(channel)
+    finally:
+        await server.stop(grace=0)
+
+
+def _spec(count: int = 4, config: Config | None = None) -> ResourceSpec:
+    inv = builders.inventory(*(builders.gpu(i) for i in range(count)))
+    return build_resources(inv, config or Config())[0]
+
+
+def _allocate(*ids: str) -> pb.AllocateRequest:
+    return pb.AllocateRequest(container_requests=[pb.ContainerAllocateRequest(devices_ids=ids)])
+
+
+async def test_allocate_dedups_repeated_ids(socket_dir: Path) -> None:
+    spec = _spec()
+    u0, u1 = (d.id for d in spec.devices[:2])
+    async with serving(socket_dir, spec) as (_, stub):
+        resp = await stub.Allocate(_allocate(u0, u1, u0))
+    assert resp.container_responses[0].envs["NVIDIA_VISIBLE_DEVICES"] == f"{u0},{u1}"
+
+
+async def test_allocate_error_is_bounded_and_cannot_forge_log_lines(
+    socket_dir: Path, caplog: pytest.LogCaptureFixture
+) -> None:
+    # 2000 IDs of 100 characters would be ~200 KiB of details: over gRPC's 16 KiB limit.
+    ids = ["GPU-evil\nkubegpu INFO all good", *[f"GPU-{n:096d}" for n in range(2000)]]
+    async with serving(socket_dir, _spec()) as (_, stub):
+        with pytest.raises(grpc.aio.AioRpcError) as info:
+            await stub.Allocate(_allocate(*ids))
+    assert info.value.code() is grpc.StatusCode.INVALID_ARGUMENT
+    details = info.value.details() or ""
+    assert "unknown device ID" in details and "and 1996 more" in details
+    assert "\n" not in details and len(details) <= 1100
+    refused = [r.getMessage() for r in caplog.records if "Allocate refused" in r.getMessage()]
+    assert refused and all("\n" not in m for m in refused)
+
+
+async def test_preferred_allocation_ignores_ids_that_vanished(socket_dir: Path) -> None:
+    spec = _spec(4)
+    ids = [d.id for d in spec.devices]
+    async with serving(socket_dir, spec) as (server, stub):
+        # A reload removed GPU 3 after the kubelet read the list.
+        await server.update(_spec(3), Config())
+        req = pb.ContainerPreferredAllocationRequest(
+            available_deviceIDs=ids, must_include_deviceIDs=[ids[3]], allocation_size=2
+        )
+        resp = await stub.GetPreferredAllocation(
+            pb.PreferredAllocationRequest(container_requests=[req])
+        )
+        got = list(resp.container_responses[0].deviceIDs)
+        assert len(got) == 2 and set(got) <= set(ids[:3])
+        # Everything offered vanished: an empty hint, not a failed pod.
+        gone = pb.ContainerPreferredAllocationRequest(
+            available_deviceIDs=["GPU-gone"], allocation_size=1
+        )
+        resp = await stub.GetPreferredAllocation(
+            pb.PreferredAllocationRequest(container_requests=[gone])
+        )
+        assert list(resp.container_responses[0].deviceIDs) == []
+
+
+async def test_invalid_utf8_id_gets_a_status_and_plugin_keeps_serving(socket_dir: Path) -> None:
+    spec = _spec()
+    # ContainerAllocateRequest{devices_ids: b"\xff\xfe"} inside AllocateRequest, by hand:
+    # a Python client cannot build a str that is not UTF-8.
+    inner = b"\x0a\x02\xff\xfe"
+    raw = b"\x0a" + bytes([len(inner)]) + inner
+    async with serving(socket_dir, spec) as (_, stub):
+        async with grpc.aio.insecure_channel(f"unix://{socket_dir / spec.socket_name}") as channel:
+            call = channel.unary_unary("/v1beta1.DevicePlugin/Allocate")
+            with pytest.raises(grpc.aio.AioRpcError) as info:
+                await call(raw)
+        assert info.value.code() is not grpc.StatusCode.UNKNOWN
+        ok = await stub.Allocate(_allocate(spec.devices[0].id))
+        assert ok.container_responses[0].envs
+
+
+# Hypothesis runs each example synchronously, so the server runs on its own loop in a thread.
+_IDS = st.one_of(
+    st.text(max_size=40),
+    st.text(alphabet=st.characters(codec="utf-8"), min_size=1000, max_size=5000),
+    st.sampled_from(["\n", "\x00", "\x1b[31m", "GPU-\u202e", "::", "::-1"]),
+)
+
+
+@pytest.fixture(scope="module")
+def threaded_server() -> Iterator[tuple[ResourceSpec, str]]:
+    spec = _spec(4)
+    directory = Path(tempfile.mkdtemp(prefix="kg-", dir="/tmp"))
+    loop = asyncio.new_event_loop()
+    server = ResourceServer(spec, Config(), directory)
+    thread = threading.Thread(target=loop.run_forever, daemon=True)
+    thread.start()
+    asyncio.run_coroutine_threadsafe(server.serve(), loop).result(10)
+    try:
+        yield spec, f"unix://{server.socket_path}"
+    finally:
+        asyncio.run_coroutine_threadsafe(server.stop(grace=0), loop).result(10)
+        loop.call_soon_threadsafe(loop.stop)
+        thread.join(10)
+        loop.close()
+        shutil.rmtree(directory, ignore_errors=True)
+
+
+def _sync_call(target: str, method: str, request: Any) -> tuple[grpc.StatusCode, Any]:
+    with grpc.insecure_channel(target) as channel:
+        stub = pb_grpc.DevicePluginStub(channel)
+        try:
+            return grpc.StatusCode.OK, getattr(stub, method)(request, timeout=10)
+        except grpc.RpcError as exc:
+            return exc.code(), exc.details()
+
+
+@settings(max_examples=60, deadline=None, suppress_health_check=[HealthCheck.too_slow])
+@given(
+    real=st.lists(st.integers(0, 3), max_size=6),
+    junk=st.lists(_IDS, max_size=5),
+    many=st.integers(0, 3000),
+    containers=st.integers(0, 3),
+)
+def test_fuzz_allocate(
+    threaded_server: tuple[ResourceSpec, str],
+    real: list[int],
+    junk: list[str],
+    many: int,
+    containers: int,
+) -> None:
+    spec, target = threaded_server
+    ids = [spec.devices[i].id for i in real] + junk + ["GPU-x"] * (many if junk else 0)
+    request = pb.AllocateRequest(
+        container_requests=[pb.ContainerAllocateRequest(devices_ids=ids)] * containers
+    )
+    code, answer = _sync_call(target, "Allocate", request)
+    assert code in (grpc.StatusCode.OK, grpc.StatusCode.INVALID_ARGUMENT), answer
+    if code is grpc.StatusCode.OK:
+        assert len(answer.container_responses) == containers
+    else:
+        assert "\n" not in answer and len(answer) <= 1100
+    # Still serving, and still right.
+    code, answer = _sync_call(target, "Allocate", _allocate(spec.devices[0].id))
+    assert code is grpc.StatusCode.OK
+    assert answer.container_responses[0].envs["NVIDIA_VISIBLE_DEVICES"] == spec.devices[0].id
+
+
+@settings(max_examples=60, deadline=None, suppress_health_check=[HealthCheck.too_slow])
+@given(
+    available=st.lists(st.one_of(st.integers(0, 3), _IDS), max_size=8),
+    must=st.lists(st.one_of(st.integers(0, 3), _IDS), max_size=4),
+    size=st.integers(-(2**31), 2**31 - 1) | st.integers(-2, 10),
+)
+def test_fuzz_preferred_allocation(
+    threaded_server: tuple[ResourceSpec, str],
+    available: list[int | str],
+    must: list[int | str],
+    size: int,
+) -> None:
+    spec, target = threaded_server
+
+    def ids(xs: list[int | str]) -> list[str]:
+        return [spec.devices[x].id if isinstance(x, int) else x for x in xs]
+
+    req = pb.ContainerPreferredAllocationRequest(
+        available_deviceIDs=ids(available), must_include_deviceIDs=ids(must), allocation_size=size
+    )
+    code, answer = _sync_call(
+        target, "GetPreferredAllocation", pb.PreferredAllocationRequest(container_requests=[req])
+    )
+    assert code in (grpc.StatusCode.OK, grpc.StatusCode.INVALID_ARGUMENT), answer
+    if code is grpc.StatusCode.OK:
+        got = list(answer.container_responses[0].deviceIDs)
+        known = set(spec.by_id) & set(ids(available) + ids(must))
+        assert set(got) <= known and len(got) == len(set(got)) <= max(size, 0)
+        # Every must-include ID that still exists is in the answer.
+        assert {i for i in ids(must) if i in spec.by_id} <= set(got)
+    else:
+        assert "\n" not in answer

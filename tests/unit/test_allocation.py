@@ -49,13 +49,14 @@ def test_mig_index_strategy_uses_gpu_colon_gi() -> None:
     assert a.envs["NVIDIA_VISIBLE_DEVICES"] == "2:2"
 
 
-def test_pass_device_specs_lists_gpu_then_control_nodes() -> None:
+def test_pass_device_specs_lists_control_nodes_then_gpu() -> None:
+    # NVIDIA's order (internal/rm/nvml_manager.go GetDevicePaths): control nodes first.
     a = answer("version: v1\nflags: {plugin: {passDeviceSpecs: true}}", [INV.gpus[1].uuid])
     assert [d.container_path for d in a.device_specs] == [
-        "/dev/nvidia1",
         "/dev/nvidiactl",
         "/dev/nvidia-uvm",
         "/dev/nvidia-uvm-tools",
+        "/dev/nvidia1",
     ]
     assert all(d.permissions == "rw" and d.host_path == d.container_path for d in a.device_specs)
 
@@ -65,8 +66,8 @@ def test_device_specs_host_paths_under_dev_root() -> None:
         "version: v1\nflags: {nvidiaDevRoot: /run/nvidia/driver, plugin: {passDeviceSpecs: true}}"
     )
     a = answer(text, [INV.gpus[0].uuid])
-    assert a.device_specs[0].host_path == "/run/nvidia/driver/dev/nvidia0"
-    assert a.device_specs[0].container_path == "/dev/nvidia0"
+    assert a.device_specs[-1].host_path == "/run/nvidia/driver/dev/nvidia0"
+    assert a.device_specs[-1].container_path == "/dev/nvidia0"
 
 
 def test_mig_device_specs_include_caps() -> None:
@@ -91,13 +92,16 @@ def test_cdi_strategies_combined() -> None:
     name = cdi_device_name(INV.gpus[0].uuid)
     assert name == f"k8s.device-plugin.nvidia.com/gpu={INV.gpus[0].uuid}"
     assert a.cdi_devices == (name,)
-    assert a.annotations == {"cdi.k8s.io/kubegpu_r1": name}
+    assert a.annotations == {"cdi.k8s.io/nvidia-device-plugin_r1": name}
     assert a.envs["NVIDIA_VISIBLE_DEVICES"] == INV.gpus[0].uuid
 
 
-def test_cdi_only_sets_void_so_images_do_not_get_all_gpus() -> None:
-    a = answer("version: v1\nflags: {plugin: {deviceListStrategy: cdi-cri}}", [INV.gpus[0].uuid])
-    assert a.envs == {"NVIDIA_VISIBLE_DEVICES": "void"}
+def test_cdi_only_sends_no_visible_devices_env() -> None:
+    # As NVIDIA's plugin: CDI-only answers carry no env list, mounts or device nodes.
+    text = "version: v1\nflags: {plugin: {deviceListStrategy: cdi-cri, passDeviceSpecs: true}}"
+    a = answer(text, [INV.gpus[0].uuid])
+    assert a.envs == {} and a.device_specs == () and a.mounts == ()
+    assert a.cdi_devices == (cdi_device_name(INV.gpus[0].uuid),)
 
 
 def test_gds_mofed_gdrcopy_envs() -> None:
@@ -135,7 +139,6 @@ def test_fail_requests_greater_than_one() -> None:
     [
         ([], "lists no device IDs"),
         (["GPU-nope"], "unknown device ID.*'GPU-nope'"),
-        (["GPU-00000000-0000-0000-0000-000000000000"] * 2, "requested twice"),
         (["GPU-00000000-0000-0000-0000-000000000000::0"], "unknown device ID"),
     ],
 )
@@ -143,6 +146,23 @@ def test_bad_requests_name_the_problem(ids: list[str], message: str) -> None:
     spec = spec_for(Config())
     with pytest.raises(AllocationError, match=message):
         validate_request(spec, ids)
+
+
+def test_duplicate_ids_are_answered_once() -> None:
+    u0, u1 = INV.gpus[0].uuid, INV.gpus[1].uuid
+    a = answer("version: v1", [u0, u1, u0])
+    assert a.envs["NVIDIA_VISIBLE_DEVICES"] == f"{u0},{u1}"
+
+
+def test_unknown_ids_are_echoed_bounded_and_escaped() -> None:
+    spec = spec_for(Config())
+    forged = "GPU-x\nINFO forged log line"
+    ids = [forged, "A" * 100_000, *[f"GPU-bad-{n}" for n in range(1000)]]
+    with pytest.raises(AllocationError) as info:
+        validate_request(spec, ids)
+    text = str(info.value)
+    assert "\n" not in text and "GPU-x\\nINFO forged" in text
+    assert "and 997 more" in text and len(text) < 1000
 
 
 def test_merge_first_value_wins() -> None:

@@ -325,3 +325,54 @@ def test_cli_generate_simulated(
     args = parse(["cdi", "generate", "--simulate", preset, "--format", "yaml"])
     assert cdi.run_generate(args) == 0
     assert yaml.safe_load(capsys.readouterr().out)["kind"] == cdi.KIND
+
+
+def test_imex_channel_spec_matches_the_names_allocate_uses() -> None:
+    from kubegpu.allocation import ImexChannel, cdi_device_name
+
+    spec = cdi.generate_imex_spec(
+        [ImexChannel("0"), ImexChannel("3")], dev_root="/run/nvidia/driver"
+    )
+    assert spec is not None
+    jsonschema.validate(spec, SCHEMA)
+    names = [f"{spec['kind']}={d['name']}" for d in spec["devices"]]
+    assert names == [cdi_device_name(c, "imex-channel") for c in ("0", "3")]
+    assert spec["devices"][1]["containerEdits"]["deviceNodes"] == [
+        {
+            "path": "/dev/nvidia-caps-imex-channels/channel3",
+            "hostPath": "/run/nvidia/driver/dev/nvidia-caps-imex-channels/channel3",
+        }
+    ]
+    assert cdi.generate_imex_spec([]) is None
+
+
+def test_mode_specs_name_the_nodes_present_and_nothing_when_absent(tmp_path: Path) -> None:
+    root = tmp_path / "root"
+    (root / "dev/infiniband").mkdir(parents=True)
+    for name in ("dev/nvidia-fs0", "dev/nvidia-fs1", "dev/infiniband/uverbs0", "etc/cufile.json"):
+        (root / name).parent.mkdir(parents=True, exist_ok=True)
+        (root / name).touch()
+    gds = cdi.generate_mode_spec("gds", driver_root="/host", container_driver_root=str(root))
+    assert gds is not None
+    jsonschema.validate(gds, SCHEMA)
+    assert gds["kind"] == "k8s.device-plugin.nvidia.com/gds"
+    edits = gds["devices"][0]["containerEdits"]
+    assert gds["devices"][0]["name"] == "all"
+    assert edits["deviceNodes"] == [
+        {"path": "/dev/nvidia-fs0", "hostPath": "/host/dev/nvidia-fs0"},
+        {"path": "/dev/nvidia-fs1", "hostPath": "/host/dev/nvidia-fs1"},
+    ]
+    assert [m["containerPath"] for m in edits["mounts"]] == ["/etc/cufile.json"]
+    mofed = cdi.generate_mode_spec("mofed", container_driver_root=str(root))
+    assert mofed is not None
+    assert mofed["devices"][0]["containerEdits"]["deviceNodes"] == [
+        {"path": "/dev/infiniband/uverbs0"}
+    ]
+    assert cdi.generate_mode_spec("gdrcopy", container_driver_root=str(root)) is None
+
+
+def test_available_classes_lists_our_spec_files(tmp_path: Path) -> None:
+    for name in (cdi.spec_name("gpu"), cdi.spec_name("gds"), "other-vendor-gpu.json", "x.txt"):
+        (tmp_path / name).write_text("{}")
+    assert cdi.available_classes(tmp_path) == {"gpu", "gds"}
+    assert cdi.available_classes(tmp_path / "missing") == frozenset()

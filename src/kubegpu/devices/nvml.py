@@ -52,7 +52,13 @@ LIBRARY_DIRS = (
     "lib/aarch64-linux-gnu",
     "lib",
 )
-CONTROL_DEVICES = ("/dev/nvidiactl", "/dev/nvidia-uvm", "/dev/nvidia-uvm-tools")
+#: NVIDIA's list and order (internal/rm/nvml_manager.go); each kept only where it exists.
+CONTROL_DEVICES = (
+    "/dev/nvidiactl",
+    "/dev/nvidia-uvm",
+    "/dev/nvidia-uvm-tools",
+    "/dev/nvidia-modeset",
+)
 #: Xid the driver logs for an uncorrectable (double-bit) ECC error.
 XID_DOUBLE_BIT_ECC = 48
 _NO_ID = 0xFFFFFFFF

@@ -10,16 +10,28 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import logging
+import stat
 import time
 import uuid
-from collections.abc import AsyncIterator, Callable
+from collections.abc import AsyncIterator, Awaitable, Callable
 from pathlib import Path
+from typing import Any
 
 import grpc
+from google.protobuf.message import DecodeError
 
-from kubegpu.allocation import ContainerEdits, build_response, validate_request
+from kubegpu import cdi
+from kubegpu.allocation import (
+    ContainerEdits,
+    ImexChannel,
+    build_response,
+    describe_ids,
+    escape,
+    select_imex_channels,
+    validate_request,
+)
 from kubegpu.api import add_device_plugin_servicer, pb, pb_grpc
-from kubegpu.config import AllocationPolicy, Config
+from kubegpu.config import AllocationPolicy, Config, DeviceListStrategy
 from kubegpu.errors import AllocationError, PreconditionError
 from kubegpu.metrics import Metrics
 from kubegpu.plugin.registration import register
@@ -27,6 +39,11 @@ from kubegpu.resources import ResourceSpec
 from kubegpu.topology import preferred_allocation
 
 log = logging.getLogger("kubegpu.plugin")
+
+#: Status details longer than this are cut: gRPC refuses metadata over 16 KiB, and the
+#: kubelet would then see RESOURCE_EXHAUSTED instead of our reason.
+MAX_DETAILS = 1024
+CDI_STRATEGIES = {DeviceListStrategy.CDI_ANNOTATIONS, DeviceListStrategy.CDI_CRI}
 
 #: Extra edits for a resource's containers (the MPS pipe directory), or None.
 ExtraEdits = Callable[[ResourceSpec], ContainerEdits | None]
@@ -76,9 +93,11 @@ class DevicePluginServicer(pb_grpc.DevicePluginServicer):
         *,
         metrics: Metrics | None = None,
         extra_edits: ExtraEdits | None = None,
+        cdi_dir: Path = Path(cdi.DEFAULT_DIRECTORY),
     ) -> None:
         self.spec = spec
         self.config = config
+        self.cdi_dir = cdi_dir
         self._metrics = metrics
         self._extra = extra_edits
         self._version = 0
@@ -142,19 +161,18 @@ class DevicePluginServicer(pb_grpc.DevicePluginServicer):
         policy: AllocationPolicy = config.flags.plugin.shared_devices_allocation_policy
         try:
             answers = [
-                pb.ContainerPreferredAllocationResponse(
-                    deviceIDs=preferred_allocation(
-                        spec,
-                        list(req.available_deviceIDs),
-                        list(req.must_include_deviceIDs),
-                        req.allocation_size,
-                        policy,
-                    )
-                )
+                pb.ContainerPreferredAllocationResponse(deviceIDs=_prefer(spec, req, policy))
                 for req in request.container_requests
             ]
         except AllocationError as exc:
-            await context.abort(grpc.StatusCode.INVALID_ARGUMENT, str(exc))
+            message = bounded(str(exc))
+            log.warning("GetPreferredAllocation refused: %s", message)
+            await context.abort(grpc.StatusCode.INVALID_ARGUMENT, message)
+        except Exception as exc:  # a bug must not reach the kubelet as UNKNOWN
+            log.exception("GetPreferredAllocation for %s failed", spec.name)
+            await context.abort(
+                grpc.StatusCode.INTERNAL, bounded(f"internal error in kubegpu: {exc}")
+            )
         return pb.PreferredAllocationResponse(container_responses=answers)
 
     async def Allocate(
@@ -171,10 +189,20 @@ class DevicePluginServicer(pb_grpc.DevicePluginServicer):
             if not request.container_requests:
                 raise AllocationError(f"{spec.name}: the request has no container requests")
             extra = self._extra(spec) if self._extra is not None else None
+            channels = self._imex_channels(config)
+            strategies = set(config.flags.plugin.device_list_strategy)
+            # Only CDI classes with a spec on this node may be named (listed once per call).
+            classes = cdi.available_classes(self.cdi_dir) if strategies & CDI_STRATEGIES else None
             for creq in request.container_requests:
                 devices = validate_request(spec, list(creq.devices_ids))
                 edits = build_response(
-                    spec, devices, config, response_id=uuid.uuid4().hex, extra=extra
+                    spec,
+                    devices,
+                    config,
+                    response_id=str(uuid.uuid4()),
+                    extra=extra,
+                    imex_channels=channels,
+                    cdi_classes=classes,
                 )
                 responses.append(to_pb(edits))
         except AllocationError as exc:
@@ -184,6 +212,7 @@ class DevicePluginServicer(pb_grpc.DevicePluginServicer):
         except Exception as exc:  # a bug must not reach the kubelet as a traceback
             log.exception("Allocate for %s failed", spec.name)
             code, message = grpc.StatusCode.INTERNAL, f"internal error in kubegpu: {exc}"
+        message = bounded(message)
         if self._metrics is not None:
             self._metrics.observe_allocate(
                 spec.name, time.perf_counter() - started, code.name if code else None
@@ -193,6 +222,15 @@ class DevicePluginServicer(pb_grpc.DevicePluginServicer):
             await context.abort(code, message)
         return pb.AllocateResponse(container_responses=responses)
 
+    def _imex_channels(self, config: Config) -> tuple[ImexChannel, ...]:
+        """The configured IMEX channels present on this node (under the dev root or /)."""
+        if not config.imex.channel_ids:
+            return ()
+        root = config.flags.dev_root
+        return select_imex_channels(
+            config, lambda path: _is_char_device(_under(root, path)) or _is_char_device(path)
+        )
+
     async def PreStartContainer(
         self,
         request: pb.PreStartContainerRequest,
@@ -201,6 +239,129 @@ class DevicePluginServicer(pb_grpc.DevicePluginServicer):
         ],
     ) -> pb.PreStartContainerResponse:
         return pb.PreStartContainerResponse()
+
+
+def bounded(text: str, limit: int = MAX_DETAILS) -> str:
+    """One line of at most about `limit` characters, fit for a gRPC status and a log."""
+    return escape(text, limit)
+
+
+def _prefer(
+    spec: ResourceSpec, req: pb.ContainerPreferredAllocationRequest, policy: AllocationPolicy
+) -> list[str]:
+    """The preferred IDs for one container, from the offered IDs that still exist.
+
+    Between the kubelet reading ListAndWatch and asking, a reload can remove devices;
+    refusing the whole call would fail the pod, so vanished IDs are dropped (logged) and
+    the hint is built from the rest. The kubelet makes the final choice anyway.
+    """
+    available = list(dict.fromkeys(req.available_deviceIDs))
+    must_include = list(dict.fromkeys(req.must_include_deviceIDs))
+    gone = [i for i in dict.fromkeys([*must_include, *available]) if i not in spec.by_id]
+    if gone:
+        log.info(
+            "GetPreferredAllocation for %s: ignoring %d ID(s) no longer advertised: %s",
+            spec.name,
+            len(gone),
+            describe_ids(gone),
+        )
+        available = [i for i in available if i in spec.by_id]
+        must_include = [i for i in must_include if i in spec.by_id]
+    size = req.allocation_size
+    if size <= 0:
+        raise AllocationError(f"{spec.name}: allocation_size must be at least 1, got {size}")
+    pool = len(dict.fromkeys([*must_include, *available]))
+    if pool == 0:
+        return []
+    # Fewer devices left than asked for: prefer all of them; the kubelet decides.
+    return list(preferred_allocation(spec, available, must_include, min(size, pool), policy))
+
+
+def _is_char_device(path: str) -> bool:
+    try:
+        return stat.S_ISCHR(Path(path).stat().st_mode)
+    except (OSError, ValueError):
+        return False
+
+
+def _under(root: str, path: str) -> str:
+    return path if root in ("", "/") else str(Path(root) / path.lstrip("/"))
+
+
+class _Undecodable:
+    """Stands for a request whose bytes are not a valid message (e.g. bad UTF-8)."""
+
+    def __init__(self, reason: str) -> None:
+        self.reason = reason
+
+
+class DecodeGuard(grpc.aio.ServerInterceptor):  # type: ignore[type-arg]
+    """Answers undecodable requests with INVALID_ARGUMENT.
+
+    grpc decodes before our code runs and reports a decode failure as UNKNOWN with a
+    traceback in our log; the kubelet should get a code that says the request was bad.
+    """
+
+    async def intercept_service(
+        self,
+        continuation: Callable[
+            [grpc.HandlerCallDetails], Awaitable[grpc.RpcMethodHandler[Any, Any]]
+        ],
+        handler_call_details: grpc.HandlerCallDetails,
+    ) -> Any:
+        # grpc's stubs type handlers for the sync server; ours are coroutines.
+        handler: Any = await continuation(handler_call_details)
+        decode = getattr(handler, "request_deserializer", None)
+        if handler is None or decode is None:
+            return handler
+
+        def safe_decode(data: bytes) -> Any:
+            try:
+                return decode(data)
+            except DecodeError as exc:
+                return _Undecodable(str(exc))
+
+        async def refuse(
+            request: _Undecodable, context: grpc.aio.ServicerContext[Any, Any]
+        ) -> None:
+            message = bounded(
+                f"the request cannot be decoded ({request.reason}); send valid UTF-8 IDs"
+            )
+            log.warning("%s refused: %s", handler_call_details.method, message)
+            await context.abort(grpc.StatusCode.INVALID_ARGUMENT, message)
+
+        if handler.unary_unary is not None:
+            unary: Any = handler.unary_unary
+
+            async def guarded_unary(
+                request: Any, context: grpc.aio.ServicerContext[Any, Any]
+            ) -> Any:
+                if isinstance(request, _Undecodable):
+                    await refuse(request, context)
+                return await unary(request, context)
+
+            return grpc.unary_unary_rpc_method_handler(
+                guarded_unary,
+                request_deserializer=safe_decode,
+                response_serializer=handler.response_serializer,
+            )
+        if handler.unary_stream is not None:
+            stream: Any = handler.unary_stream
+
+            async def guarded_stream(
+                request: Any, context: grpc.aio.ServicerContext[Any, Any]
+            ) -> AsyncIterator[Any]:
+                if isinstance(request, _Undecodable):
+                    await refuse(request, context)
+                async for item in stream(request, context):
+                    yield item
+
+            return grpc.unary_stream_rpc_method_handler(
+                guarded_stream,
+                request_deserializer=safe_decode,
+                response_serializer=handler.response_serializer,
+            )
+        return handler
 
 
 class ResourceServer:
@@ -215,8 +376,11 @@ class ResourceServer:
         metrics: Metrics | None = None,
         extra_edits: ExtraEdits | None = None,
         socket_name: str | None = None,
+        cdi_dir: Path = Path(cdi.DEFAULT_DIRECTORY),
     ) -> None:
-        self.servicer = DevicePluginServicer(spec, config, metrics=metrics, extra_edits=extra_edits)
+        self.servicer = DevicePluginServicer(
+            spec, config, metrics=metrics, extra_edits=extra_edits, cdi_dir=cdi_dir
+        )
         self.plugin_dir = plugin_dir
         self.socket_name = socket_name or spec.socket_name
         self._metrics = metrics
@@ -243,7 +407,7 @@ class ResourceServer:
         self.servicer.reopen()
         with contextlib.suppress(FileNotFoundError):
             self.socket_path.unlink()
-        server = grpc.aio.server()
+        server = grpc.aio.server(interceptors=[DecodeGuard()])
         add_device_plugin_servicer(self.servicer, server)
         if server.add_insecure_port(f"unix://{self.socket_path}") == 0:
             raise OSError(f"cannot listen on {self.socket_path}")
