@@ -220,20 +220,19 @@ IMEX = NVIDIA_DP.cite("internal/imex/imex.go")
 
 
 @pytest.mark.parametrize(
-    ("present", "required", "want"),
+    ("present", "want"),
     [
-        ({"/dev/nvidia-caps-imex-channels/channel0"}, False, ["0"]),
-        (set(), False, []),
-        ({"/dev/nvidia-caps-imex-channels/channel2"}, False, ["2"]),
+        ({"/dev/nvidia-caps-imex-channels/channel0"}, ["0"]),
+        (set(), []),
+        # Only channel 0 can be configured (api/config/v1/imex.go AssertChannelIDsValid).
+        ({"/dev/nvidia-caps-imex-channels/channel2"}, []),
     ],
-    ids=[f"{n}@{IMEX}" for n in ("present", "missing-skipped", "only-present-kept")],
+    ids=[f"{n}@{IMEX}" for n in ("present", "missing-skipped", "other-channel-ignored")],
 )
-def test_imex_channels_selected(present: set[str], required: bool, want: list[str]) -> None:
-    config = parse_config(
-        yaml.safe_dump({"version": "v1", "imex": {"channelIDs": [0, 2], "required": required}})
-    )
+def test_imex_channels_selected(present: set[str], want: list[str]) -> None:
+    config = parse_config(yaml.safe_dump({"version": "v1", "imex": {"channelIDs": [0]}}))
     got = select_imex_channels(config, present.__contains__)
-    assert [c.id for c in got] == [w for w in ("0", "2") if w in want]
+    assert [c.id for c in got] == want
 
 
 def test_imex_required_channel_missing_is_refused() -> None:
