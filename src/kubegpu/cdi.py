@@ -31,6 +31,7 @@ from pathlib import Path
 from typing import Any
 
 from kubegpu.allocation import ImexChannel, cdi_device_name
+from kubegpu.config import Config
 from kubegpu.devices.model import Gpu, Inventory, MigDevice
 from kubegpu.errors import ConfigError, KubegpuError
 
@@ -336,6 +337,40 @@ def available_classes(directory: str | Path) -> frozenset[str]:
         for ext in (".json", ".yaml")
         if n.startswith(prefix) and n.endswith(ext)
     )
+
+
+def node_specs(
+    inventory: Inventory, config: Config, *, container_driver_root: str | None = None
+) -> dict[str, dict[str, Any]]:
+    """Every spec file `serve` keeps in the CDI directory, by file name.
+
+    The GPU spec, plus one per enabled mode (gds, mofed, gdrcopy) with device nodes on
+    this node and one for the configured IMEX channels: Allocate names a class only when
+    its file is there (`available_classes`), so these files are what turns those flags on.
+    """
+    flags = config.flags
+    plugin = flags.plugin
+    roots: dict[str, Any] = {
+        "driver_root": flags.nvidia_driver_root,
+        "container_driver_root": container_driver_root or plugin.container_driver_root,
+        "dev_root": flags.nvidia_dev_root,
+    }
+    specs = {
+        DEFAULT_NAME: generate_spec(
+            inventory, device_id_strategy=plugin.device_id_strategy.value, **roots
+        )
+    }
+    enabled = {"gds": flags.gds_enabled, "mofed": flags.mofed_enabled}
+    enabled["gdrcopy"] = flags.gdrcopy_enabled
+    for mode in (m for m, on in enabled.items() if on):
+        spec = generate_mode_spec(mode, **roots)
+        if spec is not None:
+            specs[spec_name(mode)] = spec
+    channels = [ImexChannel(str(n)) for n in config.imex.channel_ids]
+    imex = generate_imex_spec(channels, dev_root=flags.dev_root)
+    if imex is not None:
+        specs[spec_name("imex-channel")] = imex
+    return specs
 
 
 def _device(name: str, nodes: list[dict[str, Any]]) -> dict[str, Any]:

@@ -139,6 +139,7 @@ class Daemon:
             metrics=self.metrics,
             extra_edits=self._extra_edits,
             on_registered=on_registered,
+            cdi_dir=settings.cdi_dir,
         )
         self.config = Config()
         self.inventory = Inventory(gpus=())
@@ -456,6 +457,8 @@ class Daemon:
                 continue
             self.metrics.config_reload(ok=True)
             log.info("config reloaded from %s: %s", update.origin, config_to_json(update.config))
+            # Strategies, modes (gdsEnabled...) and IMEX channels decide the CDI files.
+            await self._write_cdi_spec()
 
     def _reject(self, origin: str, error: Exception | None) -> None:
         self.metrics.config_reload(ok=False)
@@ -499,26 +502,25 @@ class Daemon:
         wanted = {DeviceListStrategy.CDI_ANNOTATIONS, DeviceListStrategy.CDI_CRI}
         if not wanted & set(plugin.device_list_strategy) or not self.inventory.gpus:
             return
-        flags = self.config.flags
+        directory = self.settings.cdi_dir
         try:
-            spec = await asyncio.to_thread(
-                cdi.generate_spec,
-                self.inventory,
-                driver_root=flags.nvidia_driver_root,
-                container_driver_root=plugin.container_driver_root,
-                device_id_strategy=plugin.device_id_strategy.value,
-                dev_root=flags.nvidia_dev_root,
-            )
-            path = await asyncio.to_thread(cdi.write_spec, spec, str(self.settings.cdi_dir))
+            specs = await asyncio.to_thread(cdi.node_specs, self.inventory, self.config)
+            for name, spec in specs.items():
+                path = await asyncio.to_thread(cdi.write_spec, spec, str(directory), name)
+                log.info("wrote CDI spec %s (%d devices)", path, len(spec.get("devices", [])))
+            # A class switched off (gdsEnabled: false) must stop being named by Allocate.
+            for cdi_class in cdi.available_classes(directory):
+                stale = directory / cdi.spec_name(cdi_class)
+                if stale.name not in specs and stale.exists():
+                    stale.unlink()
+                    log.info("removed CDI spec %s: no longer enabled", stale)
         except OSError as exc:
             log.error(
                 "cannot write the CDI spec to %s (%s): CDI device names will not resolve; "
                 "mount /var/run/cdi read-write",
-                self.settings.cdi_dir,
+                directory,
                 exc,
             )
-            return
-        log.info("wrote CDI spec %s (%d devices)", path, len(spec.get("devices", [])))
 
     async def _reconcile_mps(self, specs: tuple[ResourceSpec, ...], config: Config) -> None:
         """Start a control daemon for each MPS resource, stop those no longer wanted.

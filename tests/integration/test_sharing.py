@@ -234,3 +234,41 @@ async def test_node_label_switches_named_config_live(socket_dir: Path) -> None:
         assert k.capacity(GPU) == 12
         (kept,) = k.allocations("before-switch")
         assert kept.device_ids == held.device_ids
+
+
+async def test_an_enabled_mode_gets_its_cdi_spec_and_is_named_until_switched_off(
+    socket_dir: Path,
+) -> None:
+    """gdrcopyEnabled writes NVIDIA's `gdrcopy` CDI spec (the node has /dev/gdrdrv), and
+    Allocate names `gdrcopy=all` beside the GPU; turning it off removes both."""
+    dev_root = socket_dir / "host"
+    (dev_root / "dev").mkdir(parents=True)
+    (dev_root / "dev" / "gdrdrv").touch()
+    cdi_dir = socket_dir / "cdi"
+    config = socket_dir / "config.yaml"
+
+    def write(gdrcopy: bool) -> None:
+        flags = {
+            "nvidiaDevRoot": str(dev_root),
+            "gdrcopyEnabled": gdrcopy,
+            "plugin": {"deviceListStrategy": ["cdi-cri"]},
+        }
+        tmp = config.with_suffix(".tmp")
+        tmp.write_text(json.dumps({"version": "v1", "flags": flags}))
+        tmp.replace(config)  # atomic, as a ConfigMap update is
+
+    write(True)
+    gdrcopy_spec = cdi_dir / "k8s.device-plugin.nvidia.com-gdrcopy.json"
+    async with running_node(socket_dir, "a10g-4", config_file=config, cdi_dir=cdi_dir) as node:
+        k = node.kubelet
+        await k.wait_for_resource(GPU, allocatable=4)
+        spec = json.loads(gdrcopy_spec.read_text())
+        assert spec["kind"] == "k8s.device-plugin.nvidia.com/gdrcopy"
+        assert spec["devices"][0]["containerEdits"]["deviceNodes"][0]["path"] == "/dev/gdrdrv"
+        a = await k.allocate(GPU, 1, pod="with-gdrcopy")
+        assert "k8s.device-plugin.nvidia.com/gdrcopy=all" in a.cdi_devices
+
+        write(False)
+        await eventually(lambda: not gdrcopy_spec.exists())
+        b = await k.allocate(GPU, 1, pod="without-gdrcopy")
+        assert list(b.cdi_devices) == [cdi_device_name(b.device_ids[0])]

@@ -19,6 +19,7 @@ from collections.abc import Callable, Sequence
 from pathlib import Path
 
 from kubegpu.api import KUBELET_SOCKET
+from kubegpu.cdi import DEFAULT_DIRECTORY as DEFAULT_CDI_DIRECTORY
 from kubegpu.config import Config
 from kubegpu.errors import RegistrationError
 from kubegpu.metrics import Metrics
@@ -62,8 +63,11 @@ class PluginManager:
         metrics: Metrics | None = None,
         extra_edits: ExtraEdits | None = None,
         on_registered: Callable[[str, float], None] | None = None,
+        cdi_dir: Path = Path(DEFAULT_CDI_DIRECTORY),
     ) -> None:
         self.plugin_dir = plugin_dir
+        #: Where the daemon writes CDI specs; Allocate names only classes found there.
+        self._cdi_dir = cdi_dir
         self.kubelet_socket = plugin_dir / KUBELET_SOCKET
         self.servers: dict[str, ResourceServer] = {}
         self._metrics = metrics
@@ -85,7 +89,12 @@ class PluginManager:
                     await server.update(spec, config)
                     continue
                 server = ResourceServer(
-                    spec, config, self.plugin_dir, metrics=self._metrics, extra_edits=self._extra
+                    spec,
+                    config,
+                    self.plugin_dir,
+                    metrics=self._metrics,
+                    extra_edits=self._extra,
+                    cdi_dir=self._cdi_dir,
                 )
                 self.servers[name] = server
                 # A socket that cannot be served now (the kubelet is re-creating the
