@@ -22,6 +22,7 @@ from typing import TYPE_CHECKING, Any, NoReturn
 
 from kubegpu import __version__
 from kubegpu.errors import ConfigError, KubegpuError
+from kubegpu.gosyntax import parse_bool, parse_go_int
 
 if TYPE_CHECKING:
     from kubegpu.devices import Inventory
@@ -35,40 +36,12 @@ KUBELET_SOCKET = "kubelet.sock"
 
 log = logging.getLogger("kubegpu")
 
-#: Exactly the spellings Go's strconv.ParseBool takes, as NVIDIA's urfave/cli flags do.
-GO_TRUE = ("1", "t", "T", "TRUE", "true", "True")
-GO_FALSE = ("0", "f", "F", "FALSE", "false", "False")
-
-
-def parse_bool(text: str) -> bool:
-    """A boolean as NVIDIA's flags read it (Go's strconv.ParseBool): `yes`/`on` are refused."""
-    if text in GO_TRUE:
-        return True
-    if text in GO_FALSE:
-        return False
-    raise ValueError(f"invalid boolean {text!r}; use one of {', '.join(GO_TRUE + GO_FALSE)}")
-
 
 def parse_list(text: str) -> list[str]:
     items = [t.strip() for t in text.split(",") if t.strip()]
     if not items:
         raise ValueError("expected a comma-separated list")
     return items
-
-
-def parse_go_int(text: str) -> int:
-    """An integer as Go's strconv.ParseInt(s, 0, 64) reads it: a sign, `0x`/`0o`/`0b` or a
-    leading `0` (octal), `_` between digits."""
-    sign = -1 if text.startswith("-") else 1
-    body = text[1:] if text[:1] in ("+", "-") else text
-    try:
-        if not body[:1].isdigit() or body != body.strip():
-            raise ValueError(text)
-        if len(body) > 1 and body[0] == "0" and body[1] in "01234567_":
-            return sign * int(body[1:], 8)  # Go's legacy octal `010`; Python's base 0 refuses it
-        return sign * int(body, 0)
-    except ValueError:
-        raise ValueError(f"invalid integer {text!r}") from None
 
 
 def parse_int_list(text: str) -> list[int]:

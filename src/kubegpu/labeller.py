@@ -46,6 +46,7 @@ from kubegpu.config.source import (
 from kubegpu.config.v1 import GfdFlags, MigStrategy
 from kubegpu.devices.model import Inventory
 from kubegpu.errors import ConfigError, InitError, KubegpuError
+from kubegpu.gosyntax import parse_bool
 from kubegpu.labels import gpu_labels, pci_classes, pci_configs, pci_present
 from kubegpu.labels_amd import amd_labels, rocm_owned_keys
 
@@ -572,20 +573,6 @@ def parse_duration(text: str) -> float:
     if not value or pos != len(value) or total < 0:
         raise ValueError(f"invalid duration {text!r}; use e.g. 60s, 5m, 1h30m or infinite")
     return total
-
-
-#: Exactly the spellings of Go's strconv.ParseBool, which GFD's urfave/cli flags use.
-_GO_TRUE = ("1", "t", "T", "TRUE", "true", "True")
-_GO_FALSE = ("0", "f", "F", "FALSE", "false", "False")
-
-
-def parse_bool(text: str) -> bool:
-    """A boolean as GFD reads it (Go's strconv.ParseBool): `yes`/`on` are refused."""
-    if text in _GO_TRUE:
-        return True
-    if text in _GO_FALSE:
-        return False
-    raise ValueError(f"invalid boolean {text!r}; use one of {', '.join(_GO_TRUE + _GO_FALSE)}")
 
 
 @dataclass(frozen=True)
