@@ -302,6 +302,11 @@ class DecodeGuard(grpc.aio.ServerInterceptor):  # type: ignore[type-arg]
     traceback in our log; the kubelet should get a code that says the request was bad.
     """
 
+    def __init__(self) -> None:
+        # Wrapped handlers per method, built once: this runs before every RPC (Allocate's
+        # hot path), and only the servicer's own few methods ever get here with a handler.
+        self._guarded: dict[str, Any] = {}
+
     async def intercept_service(
         self,
         continuation: Callable[
@@ -309,59 +314,64 @@ class DecodeGuard(grpc.aio.ServerInterceptor):  # type: ignore[type-arg]
         ],
         handler_call_details: grpc.HandlerCallDetails,
     ) -> Any:
-        # grpc's stubs type handlers for the sync server; ours are coroutines.
-        handler: Any = await continuation(handler_call_details)
-        decode = getattr(handler, "request_deserializer", None)
-        if handler is None or decode is None:
-            return handler
+        method = handler_call_details.method
+        guarded = self._guarded.get(method)
+        if guarded is None:
+            # grpc's stubs type handlers for the sync server; ours are coroutines.
+            handler: Any = await continuation(handler_call_details)
+            if handler is None:
+                return None  # an unknown method: grpc answers UNIMPLEMENTED
+            guarded = self._guarded[method] = _guard(handler, method)
+        return guarded
 
-        def safe_decode(data: bytes) -> Any:
-            try:
-                return decode(data)
-            except DecodeError as exc:
-                return _Undecodable(str(exc))
 
-        async def refuse(
-            request: _Undecodable, context: grpc.aio.ServicerContext[Any, Any]
-        ) -> None:
-            message = bounded(
-                f"the request cannot be decoded ({request.reason}); send valid UTF-8 IDs"
-            )
-            log.warning("%s refused: %s", handler_call_details.method, message)
-            await context.abort(grpc.StatusCode.INVALID_ARGUMENT, message)
-
-        if handler.unary_unary is not None:
-            unary: Any = handler.unary_unary
-
-            async def guarded_unary(
-                request: Any, context: grpc.aio.ServicerContext[Any, Any]
-            ) -> Any:
-                if isinstance(request, _Undecodable):
-                    await refuse(request, context)
-                return await unary(request, context)
-
-            return grpc.unary_unary_rpc_method_handler(
-                guarded_unary,
-                request_deserializer=safe_decode,
-                response_serializer=handler.response_serializer,
-            )
-        if handler.unary_stream is not None:
-            stream: Any = handler.unary_stream
-
-            async def guarded_stream(
-                request: Any, context: grpc.aio.ServicerContext[Any, Any]
-            ) -> AsyncIterator[Any]:
-                if isinstance(request, _Undecodable):
-                    await refuse(request, context)
-                async for item in stream(request, context):
-                    yield item
-
-            return grpc.unary_stream_rpc_method_handler(
-                guarded_stream,
-                request_deserializer=safe_decode,
-                response_serializer=handler.response_serializer,
-            )
+def _guard(handler: Any, method: str) -> Any:
+    """`handler` with a request decoder that turns a decode failure into INVALID_ARGUMENT."""
+    decode = getattr(handler, "request_deserializer", None)
+    if decode is None:
         return handler
+
+    def safe_decode(data: bytes) -> Any:
+        try:
+            return decode(data)
+        except DecodeError as exc:
+            return _Undecodable(str(exc))
+
+    async def refuse(request: _Undecodable, context: grpc.aio.ServicerContext[Any, Any]) -> None:
+        message = bounded(f"the request cannot be decoded ({request.reason}); send valid UTF-8 IDs")
+        log.warning("%s refused: %s", method, message)
+        await context.abort(grpc.StatusCode.INVALID_ARGUMENT, message)
+
+    if handler.unary_unary is not None:
+        unary: Any = handler.unary_unary
+
+        async def guarded_unary(request: Any, context: grpc.aio.ServicerContext[Any, Any]) -> Any:
+            if isinstance(request, _Undecodable):
+                await refuse(request, context)
+            return await unary(request, context)
+
+        return grpc.unary_unary_rpc_method_handler(
+            guarded_unary,
+            request_deserializer=safe_decode,
+            response_serializer=handler.response_serializer,
+        )
+    if handler.unary_stream is not None:
+        stream: Any = handler.unary_stream
+
+        async def guarded_stream(
+            request: Any, context: grpc.aio.ServicerContext[Any, Any]
+        ) -> AsyncIterator[Any]:
+            if isinstance(request, _Undecodable):
+                await refuse(request, context)
+            async for item in stream(request, context):
+                yield item
+
+        return grpc.unary_stream_rpc_method_handler(
+            guarded_stream,
+            request_deserializer=safe_decode,
+            response_serializer=handler.response_serializer,
+        )
+    return handler
 
 
 class ResourceServer:
