@@ -727,6 +727,9 @@ def main(argv: Sequence[str] | None = None) -> int:
     # SIGHUP's default action kills the process; `serve` re-reads its config on it, so
     # ignore it from the first line (imports take ~0.2 s) until the loop's handler is in.
     previous_hup = _set_hup(signal.SIG_IGN)
+    # gRPC's C core logs transport notices (a GOAWAY when the kubelet restarts) at INFO on
+    # some builds; they are not errors and would read as one. grpc reads this at import.
+    os.environ.setdefault("GRPC_VERBOSITY", "ERROR")
     parser = build_parser()
     args = parser.parse_args(argv)
     func: Callable[[argparse.Namespace], int] = args.func
