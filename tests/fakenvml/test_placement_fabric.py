@@ -7,9 +7,16 @@ described by a fakenvml JSON config written here.
 
 from __future__ import annotations
 
+from pathlib import Path
 from typing import Any
 
-from tests.fakenvml.conftest import Probe
+import pytest
+
+from kubegpu.config import parse_config
+from kubegpu.devices.simulated import SimulatedBackend
+from kubegpu.resources import build_resources
+from kubegpu.topology import preferred_allocation
+from tests.fakenvml.conftest import FAKENVML, Probe
 
 H100 = {"name": "NVIDIA H100 80GB HBM3", "memory_total": "80GiB", "compute_capability": "9.0"}
 
@@ -89,3 +96,48 @@ def test_fabric_cliques_split_one_switch_domain(probe: Probe) -> None:
         nv = {int(p) for p, (kind, _, _) in links.items() if kind == "NV"}
         assert nv == set(range(8 * (i // 8), 8 * (i // 8) + 8)) - {i}
     assert len({g // 8 for g in result["place"]["4"]}) == 1
+
+
+EXAMPLES = FAKENVML / "examples"
+
+
+def _simulated(preset: str, sizes: list[int]) -> dict[str, Any]:
+    """What probe.py's `place` prints, for a simulated-node preset instead of NVML."""
+    inv = SimulatedBackend.load(preset).discover()
+    index = {g.uuid: g.index for g in inv.gpus}
+    (spec,) = build_resources(inv, parse_config("version: v1"))
+    ids = [d.id for d in spec.devices]
+    return {
+        "links": [
+            {
+                str(index[link.peer_uuid]): [str(link.kind), link.count, link.nvlink_version]
+                for link in g.links
+            }
+            for g in inv.gpus
+        ],
+        "place": {
+            str(size): sorted(
+                spec.by_id[i].unit.gpu.index for i in preferred_allocation(spec, ids, [], size)
+            )
+            for size in sizes
+        },
+    }
+
+
+@pytest.mark.parametrize(
+    ("preset", "machine"),
+    [
+        ("dgx1-v100", EXAMPLES / "v100x8-dgx1.json"),
+        ("hgx-h100", EXAMPLES / "h100x8.json"),
+        ("hgx-h100-2x8", None),
+    ],
+)
+def test_simulated_node_and_simulated_nvml_place_alike(
+    probe: Probe, preset: str, machine: Path | None
+) -> None:
+    """The same machine described twice, as a simulated-node preset and as a fakenvml config
+    read through real NVML: the same links, and the same GPUs for every request size."""
+    config: dict[str, Any] | Path = two_boards() if machine is None else machine
+    n = len(SimulatedBackend.load(preset).discover().gpus)
+    sizes = [str(s) for s in range(1, n + 1)]
+    assert probe(config, "place", *sizes) == _simulated(preset, list(range(1, n + 1)))
