@@ -15,11 +15,13 @@ from hypothesis import strategies as st
 
 from kubegpu.config import AllocationPolicy, parse_config
 from kubegpu.devices import Gpu, Inventory, Link, LinkKind
+from kubegpu.devices.simulated import SimulatedBackend
 from kubegpu.resources import ResourceSpec, Unit, build_resources
 from kubegpu.topology import (
     PCIE_WEIGHT,
     best_subset,
     link_weight,
+    numa_term,
     objective,
     place,
     preferred_allocation,
@@ -189,3 +191,23 @@ def test_replicas_tie_break_by_the_objective() -> None:
         spec, [d.id for d in spec.devices], [], 2, AllocationPolicy.DISTRIBUTED
     )
     assert {spec.by_id[i].unit.gpu.index for i in got} == {0, 2}
+
+
+@pytest.mark.parametrize("preset", ["dgx1-v100", "hgx-h100", "hgx-h100-2x8", "a10g-4", "h100-8"])
+def test_presets_are_placed_optimally_at_every_size(preset: str) -> None:
+    """Every request size on the real-machine presets scores the brute-force optimum."""
+    spec = whole_gpus(SimulatedBackend.load(preset).discover())
+    units = [d.unit for d in spec.devices]
+    n = len(units)
+    link = [[link_weight(a, b) for b in units] for a in units]
+    numa = [[numa_term(a, b) for b in units] for a in units]
+    index = {d.id: k for k, d in enumerate(spec.devices)}
+    for size in range(1, n + 1):
+        best: tuple[int, int] = (-1, -1)
+        for combo in itertools.combinations(range(n), size):
+            pairs = list(itertools.combinations(combo, 2))
+            score = (sum(link[a][b] for a, b in pairs), sum(numa[a][b] for a, b in pairs))
+            best = max(best, score)
+        got = [index[i] for i in preferred_allocation(spec, list(index), [], size)]
+        pairs = list(itertools.combinations(got, 2))
+        assert (sum(link[a][b] for a, b in pairs), sum(numa[a][b] for a, b in pairs)) == best
