@@ -205,6 +205,15 @@ def best_subset(
             acc.append(acc[-1] + w)
         top.append(acc)
 
+    # same[i]: candidate i is interchangeable with i - 1 (equal weights to everyone else,
+    # equal base), as GPUs of one NVSwitch board are. Of such a run only prefixes are
+    # tried: taking i while leaving i - 1 would just repeat a set already scored.
+    same = [False] + [
+        base[i] == base[i - 1]
+        and all(weights[i][x] == weights[i - 1][x] for x in range(n) if x not in (i - 1, i))
+        for i in range(1, n)
+    ]
+
     def bound2(start: int, gain: Sequence[int], r: int) -> int:
         vals = sorted((2 * gain[j] + top[j][r - 1] for j in range(start, n)), reverse=True)
         return sum(vals[:r])
@@ -231,6 +240,8 @@ def best_subset(
         if n - start < r or 2 * score + bound2(start, gain, r) <= 2 * best_score:
             return
         for i in range(start, n - r + 1):
+            if i > start and same[i]:
+                continue  # i - 1 was left out at this level; its twin i adds nothing new
             stack_pick.append(i)
             if r == 1:
                 search(i + 1, gain, score + gain[i], 0)
@@ -281,13 +292,18 @@ def place(
     bound from the better of the two, with the gap it could not close.
     """
     pairs = (len(fixed) + need) * (len(fixed) + need - 1) // 2
-    w = [[0 if a is b else pair_score(a, b, pairs) for b in candidates] for a in candidates]
+    n = len(candidates)
+    w = [[0] * n for _ in range(n)]
+    for i, j in itertools.combinations(range(n), 2):  # symmetric: each pair once
+        w[i][j] = w[j][i] = pair_score(candidates[i], candidates[j], pairs)
     base = [sum(pair_score(c, f, pairs) for f in fixed) for c in candidates]
     fixed_score = sum(pair_score(a, b, pairs) for a, b in itertools.combinations(fixed, 2))
     if len(candidates) <= exact_limit:
         return best_subset(w, base, need, fixed_score=fixed_score)
     budget = max(64, work // len(candidates))
     found = best_subset(w, base, need, fixed_score=fixed_score, budget=budget)
+    if found.optimal:
+        return found
     greedy = _greedy(w, base, need)
     g_score = fixed_score + sum(base[i] for i in greedy)
     g_score += sum(w[a][b] for a, b in itertools.combinations(greedy, 2))
