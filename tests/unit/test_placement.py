@@ -211,3 +211,49 @@ def test_presets_are_placed_optimally_at_every_size(preset: str) -> None:
         got = [index[i] for i in preferred_allocation(spec, list(index), [], size)]
         pairs = list(itertools.combinations(got, 2))
         assert (sum(link[a][b] for a, b in pairs), sum(numa[a][b] for a, b in pairs)) == best
+
+
+@settings(max_examples=80, deadline=None)
+@given(
+    boards=st.lists(st.integers(1, 5), min_size=1, max_size=4),
+    down=st.lists(st.tuples(st.integers(0, 15), st.integers(0, 15)), max_size=3),
+    data=st.data(),
+)
+def test_symmetric_boards_with_must_include(
+    boards: list[int], down: list[tuple[int, int]], data: st.DataObject
+) -> None:
+    """NVSwitch boards (interchangeable GPUs, which the search takes as prefixes), some
+    pairs with a lane down to break the symmetry, random must-include: still the optimum."""
+    n = sum(boards)
+    board = [b for b, size in enumerate(boards) for _ in range(size)]
+    uuids = [gpu(i).uuid for i in range(n)]
+    weak = {frozenset((a % n, b % n)) for a, b in down if a % n != b % n}
+    gpus = []
+    for i in range(n):
+        links = []
+        for j in range(n):
+            if i == j:
+                continue
+            if board[i] == board[j]:
+                lanes = 17 if frozenset((i, j)) in weak else 18
+                links.append(Link(uuids[j], LinkKind.NVLINK, lanes, nvlink_version=4))
+            else:
+                links.append(Link(uuids[j], LinkKind.CROSS_NUMA))
+        gpus.append(gpu(i, numa=board[i] % 2, links=links))
+    spec = whole_gpus(inventory(*gpus))
+    ids = [d.id for d in spec.devices]
+    must = data.draw(st.lists(st.sampled_from(ids), max_size=3, unique=True))
+    size = data.draw(st.integers(max(1, len(must)), n))
+    got = preferred_allocation(spec, ids, must, size)
+    assert set(must) <= set(got)
+    fixed = [spec.by_id[i].unit for i in must]
+    pool = [spec.by_id[i].unit for i in ids if i not in must]
+    best = brute_force(fixed, pool, size - len(must))
+    assert objective([spec.by_id[i].unit for i in got]) == best
+    # Ties go to the lowest indices: the first optimal set in index order.
+    first = next(
+        c
+        for c in itertools.combinations(pool, size - len(must))
+        if objective(fixed + list(c)) == best
+    )
+    assert got[len(must) :] == [u.uuid for u in first]
