@@ -148,6 +148,17 @@ def boards(count: int) -> Inventory:
     return SimulatedBackend(parse_node({"gpus": gpus}, f"{count}x8", "bench")).discover()
 
 
+def random_fabric(count: int, seed: int) -> Inventory:
+    """`count` GPUs with seeded random direct NVLinks (half the pairs, 1-4 lanes) and NUMA:
+    no symmetry for the search to use, the hard case for branch and bound."""
+    rng = random.Random(seed)
+    gpus: list[dict[str, Any]] = []
+    for i in range(count):
+        lanes = {j: rng.randint(1, 4) for j in range(i + 1, count) if rng.random() < 0.5}
+        gpus.append({"numa_node": rng.randint(0, 1), "nvlinks": lanes})
+    return SimulatedBackend(parse_node({"gpus": gpus}, "random", "bench")).discover()
+
+
 def _latency(
     spec: ResourceSpec, available: list[str], size: int, policy: AllocationPolicy
 ) -> Figures:
@@ -169,6 +180,7 @@ def cost() -> dict[str, Figures]:
         ("8 GPUs (hgx-h100), size 4", _spec(SimulatedBackend.load("hgx-h100").discover()), 4),
         ("16 GPUs (2 boards), size 12", _spec(boards(2)), 12),
         ("16 GPUs (2 boards), size 6", _spec(boards(2)), 6),
+        ("16 GPUs (random NVLink fabric), size 8", _spec(random_fabric(16, SEED)), 8),
         ("64 GPUs (8 boards), size 32", _spec(boards(8)), 32),
     ]
     for name, spec, size in cases:

@@ -214,8 +214,35 @@ def best_subset(
         for i in range(1, n)
     ]
 
+    # order[j]: row j's other candidates, heaviest first, for bounds over what is left.
+    # Worth its O(n) per candidate on small searches (7x fewer nodes on random 16-GPU
+    # fabrics); on large ones the budget buys more nodes with the global rows instead.
+    tight = n <= EXACT_LIMIT
+    order = [
+        sorted(range(n), key=weights[j].__getitem__, reverse=True) if tight else []
+        for j in range(n)
+    ]
+
+    def rest_top(j: int, start: int, m: int) -> int:
+        """The m heaviest entries of row j among candidates from `start` on."""
+        if m <= 0:
+            return 0
+        total = 0
+        row = weights[j]
+        for x in order[j]:
+            if x >= start and x != j:
+                total += row[x]
+                m -= 1
+                if m == 0:
+                    break
+        return total
+
     def bound2(start: int, gain: Sequence[int], r: int) -> int:
-        vals = sorted((2 * gain[j] + top[j][r - 1] for j in range(start, n)), reverse=True)
+        if tight and start:
+            vals = [2 * gain[j] + rest_top(j, start, r - 1) for j in range(start, n)]
+        else:
+            vals = [2 * gain[j] + top[j][r - 1] for j in range(start, n)]
+        vals.sort(reverse=True)
         return sum(vals[:r])
 
     best_score = -1
