@@ -141,3 +141,17 @@ def test_simulated_node_and_simulated_nvml_place_alike(
     n = len(SimulatedBackend.load(preset).discover().gpus)
     sizes = [str(s) for s in range(1, n + 1)]
     assert probe(config, "place", *sizes) == _simulated(preset, list(range(1, n + 1)))
+
+
+def test_p2p_status_overrides_a_shared_switch(probe: Probe) -> None:
+    """Four GPUs whose links all report the same NVSwitch, but NVML's NVLink P2P status
+    says only 0-1 and 2-3 can talk (a partitioned fabric): NVLink only for those pairs."""
+    gpus = []
+    for i in range(4):
+        peers = [p for p in ((0, 1) if i < 2 else (2, 3)) if p != i]
+        links = [{"peers": peers, "remote_pci_bus_id": _switch(0, 0)} for _ in range(4)]
+        gpus.append({**H100, "numa_node": 0, "nvlinks": links})
+    result = probe({"gpus": gpus}, "place", "2")
+    for i, links in enumerate(result["links"]):
+        nv = {int(p) for p, (kind, _, _) in links.items() if kind == "NV"}
+        assert nv == ({0, 1} if i < 2 else {2, 3}) - {i}
