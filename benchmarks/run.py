@@ -36,6 +36,7 @@ import grpc
 from benchmarks import harness
 from benchmarks.echo_server import METHOD
 from benchmarks.harness import RESOURCE
+from benchmarks.placement import bench_placement
 from kubegpu.api import device_plugin_stub, pb
 from kubegpu.daemon import Daemon, DaemonSettings
 from kubegpu.devices.simulated import SimulatedBackend
@@ -207,6 +208,13 @@ async def _allocate_vs_echo(kubelet: KubeletEmulator, work: Path) -> Figures:
         echo = echo_channel.unary_unary(METHOD, None, None)  # bytes in, bytes out
         answer = await stub.Allocate(request)
         response_bytes = answer.ByteSize()
+        preferred = pb.PreferredAllocationRequest(
+            container_requests=[
+                pb.ContainerPreferredAllocationRequest(
+                    available_deviceIDs=sorted(kubelet.devices(RESOURCE)), allocation_size=4
+                )
+            ]
+        )
         samples = await _round_trips(
             {
                 "allocate": lambda: stub.Allocate(request),
@@ -214,6 +222,8 @@ async def _allocate_vs_echo(kubelet: KubeletEmulator, work: Path) -> Figures:
                 "servicer": lambda: bare.Allocate(request),
                 # A typed RPC with a trivial handler, on the same plugin socket.
                 "options": lambda: stub.GetDevicePluginOptions(pb.Empty()),
+                # Placement of 4 of the 8 GPUs, over the same socket.
+                "preferred": lambda: stub.GetPreferredAllocation(preferred),
             },
             ROUNDS,
         )
@@ -228,6 +238,11 @@ async def _allocate_vs_echo(kubelet: KubeletEmulator, work: Path) -> Figures:
         "servicer_only_p50_ms": round(harness.percentile(servicer, 50), 3),
         "servicer_only_p99_ms": round(harness.percentile(servicer, 99), 3),
         "options_p50_ms": round(harness.percentile(samples["options"], 50), 3),
+        "preferred_8_p50_ms": round(harness.percentile(samples["preferred"], 50), 3),
+        "preferred_8_p99_ms": round(harness.percentile(samples["preferred"], 99), 3),
+        "preferred_8_over_echo_p50": round(
+            harness.percentile(samples["preferred"], 50) / echo_p50, 2
+        ),
         "allocate_calls": len(alloc),
         "allocate_response_bytes": response_bytes,
     }
@@ -563,6 +578,20 @@ TARGETS: list[tuple[str, str, str, Callable[[Figures], bool] | None]] = [
         "< 300 ms",
         lambda f: f["reload_8x48_default_poll_max_ms"] < 300,
     ),
+    ("preferred_8_p50_ms", "ms", "", None),
+    ("preferred_8_p99_ms", "ms", "", None),
+    (
+        "preferred_8_over_echo_p50",
+        "×",
+        "≤ 1.5 × echo",
+        lambda f: f["preferred_8_over_echo_p50"] <= 1.5,
+    ),
+    (
+        "placement_min_optimal_pct",
+        "%",
+        "100 % on every topology ≤ 16 GPUs",
+        lambda f: f["placement_min_optimal_pct"] == 100,
+    ),
 ]
 
 
@@ -594,6 +623,7 @@ async def _main() -> int:
         ("subprocess plugin with the DaemonSet's env", bench_deployed),
         ("subprocess plugin, 1,024 devices", bench_subprocess_1k),
         ("in-process daemon", bench_in_process),
+        ("placement quality and cost (in-process)", bench_placement),
     ]
     for title, section in sections:
         print(f"... {title}", file=sys.stderr, flush=True)

@@ -1,10 +1,13 @@
 """`GetPreferredAllocation`: which of the available devices a container should get.
 
-Whole GPUs are chosen to maximise how well they talk to each other: NVLink first (more
-lanes better), then PCIe distance, then a shared NUMA node. Small candidate sets are
-searched exhaustively (8 GPUs choose 4 is 70 sets); large ones greedily. Replicas of
-shared GPUs follow `sharedDevicesAllocationPolicy`: `distributed` spreads a request over
-the least-used GPUs, `packed` fills one GPU before the next.
+Whole GPUs and MIG slices are chosen to maximise one objective (docs/placement.md): the
+sum over chosen pairs of a bandwidth-proportional pair weight (NVLink: links x per-link
+GB/s of its version; else a PCIe level far below one NVLink; two units of one GPU above
+any fabric), with same-NUMA pairs as a tie-break that can never outweigh a link. Up to
+`EXACT_LIMIT` candidates the optimum is exact (branch and bound over a precomputed weight
+matrix); beyond, a budgeted search reports how far from optimal it may be. Replicas of
+shared GPUs follow `sharedDevicesAllocationPolicy` (`distributed` spreads a request over
+the least-used GPUs, `packed` fills one GPU before the next); the objective breaks ties.
 
 AMD GPUs are weighed as ROCm's best-effort allocator weighs them (see `amd_pair_weight`), so
 `amd.com/gpu` gets the devices ROCm's plugin would pick: partitions of one GPU together, on
@@ -17,24 +20,17 @@ every `must_include` ID, exactly `allocation_size` of them.
 from __future__ import annotations
 
 import itertools
+import logging
 import math
 from collections.abc import Sequence
+from dataclasses import dataclass
 
 from kubegpu.config import AllocationPolicy
 from kubegpu.devices import DeviceID, Gpu, Health, LinkKind, Vendor
 from kubegpu.errors import AllocationError
 from kubegpu.resources import AdvertisedDevice, ResourceSpec, SharingKind, Unit
 
-#: Above this many candidate sets the search turns greedy (keeps p99 well under 1 ms).
-EXHAUSTIVE_LIMIT = 2000
-
-_LINK_SCORE = {
-    LinkKind.SINGLE_SWITCH: 50,
-    LinkKind.MULTI_SWITCH: 40,
-    LinkKind.HOST_BRIDGE: 30,
-    LinkKind.SAME_NUMA: 20,
-    LinkKind.CROSS_NUMA: 0,
-}
+log = logging.getLogger(__name__)
 
 
 def preferred_allocation(
@@ -64,19 +60,21 @@ def preferred_allocation(
             f"{spec.name}: allocation_size {size} exceeds the {len(pool_ids)} devices offered"
         )
     chosen = [spec.by_id[i] for i in required]
-    # Healthy devices first: the kubelet offers only healthy ones, but be safe.
-    pool = sorted(
-        (spec.by_id[i] for i in pool_ids if i not in required),
-        key=lambda d: (d.health is not Health.HEALTHY, _order(d)),
-    )
     need = size - len(chosen)
-    if need:
-        if spec.sharing is SharingKind.NONE and spec.vendor is Vendor.AMD:
-            chosen += _best_amd(chosen, pool, need)
-        elif spec.sharing is SharingKind.NONE:
-            chosen += _best_units(chosen, pool, need)
-        else:
-            chosen += _replicas(spec, chosen, pool, need, policy)
+    if not need:
+        return [d.id for d in chosen]
+    taken = set(required)
+    rest = [spec.by_id[i] for i in pool_ids if i not in taken]
+    if spec.sharing is not SharingKind.NONE:
+        # Replicas: grouped per unit in one pass, no sort of the (possibly huge) pool.
+        chosen += _replicas(spec, chosen, rest, need, policy)
+        return [d.id for d in chosen]
+    # Healthy devices first: the kubelet offers only healthy ones, but be safe.
+    pool = sorted(rest, key=lambda d: (d.health is not Health.HEALTHY, _order(d)))
+    if spec.vendor is Vendor.AMD:
+        chosen += _best_amd(chosen, pool, need)
+    else:
+        chosen += _best_units(chosen, pool, need)
     return [d.id for d in chosen]
 
 
@@ -90,48 +88,272 @@ def _order(d: AdvertisedDevice) -> tuple[int, int, int, int]:
     )
 
 
-def pair_score(a: Unit, b: Unit) -> int:
-    """How well two units communicate; higher is better."""
+#: The AMD (ROCm-weights) search is exhaustive up to this many candidate sets, else greedy.
+EXHAUSTIVE_LIMIT = 2000
+#: Exact branch and bound for up to this many candidate units; beyond, a bounded search.
+EXACT_LIMIT = 16
+#: Work (search nodes x candidates) a bounded search may spend before it stops and reports
+#: its gap: about 1,000 nodes at 64 candidates, some milliseconds.
+SEARCH_WORK = 65536
+
+#: Per-link, per-direction NVLink bandwidth in GB/s by NVLink version (1: P100 ... 5: B200).
+NVLINK_GBPS = {1: 20, 2: 25, 3: 25, 4: 25, 5: 50}
+#: Per-link bandwidth when the version is unknown (NVLink 2 to 4 all carry 25 GB/s a link).
+DEFAULT_NVLINK_GBPS = 25
+#: Two units on one GPU (MIG slices, replicas) talk through its own memory: above any fabric.
+SAME_GPU_GBPS = 2000
+#: Pair weights are GB/s x 100, so that the PCIe levels below fit under one NVLink (2,000).
+WEIGHT_PER_GBPS = 100
+#: PCIe relations, closest first; the largest (50) is 1/40 of the slowest single NVLink.
+PCIE_WEIGHT = {
+    LinkKind.SINGLE_SWITCH: 50,
+    LinkKind.MULTI_SWITCH: 40,
+    LinkKind.HOST_BRIDGE: 30,
+    LinkKind.SAME_NUMA: 20,
+    LinkKind.CROSS_NUMA: 10,
+}
+
+
+def link_weight(a: Unit, b: Unit) -> int:
+    """The bandwidth term of the objective for one pair (see docs/placement.md)."""
     if a.gpu.uuid == b.gpu.uuid:
-        return 200  # two MIG slices of one GPU share its memory system
-    link = a.gpu.link_to(b.gpu.uuid)
-    numa = 15 if a.gpu.numa_node is not None and a.gpu.numa_node == b.gpu.numa_node else 0
+        return SAME_GPU_GBPS * WEIGHT_PER_GBPS
+    link = a.gpu.link_to(b.gpu.uuid) or b.gpu.link_to(a.gpu.uuid)
     if link is None:
-        return numa
+        return 0
     if link.kind is LinkKind.NVLINK:
-        return 100 + 10 * link.count + numa
-    return _LINK_SCORE[link.kind] + numa
+        gbps = NVLINK_GBPS.get(link.nvlink_version, DEFAULT_NVLINK_GBPS)
+        return link.count * gbps * WEIGHT_PER_GBPS
+    return PCIE_WEIGHT[link.kind]
 
 
-def _set_score(units: Sequence[Unit]) -> int:
-    return sum(pair_score(a, b) for a, b in itertools.combinations(units, 2))
+def numa_term(a: Unit, b: Unit) -> int:
+    """1 when both units sit on one known NUMA node: a tie-break below any link difference."""
+    na, nb = a.gpu.numa_node, b.gpu.numa_node
+    return 1 if na is not None and na == nb else 0
+
+
+def objective(units: Sequence[Unit]) -> tuple[int, int]:
+    """(summed link weight, same-NUMA pairs) of a set; compared as a tuple, so NUMA only
+    decides between sets of equal bandwidth."""
+    link = numa = 0
+    for a, b in itertools.combinations(units, 2):
+        link += link_weight(a, b)
+        numa += numa_term(a, b)
+    return link, numa
+
+
+def pair_score(a: Unit, b: Unit, pairs: int = 1) -> int:
+    """One integer per pair that orders sets as `objective` does for sets of up to `pairs`
+    pairs: the NUMA term (at most `pairs` in total) never outweighs one unit of link weight."""
+    return link_weight(a, b) * (pairs + 1) + numa_term(a, b)
+
+
+@dataclass(frozen=True)
+class Placement:
+    """The outcome of a search over a weight matrix."""
+
+    #: Candidate indices picked, ascending.
+    picked: tuple[int, ...]
+    #: Objective of the picked set (fixed pairs included).
+    score: int
+    #: An upper bound on the best achievable score; equals `score` when proven optimal.
+    bound: int
+    #: Search nodes visited.
+    nodes: int
+
+    @property
+    def optimal(self) -> bool:
+        return self.score >= self.bound
+
+    @property
+    def gap(self) -> float:
+        """How far from optimal the pick can be, as a fraction of the bound (0 = optimal)."""
+        return 0.0 if self.bound <= 0 else max(0, self.bound - self.score) / self.bound
+
+
+def best_subset(
+    weights: Sequence[Sequence[int]],
+    base: Sequence[int],
+    need: int,
+    *,
+    fixed_score: int = 0,
+    budget: int | None = None,
+) -> Placement:
+    """The `need` candidates maximising fixed_score + sum(base[i]) + sum(weights[i][j]).
+
+    `weights` is a symmetric non-negative matrix over the candidates, `base[i]` what
+    candidate i adds with the must-include units. Depth-first branch and bound, taking each
+    candidate before leaving it out, so the first optimum found (and kept) is the
+    lexicographically smallest: ties go to the earliest candidates. The bound of a node is
+    the score so far plus, for the `r` slots left, the `r` largest values of
+    `2 * gain[j] + top_{r-1}(row j)`, halved: each pair among the new picks is counted once
+    from each end, and no row gives more than its `r-1` heaviest entries. With `budget`, the
+    search stops after that many nodes and reports the root bound, so `gap` is honest.
+    """
+    n = len(base)
+    if need <= 0:
+        return Placement((), fixed_score, fixed_score, 0)
+    if need > n:
+        raise ValueError(f"need {need} exceeds the {n} candidates")
+    # top[j][m]: the sum of the m heaviest entries of row j (self excluded).
+    top: list[list[int]] = []
+    for j in range(n):
+        row = sorted((weights[j][x] for x in range(n) if x != j), reverse=True)
+        acc = [0]
+        for w in row:
+            acc.append(acc[-1] + w)
+        top.append(acc)
+
+    # same[i]: candidate i is interchangeable with i - 1 (equal weights to everyone else,
+    # equal base), as GPUs of one NVSwitch board are. Of such a run only prefixes are
+    # tried: taking i while leaving i - 1 would just repeat a set already scored.
+    same = [False] + [
+        base[i] == base[i - 1]
+        and all(weights[i][x] == weights[i - 1][x] for x in range(n) if x not in (i - 1, i))
+        for i in range(1, n)
+    ]
+
+    # order[j]: row j's other candidates, heaviest first, for bounds over what is left.
+    # Worth its O(n) per candidate on small searches (7x fewer nodes on random 16-GPU
+    # fabrics); on large ones the budget buys more nodes with the global rows instead.
+    tight = n <= EXACT_LIMIT
+    order = [
+        sorted(range(n), key=weights[j].__getitem__, reverse=True) if tight else []
+        for j in range(n)
+    ]
+
+    def rest_top(j: int, start: int, m: int) -> int:
+        """The m heaviest entries of row j among candidates from `start` on."""
+        if m <= 0:
+            return 0
+        total = 0
+        row = weights[j]
+        for x in order[j]:
+            if x >= start and x != j:
+                total += row[x]
+                m -= 1
+                if m == 0:
+                    break
+        return total
+
+    def bound2(start: int, gain: Sequence[int], r: int) -> int:
+        if tight and start:
+            vals = [2 * gain[j] + rest_top(j, start, r - 1) for j in range(start, n)]
+        else:
+            vals = [2 * gain[j] + top[j][r - 1] for j in range(start, n)]
+        vals.sort(reverse=True)
+        return sum(vals[:r])
+
+    best_score = -1
+    best: tuple[int, ...] = ()
+    nodes = 0
+    root2 = 2 * fixed_score + bound2(0, base, need)
+    stopped = False
+    stack_pick: list[int] = []
+
+    def search(start: int, gain: list[int], score: int, r: int) -> None:
+        nonlocal best_score, best, nodes, stopped
+        if r == 0:
+            if score > best_score:
+                best_score, best = score, tuple(stack_pick)
+            return
+        if stopped:
+            return
+        nodes += 1
+        if budget is not None and nodes > budget and best_score >= 0:
+            stopped = True
+            return
+        if n - start < r or 2 * score + bound2(start, gain, r) <= 2 * best_score:
+            return
+        for i in range(start, n - r + 1):
+            if i > start and same[i]:
+                continue  # i - 1 was left out at this level; its twin i adds nothing new
+            stack_pick.append(i)
+            if r == 1:
+                search(i + 1, gain, score + gain[i], 0)
+            else:
+                row = weights[i]
+                search(i + 1, [g + row[x] for x, g in enumerate(gain)], score + gain[i], r - 1)
+            stack_pick.pop()
+            if stopped:
+                return
+            # Leaving i out: prune the rest of this level when it cannot beat the best.
+            if 2 * score + bound2(i + 1, gain, r) <= 2 * best_score:
+                return
+
+    search(0, list(base), fixed_score, need)
+    bound = best_score if not stopped else max(best_score, root2 // 2)
+    return Placement(best, best_score, bound, nodes)
+
+
+def _greedy(weights: Sequence[Sequence[int]], base: Sequence[int], need: int) -> tuple[int, ...]:
+    """A quick incumbent: start from the candidate with the best neighbourhood, then add
+    the candidate that gains most with what is picked (ties: lowest index)."""
+    n = len(base)
+    gain = list(base)
+    seed = max(range(n), key=lambda j: (2 * base[j] + sum(weights[j]), -j))
+    picked = [seed]
+    taken = [False] * n
+    taken[seed] = True
+    gain = [g + weights[seed][x] for x, g in enumerate(gain)]
+    while len(picked) < need:
+        nxt = max((j for j in range(n) if not taken[j]), key=lambda j: (gain[j], -j))
+        picked.append(nxt)
+        taken[nxt] = True
+        gain = [g + weights[nxt][x] for x, g in enumerate(gain)]
+    return tuple(sorted(picked))
+
+
+def place(
+    fixed: Sequence[Unit],
+    candidates: Sequence[Unit],
+    need: int,
+    *,
+    exact_limit: int = EXACT_LIMIT,
+    work: int = SEARCH_WORK,
+) -> Placement:
+    """The best `need` of `candidates` to join `fixed` under `objective`.
+
+    Exact for up to `exact_limit` candidates; beyond, greedy then a budgeted branch and
+    bound from the better of the two, with the gap it could not close.
+    """
+    pairs = (len(fixed) + need) * (len(fixed) + need - 1) // 2
+    n = len(candidates)
+    w = [[0] * n for _ in range(n)]
+    for i, j in itertools.combinations(range(n), 2):  # symmetric: each pair once
+        w[i][j] = w[j][i] = pair_score(candidates[i], candidates[j], pairs)
+    base = [sum(pair_score(c, f, pairs) for f in fixed) for c in candidates]
+    fixed_score = sum(pair_score(a, b, pairs) for a, b in itertools.combinations(fixed, 2))
+    if len(candidates) <= exact_limit:
+        return best_subset(w, base, need, fixed_score=fixed_score)
+    budget = max(64, work // len(candidates))
+    found = best_subset(w, base, need, fixed_score=fixed_score, budget=budget)
+    if found.optimal:
+        return found
+    greedy = _greedy(w, base, need)
+    g_score = fixed_score + sum(base[i] for i in greedy)
+    g_score += sum(w[a][b] for a, b in itertools.combinations(greedy, 2))
+    if g_score > found.score:
+        return Placement(greedy, g_score, max(found.bound, g_score), found.nodes)
+    return found
 
 
 def _best_units(
     chosen: list[AdvertisedDevice], pool: list[AdvertisedDevice], need: int
 ) -> list[AdvertisedDevice]:
-    if math.comb(len(pool), need) <= EXHAUSTIVE_LIMIT:
-        fixed = [d.unit for d in chosen]
-        best: tuple[AdvertisedDevice, ...] = ()
-        best_score = -1
-        # combinations() runs in pool order, so ties keep the lowest indices.
-        for combo in itertools.combinations(pool, need):
-            score = _set_score(fixed + [d.unit for d in combo])
-            if score > best_score:
-                best, best_score = combo, score
-        return list(best)
-    picked: list[AdvertisedDevice] = []
-    rest = list(pool)
-    for _ in range(need):
-        current = [d.unit for d in chosen + picked]
-        if not current:
-            # Seed with the device whose neighbourhood is strongest.
-            nxt = max(rest, key=lambda d: sum(pair_score(d.unit, o.unit) for o in rest))
-        else:
-            nxt = max(rest, key=lambda d: sum(pair_score(d.unit, u) for u in current))
-        picked.append(nxt)
-        rest.remove(nxt)
-    return picked
+    # Unhealthy devices only when the healthy ones are too few (the kubelet offers healthy).
+    healthy = [d for d in pool if d.health is Health.HEALTHY]
+    candidates = healthy if len(healthy) >= need else pool
+    found = place([d.unit for d in chosen], [d.unit for d in candidates], need)
+    if not found.optimal:
+        log.debug(
+            "placement of %d from %d: within %.1f%% of optimal (search budget reached)",
+            need,
+            len(candidates),
+            100 * found.gap,
+        )
+    return [candidates[i] for i in found.picked]
 
 
 # ROCm's best-effort weights (lower is closer); a pair's weight is one term of each kind.
@@ -219,13 +441,24 @@ def _replicas(
     need: int,
     policy: AllocationPolicy,
 ) -> list[AdvertisedDevice]:
+    """Replicas by `policy`; among equally used units, the one that talks best (under
+    `objective`) with the units already in the request, then the lowest index.
+
+    One pass groups the pool by unit; only the replica lists of units actually picked from
+    are ordered, so a request costs O(pool + need x units), not a sort of every ID.
+    """
     free: dict[str, list[AdvertisedDevice]] = {}
     for d in pool:
         free.setdefault(d.unit.uuid, []).append(d)
     in_request: dict[str, int] = {}
     for d in chosen:
         in_request[d.unit.uuid] = in_request.get(d.unit.uuid, 0) + 1
-    index = {u: lst[0].unit.gpu.index for u, lst in free.items()}
+    first = {u: lst[0] for u, lst in free.items()}
+    order = {u: (d.health is not Health.HEALTHY, _order(d)[:3]) for u, d in first.items()}
+    units = {u: d.unit for u, d in first.items()}
+    ordered: set[str] = set()
+    # What each unit adds, under the objective, with the units already in the request.
+    gain = {u: sum(link_weight(unit, d.unit) for d in chosen) for u, unit in units.items()}
 
     picked: list[AdvertisedDevice] = []
     for _ in range(need):
@@ -236,9 +469,19 @@ def _replicas(
             return spec.replicas - len(free[uuid]) + in_request.get(uuid, 0)
 
         if policy is AllocationPolicy.PACKED:
-            target = min(candidates, key=lambda u: (-used(u), index[u]))
+            target = min(candidates, key=lambda u: (-used(u), order[u][0], -gain[u], order[u]))
         else:
-            target = min(candidates, key=lambda u: (in_request.get(u, 0), used(u), index[u]))
+            target = min(
+                candidates,
+                key=lambda u: (in_request.get(u, 0), used(u), order[u][0], -gain[u], order[u]),
+            )
+        if target not in ordered:
+            free[target].sort(key=lambda d: d.replica if d.replica is not None else -1)
+            ordered.add(target)
         picked.append(free[target].pop(0))
+        if target not in in_request:
+            # A new unit in the request: the others gain its pair weight once.
+            for u, unit in units.items():
+                gain[u] += link_weight(unit, units[target])
         in_request[target] = in_request.get(target, 0) + 1
     return picked

@@ -5,6 +5,8 @@ Started by the tests in a fresh interpreter per machine layout: pynvml binds
 simulated library reads FAKENVML_CONFIG once per process.
 
     probe.py discover [HOST_ROOT]        inventory + resources for each MIG strategy
+    probe.py place SIZE...               links (kind, lanes, NVLink version) by GPU index and
+                                         the preferred allocation of SIZE whole GPUs out of all
     probe.py watch EXPECTED LINE...      append LINEs to FAKENVML_EVENTS once every GPU is
                                          registered, print what the health tracker makes of
                                          the first EXPECTED events
@@ -29,6 +31,7 @@ from kubegpu.devices.nvml import NvmlBackend
 from kubegpu.errors import ConfigError
 from kubegpu.health import HealthTracker
 from kubegpu.resources import build_resources
+from kubegpu.topology import preferred_allocation
 
 _WAIT_S = 20.0
 
@@ -79,6 +82,32 @@ def discover(host_root: str) -> dict[str, Any]:
     out = _inventory_json(inventory)
     out["resources"] = {s: _resources(inventory, s) for s in ("none", "single", "mixed")}
     return out
+
+
+def place(sizes: list[int]) -> dict[str, Any]:
+    backend = NvmlBackend.open()
+    try:
+        inventory = backend.discover()
+    finally:
+        backend.close()
+    index = {g.uuid: g.index for g in inventory.gpus}
+    (spec,) = build_resources(inventory, parse_config("version: v1"))
+    ids = [d.id for d in spec.devices]
+    return {
+        "links": [
+            {
+                str(index[link.peer_uuid]): [str(link.kind), link.count, link.nvlink_version]
+                for link in g.links
+            }
+            for g in inventory.gpus
+        ],
+        "place": {
+            str(size): sorted(
+                spec.by_id[i].unit.gpu.index for i in preferred_allocation(spec, ids, [], size)
+            )
+            for size in sizes
+        },
+    }
 
 
 class _Counting(types.ModuleType):
@@ -137,6 +166,8 @@ def watch(expected: int, lines: list[str], events_file: str) -> dict[str, Any]:
 def main(argv: list[str]) -> int:
     if argv[0] == "discover":
         result = discover(argv[1] if len(argv) > 1 else "/")
+    elif argv[0] == "place":
+        result = place([int(a) for a in argv[1:]])
     else:
         result = watch(int(argv[1]), argv[2:], os.environ["FAKENVML_EVENTS"])
     print(json.dumps(result))

@@ -27,7 +27,8 @@ scalars = st.one_of(
 keys = st.sampled_from(
     ["name", "gpus", "defaults", "interconnect", "nvlinks", "cuda_version", "driver_version",
      "product", "memory_mib", "compute_capability", "count", "mig", "mig_capable", "numa_node",
-     "healthy", "xid", "uuid", "bogus"]
+     "healthy", "xid", "uuid", "bogus", "links_down", "nvswitch", "nvswitch_links",
+     "pcie_switch", "pcie_host_bridge", "nvlink_version"]
 )  # fmt: skip
 trees = st.recursive(
     scalars,

@@ -9,6 +9,7 @@ health changes produce a new snapshot (`Inventory.with_health`).
 from __future__ import annotations
 
 import dataclasses
+import functools
 from collections.abc import Callable, Iterator, Mapping
 from dataclasses import dataclass, field
 from enum import StrEnum
@@ -54,6 +55,9 @@ class Link:
     #: AMD only: the KFD io_link `type` to the peer (11 xGMI, 2 PCIe), None when KFD lists
     #: no link. ROCm's allocator weighs pairs by it, so the AMD scorer needs the raw value.
     iolink_type: int | None = None
+    #: NVLink version of the lanes (1 P100 ... 5 B200), which sets their per-link bandwidth;
+    #: 0 when unknown or not NVLink.
+    nvlink_version: int = 0
 
 
 @dataclass(frozen=True)
@@ -162,7 +166,15 @@ class Gpu:
     amd: AmdInfo | None = None
 
     def link_to(self, peer_uuid: str) -> Link | None:
-        return next((link for link in self.links if link.peer_uuid == peer_uuid), None)
+        return self._links_by_peer.get(peer_uuid)
+
+    @functools.cached_property
+    def _links_by_peer(self) -> dict[str, Link]:
+        # Placement asks for many pairs per request; a dict keeps each lookup O(1).
+        by_peer: dict[str, Link] = {}
+        for link in self.links:
+            by_peer.setdefault(link.peer_uuid, link)
+        return by_peer
 
 
 @dataclass(frozen=True)

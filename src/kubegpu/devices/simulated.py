@@ -19,8 +19,10 @@ Node file format (`docs/simulated-node.md` has the long version)::
         xid: 79                   # inject this Xid (again whenever the value changes)
 
 GPU keys: product, memory_mib, compute_capability, multiprocessors, brand, numa_node,
-pci_bus_id, uuid, mig_capable, mig, healthy, probe_error, xid, count. Cross-NUMA pairs
-are always `SYS` on PCIe. While watching, a file-backed node re-reads the file when it
+pci_bus_id, uuid, mig_capable, mig, healthy, probe_error, xid, count, and the fabric:
+nvlinks ({peer index: lanes}), nvswitch (domain name), nvswitch_links, links_down
+({peer: n} or {nvswitch: n}), pcie_switch, pcie_host_bridge. Cross-NUMA pairs are always
+`SYS` on PCIe. While watching, a file-backed node re-reads the file when it
 changes, so editing `xid`, `healthy` or `mig` injects faults into a running daemon.
 """
 
@@ -55,7 +57,16 @@ from kubegpu.errors import DeviceError
 
 log = logging.getLogger("kubegpu.devices.simulated")
 
-PRESETS = ("h100-8", "a10g-4", "t4-1", "a100-40gb-mig", "h100-mig")
+PRESETS = (
+    "h100-8",
+    "a10g-4",
+    "t4-1",
+    "a100-40gb-mig",
+    "h100-mig",
+    "dgx1-v100",
+    "hgx-h100",
+    "hgx-h100-2x8",
+)
 CONTROL_DEVICES = ("/dev/nvidiactl", "/dev/nvidia-uvm", "/dev/nvidia-uvm-tools")
 #: How often a file-backed node checks its file for edits.
 POLL_SECONDS = 0.2
@@ -67,6 +78,7 @@ _TOP_KEYS = {
     "cuda_version",
     "interconnect",
     "nvlinks",
+    "nvlink_version",
     "defaults",
     "gpus",
 }
@@ -85,7 +97,15 @@ _GPU_KEYS = {
     "probe_error",
     "xid",
     "count",
+    "nvlinks",
+    "links_down",
+    "nvswitch",
+    "nvswitch_links",
+    "pcie_switch",
+    "pcie_host_bridge",
 }
+#: The `links_down` key for links into the GPU's NVSwitch domain.
+_SWITCH = "nvswitch"
 _PCIE = {kind.value: kind for kind in LinkKind if kind is not LinkKind.NVLINK}
 
 
@@ -107,6 +127,19 @@ class GpuSpec:
     healthy: bool = True
     probe_error: str | None = None
     xid: int | None = None
+    #: NVLink lanes to peer GPUs by index: ((peer, lanes), ...), direct wiring (DGX-1).
+    nvlinks: tuple[tuple[int, int], ...] = ()
+    #: Lanes that are down: ((peer index, n), ...); peer -1 = links into the NVSwitches.
+    links_down: tuple[tuple[int, int], ...] = ()
+    #: NVSwitch domain (any name): GPUs of one domain reach each other through switches.
+    nvswitch: str | None = None
+    nvswitch_links: int = 18
+    #: PCIe switch and host bridge (any numbers): same switch is PIX, same bridge PHB.
+    pcie_switch: int | None = None
+    pcie_host_bridge: int | None = None
+
+    def down(self, peer: int) -> int:
+        return sum(n for p, n in self.links_down if p == peer)
 
     def static(self) -> GpuSpec:
         """The hardware facts only (what a change of needs rediscovery)."""
@@ -121,6 +154,8 @@ class NodeSpec:
     cuda_version: tuple[int, int] = (12, 4)
     interconnect: str = "PHB"
     nvlinks: int = 18
+    #: NVLink generation (1..5); None: from the GPUs' compute capability.
+    nvlink_version: int | None = None
 
 
 #: Bounds on a node description: a file is hand-written or generated for a test, so
@@ -135,6 +170,12 @@ _INT_RANGES = {
     "numa_node": (0, 1023),
     "count": (1, MAX_GPUS),
     "nvlinks": (0, 64),
+    "nvswitch_links": (0, 64),
+    "lanes": (0, 64),
+    "peer": (0, MAX_GPUS - 1),
+    "pcie_switch": (0, 1 << 16),
+    "pcie_host_bridge": (0, 1 << 16),
+    "nvlink_version": (1, 5),
 }
 
 
@@ -206,9 +247,18 @@ def _gpu_spec(entry: Any, defaults: Mapping[str, Any], where: str) -> tuple[GpuS
     for key in ("product", "brand", "pci_bus_id", "uuid", "probe_error"):
         if merged.get(key) is not None:
             fields[key] = _text(merged[key], f"{where}.{key}")
-    for key in ("memory_mib", "multiprocessors", "xid"):
+    for key in ("memory_mib", "multiprocessors", "xid", "nvswitch_links"):
         if merged.get(key) is not None:
             fields[key] = _int(merged[key], key, where)
+    for key in ("pcie_switch", "pcie_host_bridge"):
+        if merged.get(key) is not None:
+            fields[key] = _int(merged[key], key, where)
+    if merged.get("nvswitch") is not None:
+        fields["nvswitch"] = _text(merged["nvswitch"], f"{where}.nvswitch")
+    if merged.get("nvlinks") is not None:
+        fields["nvlinks"] = _per_peer(merged["nvlinks"], f"{where}.nvlinks", switch=False)
+    if merged.get("links_down") is not None:
+        fields["links_down"] = _per_peer(merged["links_down"], f"{where}.links_down", switch=True)
     if "numa_node" in merged:
         numa = merged["numa_node"]
         fields["numa_node"] = None if numa is None else _int(numa, "numa_node", where)
@@ -232,6 +282,29 @@ def _gpu_spec(entry: Any, defaults: Mapping[str, Any], where: str) -> tuple[GpuS
     return gpu, count
 
 
+def _per_peer(value: Any, where: str, *, switch: bool) -> tuple[tuple[int, int], ...]:
+    """`{peer index: lanes}` (and, for links_down, `nvswitch: n`) as sorted pairs."""
+    if not isinstance(value, Mapping) or len(value) > MAX_GPUS:
+        hint = "{1: 2, 3: 1}" + (" or {nvswitch: 2}" if switch else "")
+        raise DeviceError(f"{where}: expected a mapping of peer GPU index to lanes, like {hint}")
+    pairs: dict[int, int] = {}
+    for peer, lanes in value.items():
+        index = -1 if switch and peer == _SWITCH else _int(peer, "peer", f"{where} key")
+        pairs[index] = pairs.get(index, 0) + _int(lanes, "lanes", f"{where}[{peer}]")
+    return tuple(sorted(pairs.items()))
+
+
+def _check_peers(gpus: list[GpuSpec], source: str) -> None:
+    for index, gpu in enumerate(gpus):
+        for key, pairs in (("nvlinks", gpu.nvlinks), ("links_down", gpu.links_down)):
+            for peer, _ in pairs:
+                if peer == index or peer >= len(gpus):
+                    raise DeviceError(
+                        f"{source}: gpus[{index}].{key}: peer {peer} is not another GPU "
+                        f"(indices 0-{len(gpus) - 1}, counted after `count` expands)"
+                    )
+
+
 def parse_node(data: Any, name: str, source: str) -> NodeSpec:
     """Validate a node description; errors name the file and the field."""
     if not isinstance(data, Mapping):
@@ -253,6 +326,8 @@ def parse_node(data: Any, name: str, source: str) -> NodeSpec:
         if len(gpus) + count > MAX_GPUS:
             raise DeviceError(f"{source}: more than {MAX_GPUS} GPUs; describe a smaller node")
         gpus.extend([gpu] * count)
+    _check_peers(gpus, source)
+    version = data.get("nvlink_version")
     interconnect = _text(data.get("interconnect", "PHB"), f"{source}: interconnect")
     if interconnect != "nvlink" and interconnect not in _PCIE:
         raise DeviceError(
@@ -265,6 +340,7 @@ def parse_node(data: Any, name: str, source: str) -> NodeSpec:
         cuda_version=_version(data.get("cuda_version", "12.4"), f"{source}: cuda_version"),
         interconnect=interconnect,
         nvlinks=_int(data.get("nvlinks", 18), "nvlinks", source),
+        nvlink_version=None if version is None else _int(version, "nvlink_version", source),
     )
 
 
@@ -291,6 +367,44 @@ def _read(path: Path) -> NodeSpec:
             f"cannot read simulated node {path}: {' '.join(str(err).split())}"
         ) from err
     return parse_node(data, path.stem, str(path))
+
+
+#: NVLink generation by compute capability major (Pascal 1 ... Blackwell 5).
+_NVLINK_BY_MAJOR = {6: 1, 7: 2, 8: 3, 9: 4, 10: 5}
+
+
+def _wired(gpu: GpuSpec) -> bool:
+    return bool(gpu.nvlinks) or gpu.nvswitch is not None
+
+
+def _lanes(spec: NodeSpec, a: int, b: int) -> int:
+    """Active NVLink lanes between GPUs a and b: direct wiring (declared on either side),
+    the node-wide mesh for GPUs without wiring of their own, and the NVSwitch domain both
+    are in; links that are down subtract."""
+    ga, gb = spec.gpus[a], spec.gpus[b]
+    direct = max(dict(ga.nvlinks).get(b, 0), dict(gb.nvlinks).get(a, 0))
+    if not direct and spec.interconnect == "nvlink" and not (_wired(ga) or _wired(gb)):
+        direct = spec.nvlinks
+    direct = max(0, direct - max(ga.down(b), gb.down(a)))
+    switched = 0
+    if ga.nvswitch is not None and ga.nvswitch == gb.nvswitch:
+        switched = max(0, min(ga.nvswitch_links - ga.down(-1), gb.nvswitch_links - gb.down(-1)))
+    return direct + switched
+
+
+def _pcie(spec: NodeSpec, a: GpuSpec, b: GpuSpec) -> LinkKind:
+    """The PCIe relation: NUMA first (across nodes is always SYS), then the GPUs' own
+    switch and host bridge, else the node-wide `interconnect`."""
+    if a.numa_node != b.numa_node:
+        return LinkKind.CROSS_NUMA
+    if a.pcie_switch is not None and a.pcie_switch == b.pcie_switch:
+        return LinkKind.SINGLE_SWITCH
+    if a.pcie_host_bridge is not None and a.pcie_host_bridge == b.pcie_host_bridge:
+        return LinkKind.HOST_BRIDGE
+    placed = (a.pcie_switch, a.pcie_host_bridge, b.pcie_switch, b.pcie_host_bridge)
+    if any(x is not None for x in placed) or spec.interconnect == "nvlink":
+        return LinkKind.SAME_NUMA
+    return _PCIE[spec.interconnect]
 
 
 class SimulatedBackend:
@@ -388,12 +502,12 @@ class SimulatedBackend:
             if peer_index == index:
                 continue
             peer = spec.gpus[peer_index]
-            if spec.interconnect == "nvlink":
-                links.append(Link(peer_uuid, LinkKind.NVLINK, spec.nvlinks))
-            elif own.numa_node != peer.numa_node:
-                links.append(Link(peer_uuid, LinkKind.CROSS_NUMA))
+            lanes = _lanes(spec, index, peer_index)
+            if lanes > 0:
+                version = spec.nvlink_version or _NVLINK_BY_MAJOR.get(own.compute_capability[0], 0)
+                links.append(Link(peer_uuid, LinkKind.NVLINK, lanes, nvlink_version=version))
             else:
-                links.append(Link(peer_uuid, _PCIE[spec.interconnect]))
+                links.append(Link(peer_uuid, _pcie(spec, own, peer)))
         return tuple(links)
 
     def discover(self) -> Inventory:

@@ -1,0 +1,238 @@
+"""Placement quality and cost: `python -m benchmarks.placement` (also a `make bench` section).
+
+- **Quality**: on each topology (the simulated-node presets, and the DGX-1 with two links
+  down), every request size over the whole node, plus 200 seeded random "fragmented" offers
+  (a random subset of GPUs free): kubegpu's pick against the brute-force optimum of the
+  objective (docs/placement.md). `% optimal` counts picks that score the optimum;
+  `worst` is the lowest pick/optimum ratio of summed bandwidth.
+- **Does it matter**: a NCCL-style ring all-reduce model. The bus bandwidth of a ring is
+  its slowest hop; for a set of GPUs, the best ring over it. Pair bandwidth: NVLink lanes x
+  per-link GB/s; PCIe P2P through one switch 24, several 22, a host bridge 20, one NUMA
+  node 16, across sockets 10 GB/s. kubegpu's picks against first-fit (lowest free index)
+  on the same fragmented offers, sizes 2 to 8.
+- **Cost**: `preferred_allocation` in-process, p50/p99 over 300 calls, at 8 GPUs, 16 GPUs
+  (two boards), 64 GPUs (eight NVSwitch boards) and 64 GPUs x 48 replicas.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import itertools
+import json
+import random
+import sys
+import time
+from collections.abc import Sequence
+from typing import Any
+
+from kubegpu.config import AllocationPolicy, parse_config
+from kubegpu.devices import Inventory, LinkKind
+from kubegpu.devices.simulated import SimulatedBackend, parse_node
+from kubegpu.resources import ResourceSpec, build_resources
+from kubegpu.topology import (
+    DEFAULT_NVLINK_GBPS,
+    NVLINK_GBPS,
+    link_weight,
+    numa_term,
+    preferred_allocation,
+)
+
+Figures = dict[str, Any]
+SEED = 10
+OFFERS = 200
+CALLS = 300
+PCIE_GBPS = {
+    LinkKind.SINGLE_SWITCH: 24,
+    LinkKind.MULTI_SWITCH: 22,
+    LinkKind.HOST_BRIDGE: 20,
+    LinkKind.SAME_NUMA: 16,
+    LinkKind.CROSS_NUMA: 10,
+}
+
+
+def _spec(inv: Inventory, config: str = "version: v1") -> ResourceSpec:
+    return next(s for s in build_resources(inv, parse_config(config)) if s.name == "nvidia.com/gpu")
+
+
+def dgx1_links_down() -> Inventory:
+    """The DGX-1 with one lane of 0-3 and one of 4-7 down (both were doubled)."""
+    inv = SimulatedBackend.load("dgx1-v100").discover()
+    gone = {(0, 3), (3, 0), (4, 7), (7, 4)}
+    gpus = []
+    for g in inv.gpus:
+        links = []
+        for link in g.links:
+            peer = next(p.index for p in inv.gpus if p.uuid == link.peer_uuid)
+            if (g.index, peer) in gone:
+                link = dataclasses.replace(link, count=link.count - 1)
+            links.append(link)
+        gpus.append(dataclasses.replace(g, links=tuple(links)))
+    return dataclasses.replace(inv, gpus=tuple(gpus))
+
+
+def topologies() -> dict[str, Inventory]:
+    found = {
+        p: SimulatedBackend.load(p).discover()
+        for p in ("a10g-4", "h100-8", "dgx1-v100", "hgx-h100", "hgx-h100-2x8")
+    }
+    found["dgx1-v100 (2 links down)"] = dgx1_links_down()
+    return found
+
+
+def _gbps(a: Any, b: Any) -> float:
+    link = a.gpu.link_to(b.gpu.uuid)
+    if link is None:
+        return 0.0
+    if link.kind is LinkKind.NVLINK:
+        return float(link.count * NVLINK_GBPS.get(link.nvlink_version, DEFAULT_NVLINK_GBPS))
+    return float(PCIE_GBPS[link.kind])
+
+
+def ring_busbw(units: Sequence[Any]) -> float:
+    """The best ring's slowest hop over these GPUs (GB/s); one GPU: no traffic, inf."""
+    if len(units) < 2:
+        return float("inf")
+    first, rest = units[0], units[1:]
+    best = 0.0
+    for order in itertools.permutations(rest):
+        if len(order) > 1 and id(order[0]) > id(order[-1]):
+            continue  # a ring and its reverse are the same ring
+        ring = [first, *order]
+        best = max(best, min(_gbps(ring[i - 1], ring[i]) for i in range(len(ring))))
+    return best
+
+
+def _score(units: Sequence[Any]) -> tuple[int, int]:
+    pairs = list(itertools.combinations(units, 2))
+    return sum(link_weight(a, b) for a, b in pairs), sum(numa_term(a, b) for a, b in pairs)
+
+
+def quality(name: str, inv: Inventory, rng: random.Random) -> Figures:
+    spec = _spec(inv)
+    ids = [d.id for d in spec.devices]
+    offers: list[tuple[list[str], int]] = [(ids, k) for k in range(1, len(ids) + 1)]
+    for _ in range(OFFERS):
+        free = sorted(rng.sample(ids, rng.randint(2, len(ids))), key=ids.index)
+        offers.append((free, rng.randint(1, len(free))))
+    optimal = 0
+    worst = 1.0
+    bus_kubegpu: list[float] = []
+    bus_first: list[float] = []
+    for free, size in offers:
+        got = [spec.by_id[i].unit for i in preferred_allocation(spec, free, [], size)]
+        pool = [spec.by_id[i].unit for i in free]
+        best = max(_score(list(c)) for c in itertools.combinations(pool, size))
+        mine = _score(got)
+        optimal += mine == best
+        if best[0]:
+            worst = min(worst, mine[0] / best[0])
+        if 2 <= size <= 8 and free is not ids:
+            bus_kubegpu.append(ring_busbw(got))
+            bus_first.append(ring_busbw(pool[:size]))
+    mean_k = sum(bus_kubegpu) / len(bus_kubegpu) if bus_kubegpu else 0.0
+    mean_f = sum(bus_first) / len(bus_first) if bus_first else 0.0
+    return {
+        "topology": name,
+        "gpus": len(ids),
+        "requests": len(offers),
+        "optimal_pct": round(100 * optimal / len(offers), 1),
+        "worst_ratio": round(worst, 3),
+        "busbw_kubegpu_gbps": round(mean_k, 1),
+        "busbw_first_fit_gbps": round(mean_f, 1),
+    }
+
+
+def boards(count: int) -> Inventory:
+    """`count` HGX H100 boards of 8 GPUs, one NVSwitch domain and NUMA node per board."""
+    gpus = [{"numa_node": b % 8, "nvswitch": f"board{b}"} for b in range(count) for _ in range(8)]
+    return SimulatedBackend(parse_node({"gpus": gpus}, f"{count}x8", "bench")).discover()
+
+
+def random_fabric(count: int, seed: int) -> Inventory:
+    """`count` GPUs with seeded random direct NVLinks (half the pairs, 1-4 lanes) and NUMA:
+    no symmetry for the search to use, the hard case for branch and bound."""
+    rng = random.Random(seed)
+    gpus: list[dict[str, Any]] = []
+    for i in range(count):
+        lanes = {j: rng.randint(1, 4) for j in range(i + 1, count) if rng.random() < 0.5}
+        gpus.append({"numa_node": rng.randint(0, 1), "nvlinks": lanes})
+    return SimulatedBackend(parse_node({"gpus": gpus}, "random", "bench")).discover()
+
+
+def _latency(
+    spec: ResourceSpec, available: list[str], size: int, policy: AllocationPolicy
+) -> Figures:
+    samples = []
+    for _ in range(CALLS):
+        start = time.perf_counter_ns()
+        preferred_allocation(spec, available, [], size, policy)
+        samples.append(time.perf_counter_ns() - start)
+    samples.sort()
+    return {
+        "p50_ms": round(samples[len(samples) // 2] / 1e6, 3),
+        "p99_ms": round(samples[int(len(samples) * 0.99) - 1] / 1e6, 3),
+    }
+
+
+def cost() -> dict[str, Figures]:
+    found: dict[str, Figures] = {}
+    cases = [
+        ("8 GPUs (hgx-h100), size 4", _spec(SimulatedBackend.load("hgx-h100").discover()), 4),
+        ("16 GPUs (2 boards), size 12", _spec(boards(2)), 12),
+        ("16 GPUs (2 boards), size 6", _spec(boards(2)), 6),
+        ("16 GPUs (random NVLink fabric), size 8", _spec(random_fabric(16, SEED)), 8),
+        ("64 GPUs (8 boards), size 32", _spec(boards(8)), 32),
+    ]
+    for name, spec, size in cases:
+        found[name] = _latency(
+            spec, [d.id for d in spec.devices], size, AllocationPolicy.DISTRIBUTED
+        )
+    shared = (
+        "version: v1\nsharing:\n  timeSlicing:\n    resources:\n"
+        "    - name: nvidia.com/gpu\n      replicas: 48\n"
+    )
+    spec = _spec(boards(8), shared)
+    ids = [d.id for d in spec.devices]
+    for policy in AllocationPolicy:
+        found[f"64 GPUs x 48 replicas ({len(ids)} IDs), size 8, {policy}"] = _latency(
+            spec, ids, 8, policy
+        )
+    return found
+
+
+def run() -> Figures:
+    rng = random.Random(SEED)
+    return {
+        "placement_quality": [quality(n, inv, rng) for n, inv in topologies().items()],
+        "placement_latency": cost(),
+    }
+
+
+async def bench_placement() -> Figures:
+    """The `make bench` section (synchronous work; nothing else runs meanwhile)."""
+    figures = run()
+    quality_rows = figures["placement_quality"]
+    return {
+        **figures,
+        "placement_min_optimal_pct": min(r["optimal_pct"] for r in quality_rows),
+    }
+
+
+def main() -> int:
+    figures = run()
+    head = ("topology", "gpus", "reqs", "%opt", "worst", "busbw", "first-fit")
+    print(f"{head[0]:28} " + " ".join(f"{h:>6}" for h in head[1:]))
+    for r in figures["placement_quality"]:
+        print(
+            f"{r['topology']:28} {r['gpus']:>6} {r['requests']:>6} {r['optimal_pct']:>6} "
+            f"{r['worst_ratio']:>6} {r['busbw_kubegpu_gbps']:>6} {r['busbw_first_fit_gbps']:>6}"
+        )
+    print()
+    for name, f in figures["placement_latency"].items():
+        print(f"{name:55} p50 {f['p50_ms']:.3f} ms  p99 {f['p99_ms']:.3f} ms")
+    print(json.dumps(figures, separators=(", ", ": ")))
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
