@@ -386,16 +386,19 @@ async def test_invalid_utf8_id_gets_a_status_and_plugin_keeps_serving(socket_dir
     # a Python client cannot build a str that is not UTF-8.
     inner = b"\x0a\x02\xff\xfe"
     raw = b"\x0a" + bytes([len(inner)]) + inner
-    async with serving(socket_dir, spec) as (_, stub):
-        async with grpc.aio.insecure_channel(f"unix://{socket_dir / spec.socket_name}") as channel:
-            call = channel.unary_unary("/v1beta1.DevicePlugin/Allocate")
-            # Twice around a good call: the guard is built on the first call, then reused.
-            for attempt in range(2):
-                with pytest.raises(grpc.aio.AioRpcError) as info:
-                    await call(raw)
-                assert info.value.code() is grpc.StatusCode.INVALID_ARGUMENT, attempt
-                ok = await stub.Allocate(_allocate(spec.devices[0].id))
-                assert ok.container_responses[0].envs
+    address = f"unix://{socket_dir / spec.socket_name}"
+    async with (
+        serving(socket_dir, spec) as (_, stub),
+        grpc.aio.insecure_channel(address) as channel,
+    ):
+        call = channel.unary_unary("/v1beta1.DevicePlugin/Allocate")
+        # Twice around a good call: the guard is built on the first call, then reused.
+        for attempt in range(2):
+            with pytest.raises(grpc.aio.AioRpcError) as info:
+                await call(raw)
+            assert info.value.code() is grpc.StatusCode.INVALID_ARGUMENT, attempt
+            ok = await stub.Allocate(_allocate(spec.devices[0].id))
+            assert ok.container_responses[0].envs
 
 
 # Hypothesis runs each example synchronously, so the server runs on its own loop in a thread.
