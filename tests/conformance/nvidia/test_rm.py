@@ -16,7 +16,7 @@ import yaml
 from kubegpu.allocation import validate_request
 from kubegpu.config import AllocationPolicy, Config, parse_config
 from kubegpu.config.v1 import HealthFlags
-from kubegpu.devices.model import HealthEvent, HealthEventKind
+from kubegpu.devices.model import Health, HealthEvent, HealthEventKind
 from kubegpu.errors import AllocationError, ConfigError, KubegpuError
 from kubegpu.health import HealthTracker, health_flags_from_env
 from kubegpu.resources import ResourceSpec, build_resources, mig_resource_name
@@ -252,3 +252,26 @@ def test_full_gpu_node_ignores_allocation_policy() -> None:
         for p in (AllocationPolicy.DISTRIBUTED, AllocationPolicy.PACKED)
     }
     assert answers[AllocationPolicy.DISTRIBUTED] == answers[AllocationPolicy.PACKED]
+
+
+# -- internal/rm/health.go: a critical Xid marks the device; only kubegpu brings it back ------
+
+@pytest.mark.deliberate("health-recovers")
+@pytest.mark.parametrize("origin", [NVIDIA_DP.cite("internal/rm/health.go")])
+def test_a_critical_xid_marks_the_gpu_and_kubegpu_heals_it_after_passing_probes(
+    origin: str,
+) -> None:
+    """NVIDIA internal/rm/health.go: checkHealth sends a device on the `unhealthy` channel for
+    a critical Xid (79 here), and nothing in NVIDIA's plugin ever reports it Healthy again. kubegpu marks it
+    the same way, then reports it Healthy once its probes pass for recoverySeconds."""
+    now = [1000.0]
+    tracker = HealthTracker(HealthFlags(recovery_seconds=60), lambda: now[0])
+    uuid = "GPU-4cf8db2d-06c0-7d70-1a51-e59b25b2c16c"
+    assert tracker.observe(HealthEvent(uuid, HealthEventKind.XID, xid=79))
+    assert tracker.health() == {uuid: Health.UNHEALTHY}  # as NVIDIA
+    now[0] += 59
+    assert not tracker.observe(HealthEvent(uuid, HealthEventKind.PROBE_OK))
+    assert tracker.health() == {uuid: Health.UNHEALTHY}  # not before the recovery period
+    now[0] += 1
+    assert tracker.observe(HealthEvent(uuid, HealthEventKind.PROBE_OK))
+    assert tracker.health() == {}  # healthy again: NVIDIA would still say Unhealthy
