@@ -262,8 +262,9 @@ def test_a_critical_xid_marks_the_gpu_and_kubegpu_heals_it_after_passing_probes(
     origin: str,
 ) -> None:
     """NVIDIA internal/rm/health.go: checkHealth sends a device on the `unhealthy` channel for
-    a critical Xid (79 here), and nothing in NVIDIA's plugin ever reports it Healthy again. kubegpu marks it
-    the same way, then reports it Healthy once its probes pass for recoverySeconds."""
+    a critical Xid (79 here), and nothing in NVIDIA's plugin ever reports it Healthy again.
+    kubegpu marks it the same way, then reports it Healthy once its probes pass for
+    recoverySeconds."""
     now = [1000.0]
     tracker = HealthTracker(HealthFlags(recovery_seconds=60), lambda: now[0])
     uuid = "GPU-4cf8db2d-06c0-7d70-1a51-e59b25b2c16c"
