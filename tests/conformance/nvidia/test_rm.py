@@ -256,6 +256,7 @@ def test_full_gpu_node_ignores_allocation_policy() -> None:
 
 # -- internal/rm/health.go: a critical Xid marks the device; only kubegpu brings it back ------
 
+
 @pytest.mark.deliberate("health-recovers")
 @pytest.mark.parametrize("origin", [NVIDIA_DP.cite("internal/rm/health.go")])
 def test_a_critical_xid_marks_the_gpu_and_kubegpu_heals_it_after_passing_probes(
