@@ -22,7 +22,7 @@ from __future__ import annotations
 import itertools
 import logging
 import math
-from collections.abc import Sequence
+from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 
 from kubegpu.config import AllocationPolicy
@@ -74,7 +74,7 @@ def preferred_allocation(
     if spec.vendor is Vendor.AMD:
         chosen += _best_amd(chosen, pool, need)
     else:
-        chosen += _best_units(chosen, pool, need)
+        chosen += _best_units(chosen, pool, need, spec_terms(spec))
     return [d.id for d in chosen]
 
 
@@ -196,32 +196,30 @@ def best_subset(
         return Placement((), fixed_score, fixed_score, 0)
     if need > n:
         raise ValueError(f"need {need} exceeds the {n} candidates")
-    # top[j][m]: the sum of the m heaviest entries of row j (self excluded).
+    # order[j]: row j's other candidates, heaviest first (ties: lowest index), for bounds
+    # over what is left; top[j][m]: the sum of the m heaviest entries of row j.
+    order: list[list[int]] = []
     top: list[list[int]] = []
     for j in range(n):
-        row = sorted((weights[j][x] for x in range(n) if x != j), reverse=True)
-        acc = [0]
-        for w in row:
-            acc.append(acc[-1] + w)
-        top.append(acc)
+        row = weights[j]
+        others = sorted(range(n), key=row.__getitem__, reverse=True)
+        others.remove(j)
+        order.append(others)
+        top.append(list(itertools.accumulate([row[x] for x in others], initial=0)))
 
     # same[i]: candidate i is interchangeable with i - 1 (equal weights to everyone else,
     # equal base), as GPUs of one NVSwitch board are. Of such a run only prefixes are
     # tried: taking i while leaving i - 1 would just repeat a set already scored.
     same = [False] + [
         base[i] == base[i - 1]
-        and all(weights[i][x] == weights[i - 1][x] for x in range(n) if x not in (i - 1, i))
+        and weights[i][: i - 1] == weights[i - 1][: i - 1]
+        and weights[i][i + 1 :] == weights[i - 1][i + 1 :]
         for i in range(1, n)
     ]
 
-    # order[j]: row j's other candidates, heaviest first, for bounds over what is left.
-    # Worth its O(n) per candidate on small searches (7x fewer nodes on random 16-GPU
-    # fabrics); on large ones the budget buys more nodes with the global rows instead.
+    # Bounds over what is left use `order` on small searches (7x fewer nodes on random
+    # 16-GPU fabrics); on large ones the budget buys more nodes with the global rows.
     tight = n <= EXACT_LIMIT
-    order = [
-        sorted(range(n), key=weights[j].__getitem__, reverse=True) if tight else []
-        for j in range(n)
-    ]
 
     def rest_top(j: int, start: int, m: int) -> int:
         """The m heaviest entries of row j among candidates from `start` on."""
@@ -305,6 +303,49 @@ def _greedy(weights: Sequence[Sequence[int]], base: Sequence[int], need: int) ->
     return tuple(sorted(picked))
 
 
+@dataclass(frozen=True)
+class PairTerms:
+    """`link_weight` and `numa_term` of every pair of a device set, computed once.
+
+    Both are independent of the request (`pair_score` only scales the link term by the
+    number of pairs), so one matrix serves every `GetPreferredAllocation` on that set.
+    """
+
+    #: Unit UUID -> row and column in the matrices.
+    index: Mapping[str, int]
+    link: tuple[tuple[int, ...], ...]
+    numa: tuple[tuple[int, ...], ...]
+
+
+def pair_terms(units: Sequence[Unit]) -> PairTerms:
+    """The pair terms of `units` (one row per distinct UUID; the first of a UUID wins)."""
+    distinct = list({u.uuid: u for u in reversed(units)}.values())[::-1]
+    index = {u.uuid: k for k, u in enumerate(distinct)}
+    link = tuple(tuple(link_weight(a, b) for b in distinct) for a in distinct)
+    numa = tuple(tuple(numa_term(a, b) for b in distinct) for a in distinct)
+    return PairTerms(index, link, numa)
+
+
+#: Specs whose pair terms are cached. Specs are rebuilt on every inventory or config change
+#: and the old ones dropped; a handful (one per resource name, plus a reload's overlap) is
+#: all that is ever asked for, and the bound keeps replaced ones from piling up.
+TERMS_CACHE_SIZE = 8
+_terms_cache: dict[int, tuple[ResourceSpec, PairTerms]] = {}
+
+
+def spec_terms(spec: ResourceSpec) -> PairTerms:
+    """The pair terms of `spec`'s units, cached per spec object (the entry holds the spec,
+    so its `id` cannot be reused while cached)."""
+    hit = _terms_cache.get(id(spec))
+    if hit is not None and hit[0] is spec:
+        return hit[1]
+    terms = pair_terms([d.unit for d in spec.devices])
+    if len(_terms_cache) >= TERMS_CACHE_SIZE:
+        del _terms_cache[next(iter(_terms_cache))]  # oldest first: dicts keep insertion order
+    _terms_cache[id(spec)] = (spec, terms)
+    return terms
+
+
 def place(
     fixed: Sequence[Unit],
     candidates: Sequence[Unit],
@@ -312,22 +353,33 @@ def place(
     *,
     exact_limit: int = EXACT_LIMIT,
     work: int = SEARCH_WORK,
+    terms: PairTerms | None = None,
 ) -> Placement:
     """The best `need` of `candidates` to join `fixed` under `objective`.
 
     Exact for up to `exact_limit` candidates; beyond, greedy then a budgeted branch and
-    bound from the better of the two, with the gap it could not close.
+    bound from the better of the two, with the gap it could not close. `terms` (which must
+    cover every unit given) saves recomputing the pair terms; without, they are computed.
     """
+    if terms is None:
+        terms = pair_terms([*fixed, *candidates])
     pairs = (len(fixed) + need) * (len(fixed) + need - 1) // 2
+    scale = pairs + 1  # as `pair_score`: the NUMA term never outweighs one unit of link
+    rows = [terms.index[c.uuid] for c in candidates]
+    frows = [terms.index[f.uuid] for f in fixed]
+    link, numa = terms.link, terms.numa
     n = len(candidates)
-    w = [[0] * n for _ in range(n)]
-    for i, j in itertools.combinations(range(n), 2):  # symmetric: each pair once
-        w[i][j] = w[j][i] = pair_score(candidates[i], candidates[j], pairs)
-    base = [sum(pair_score(c, f, pairs) for f in fixed) for c in candidates]
-    fixed_score = sum(pair_score(a, b, pairs) for a, b in itertools.combinations(fixed, 2))
-    if len(candidates) <= exact_limit:
+    w = []
+    for i, ri in enumerate(rows):
+        li, ni = link[ri], numa[ri]
+        row = [li[rj] * scale + ni[rj] for rj in rows]
+        row[i] = 0
+        w.append(row)
+    base = [sum(link[r][f] * scale + numa[r][f] for f in frows) for r in rows]
+    fixed_score = sum(link[a][b] * scale + numa[a][b] for a, b in itertools.combinations(frows, 2))
+    if n <= exact_limit:
         return best_subset(w, base, need, fixed_score=fixed_score)
-    budget = max(64, work // len(candidates))
+    budget = max(64, work // n)
     found = best_subset(w, base, need, fixed_score=fixed_score, budget=budget)
     if found.optimal:
         return found
@@ -340,12 +392,12 @@ def place(
 
 
 def _best_units(
-    chosen: list[AdvertisedDevice], pool: list[AdvertisedDevice], need: int
+    chosen: list[AdvertisedDevice], pool: list[AdvertisedDevice], need: int, terms: PairTerms
 ) -> list[AdvertisedDevice]:
     # Unhealthy devices only when the healthy ones are too few (the kubelet offers healthy).
     healthy = [d for d in pool if d.health is Health.HEALTHY]
     candidates = healthy if len(healthy) >= need else pool
-    found = place([d.unit for d in chosen], [d.unit for d in candidates], need)
+    found = place([d.unit for d in chosen], [d.unit for d in candidates], need, terms=terms)
     if not found.optimal:
         log.debug(
             "placement of %d from %d: within %.1f%% of optimal (search budget reached)",
