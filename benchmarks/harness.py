@@ -131,9 +131,10 @@ async def serve(
 
 
 @contextlib.asynccontextmanager
-async def module_server(module: str, sock: Path, log: Path) -> AsyncIterator[Child]:
-    """`python -m <module> <socket>` (echo_server, servicer_server) until it prints "ready"."""
-    args = [sys.executable, "-m", module, str(sock)]
+async def module_server(module: str, sock: Path, log: Path, *extra: str) -> AsyncIterator[Child]:
+    """`python -m <module> <socket> [extra...]` (echo_server, servicer_server), once it has
+    printed "ready"."""
+    args = [sys.executable, "-m", module, str(sock), *extra]
     async with child(args, log, stdin_pipe=True) as proc:
         assert proc.proc.stdout is not None
         line = await asyncio.wait_for(proc.proc.stdout.readline(), 30)

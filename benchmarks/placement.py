@@ -109,7 +109,7 @@ def _score(units: Sequence[Any]) -> tuple[int, int]:
 
 def quality(name: str, inv: Inventory, rng: random.Random) -> Figures:
     spec = _spec(inv)
-    ids = [d.id for d in spec.devices]
+    ids: list[str] = [d.id for d in spec.devices]
     offers: list[tuple[list[str], int]] = [(ids, k) for k in range(1, len(ids) + 1)]
     for _ in range(OFFERS):
         free = sorted(rng.sample(ids, rng.randint(2, len(ids))), key=ids.index)
@@ -192,7 +192,7 @@ def cost() -> dict[str, Figures]:
         "    - name: nvidia.com/gpu\n      replicas: 48\n"
     )
     spec = _spec(boards(8), shared)
-    ids = [d.id for d in spec.devices]
+    ids: list[str] = [d.id for d in spec.devices]
     for policy in AllocationPolicy:
         found[f"64 GPUs x 48 replicas ({len(ids)} IDs), size 8, {policy}"] = _latency(
             spec, ids, 8, policy

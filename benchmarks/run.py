@@ -9,6 +9,9 @@ Layout of the run (see docs/performance.md for results and what dominates each f
   both see the same CPU contention), and re-registration after a kubelet restart.
 - **subprocess plugin, 1,024 devices** — the same with 8 GPUs × 128 time-slicing
   replicas from a config file: Allocate round trips and RSS.
+- **subprocess plugin, 8,192 devices** — 8 GPUs × 1,024 replicas: the first ListAndWatch
+  message (stream opened → whole list received) against the echo server sending the same
+  bytes on a bare server stream, in alternating trials.
 - **in-process daemon** — `Daemon` with a `SimulatedBackend` and the emulator share this
   event loop (fault injection needs the backend object): Xid → new ListAndWatch list,
   the same with 1,024 devices, and config reload of 8 × 48 replicas.
@@ -34,7 +37,7 @@ from typing import Any
 import grpc
 
 from benchmarks import harness
-from benchmarks.echo_server import METHOD
+from benchmarks.echo_server import LIST_METHOD, METHOD
 from benchmarks.harness import RESOURCE
 from benchmarks.placement import bench_placement
 from kubegpu.api import device_plugin_stub, pb
@@ -55,6 +58,9 @@ HEALTH_TRIALS = 10
 LIST_1K_TRIALS = 5
 RELOAD_TRIALS = 5
 REPLICAS_1K = 128
+#: First ListAndWatch at 8,192 IDs (8 GPUs x 1,024 replicas): streams opened per server.
+REPLICAS_8K = 1024
+LIST_8K_TRIALS = 15
 #: How often the plugin stats kubelet.sock (kubegpu.plugin.registration.POLL_INTERVAL).
 KUBELET_POLL = POLL_INTERVAL
 #: Config poll interval of the in-process reload benchmark (the daemon's default is 0.5 s).
@@ -338,6 +344,74 @@ async def bench_subprocess_1k() -> Figures:
     }
 
 
+# -- subprocess plugin, 8,192 devices: the first ListAndWatch ---------------------------
+
+
+async def _first_message(channel: grpc.aio.Channel, method: str) -> tuple[int, int]:
+    """Open a server stream, read its first message as raw bytes, close it: (ns, bytes)."""
+    stream = channel.unary_stream(method, None, None)  # bytes in, bytes out
+    start = time.perf_counter_ns()
+    call = stream(b"")  # an empty message: what pb.Empty serializes to
+    first = await call.read()
+    took = time.perf_counter_ns() - start
+    call.cancel()
+    if not isinstance(first, bytes):
+        raise RuntimeError(f"{method}: the stream ended before its first message")
+    return took, len(first)
+
+
+async def bench_list_8k() -> Figures:
+    """The first ListAndWatch of `kubegpu serve` at 8,192 IDs beside its floor: a bare
+    grpc.aio server stream sending the very same bytes (no protobuf, no servicer)."""
+    devices = GPUS * REPLICAS_8K
+    method = "/v1beta1.DevicePlugin/ListAndWatch"
+    with harness.temp_dir("kgb8k-") as work:
+        config = work / "config.yaml"
+        _write_config(config, REPLICAS_8K)
+        plugin_dir = work / "dp"
+        async with (
+            harness.emulator(plugin_dir) as kubelet,
+            harness.serve(plugin_dir, work / "serve.log", "--config-file", str(config)) as plugin,
+        ):
+            await _wait_registered(kubelet, devices, plugin)
+            async with grpc.aio.insecure_channel(f"unix://{_plugin_socket(kubelet)}") as channel:
+                listed = channel.unary_stream(method, None, None)(b"")
+                payload = await listed.read()
+                listed.cancel()
+                assert isinstance(payload, bytes)
+                assert len(pb.ListAndWatchResponse.FromString(payload).devices) == devices
+                (work / "list.bin").write_bytes(payload)
+                async with (
+                    harness.module_server(
+                        "benchmarks.echo_server",
+                        work / "echo.sock",
+                        work / "echo.log",
+                        str(work / "list.bin"),
+                    ),
+                    grpc.aio.insecure_channel(f"unix://{work / 'echo.sock'}") as floor_channel,
+                ):
+                    plugin_ns: list[int] = []
+                    floor_ns: list[int] = []
+                    await _first_message(channel, method)  # warm both up once
+                    await _first_message(floor_channel, LIST_METHOD)
+                    for _ in range(LIST_8K_TRIALS):  # alternating: same CPU weather
+                        took, size = await _first_message(channel, method)
+                        plugin_ns.append(took)
+                        took, floor_size = await _first_message(floor_channel, LIST_METHOD)
+                        floor_ns.append(took)
+                        if size != floor_size:
+                            raise RuntimeError(f"list sizes differ: {size} vs {floor_size}")
+    p50, floor_p50 = harness.percentile(plugin_ns, 50), harness.percentile(floor_ns, 50)
+    return {
+        "list_8k_devices": devices,
+        "list_8k_bytes": len(payload),
+        "list_8k_first_p50_ms": round(p50, 2),
+        "list_8k_first_max_ms": round(max(plugin_ns) / 1e6, 2),
+        "list_8k_floor_p50_ms": round(floor_p50, 2),
+        "list_8k_over_floor_p50": round(p50 / floor_p50, 2),
+    }
+
+
 # -- in-process daemon ----------------------------------------------------------------
 
 
@@ -586,6 +660,14 @@ TARGETS: list[tuple[str, str, str, Callable[[Figures], bool] | None]] = [
         "≤ 1.5 × echo",
         lambda f: f["preferred_8_over_echo_p50"] <= 1.5,
     ),
+    ("list_8k_first_p50_ms", "ms", "", None),
+    ("list_8k_floor_p50_ms", "ms", "", None),
+    (
+        "list_8k_over_floor_p50",
+        "×",
+        "≤ 3 × floor",
+        lambda f: f["list_8k_over_floor_p50"] <= 3,
+    ),
     (
         "placement_min_optimal_pct",
         "%",
@@ -622,6 +704,7 @@ async def _main() -> int:
         ("subprocess plugin, 8 GPUs", bench_subprocess_8),
         ("subprocess plugin with the DaemonSet's env", bench_deployed),
         ("subprocess plugin, 1,024 devices", bench_subprocess_1k),
+        ("subprocess plugin, 8,192 devices: first ListAndWatch", bench_list_8k),
         ("in-process daemon", bench_in_process),
         ("placement quality and cost (in-process)", bench_placement),
     ]
