@@ -95,6 +95,9 @@ EXACT_LIMIT = 16
 #: Work (search nodes x candidates) a bounded search may spend before it stops and reports
 #: its gap: about 1,000 nodes at 64 candidates, some milliseconds.
 SEARCH_WORK = 65536
+#: Candidates in runs of twins (see `best_subset`) are chosen by counts per run when there
+#: are at most this many count vectors (runs of lengths l_i: the product of l_i + 1).
+RUN_VECTORS_LIMIT = 100
 
 #: Per-link, per-direction NVLink bandwidth in GB/s by NVLink version (1: P100 ... 5: B200).
 NVLINK_GBPS = {1: 20, 2: 25, 3: 25, 4: 25, 5: 50}
@@ -206,13 +209,16 @@ def best_subset(
         for i in range(1, n)
     ]
 
-    if all(same[1:]):
-        # One run of twins (an NVSwitch board, a full mesh, one PCIe switch): every pair
-        # weighs the same, so every set scores alike and the earliest `need` are the pick
-        # the search below would make, proven optimal without it.
-        pair = weights[0][1] if n > 1 else 0
-        score = fixed_score + need * base[0] + need * (need - 1) // 2 * pair
-        return Placement(tuple(range(need)), score, score, 1)
+    # Runs of twins: with few enough of them, choosing a set is choosing how many to take
+    # from each run (always a prefix of it), a handful of count vectors to score.
+    runs: list[list[int]] = []
+    for i in range(n):
+        if same[i]:
+            runs[-1][1] += 1
+        else:
+            runs.append([i, 1])
+    if math.prod(length + 1 for _, length in runs) <= RUN_VECTORS_LIMIT:
+        return _best_by_runs(weights, base, need, fixed_score, [(a, k) for a, k in runs])
 
     # order[j]: row j's other candidates, heaviest first (ties: lowest index), for bounds
     # over what is left; top[j][m]: the sum of the m heaviest entries of row j.
@@ -291,6 +297,51 @@ def best_subset(
     search(0, list(base), fixed_score, need)
     bound = best_score if not stopped else max(best_score, root2 // 2)
     return Placement(best, best_score, bound, nodes)
+
+
+def _best_by_runs(
+    weights: Sequence[Sequence[int]],
+    base: Sequence[int],
+    need: int,
+    fixed_score: int,
+    runs: Sequence[tuple[int, int]],
+) -> Placement:
+    """`best_subset` when the candidates are few runs of twins, given as (first, length).
+
+    Twins weigh the same to everyone outside their run and every pair inside a run weighs
+    the same, so a set's score depends only on how many it takes from each run. Counts are
+    tried largest first, run by run, and only a strictly better score replaces the best:
+    the kept vector is the lexicographically largest optimal one, whose prefixes make the
+    lexicographically smallest optimal set, the one the search keeps.
+    """
+    k = len(runs)
+    inside = [weights[a][a + 1] if length > 1 else 0 for a, length in runs]
+    across = [[weights[runs[r][0]][runs[q][0]] for q in range(k)] for r in range(k)]
+    gain = [base[a] for a, _ in runs]
+    room = list(itertools.accumulate((length for _, length in reversed(runs)), initial=0))
+    room.reverse()  # room[r]: how many the runs from r on can give
+    best_score = -1
+    best: list[int] = []
+    counts: list[int] = []
+    tried = 0
+
+    def choose(r: int, left: int, score: int) -> None:
+        nonlocal best_score, best, tried
+        if r == k:
+            tried += 1
+            if left == 0 and score > best_score:
+                best_score, best = score, list(counts)
+            return
+        for c in range(min(runs[r][1], left), max(0, left - room[r + 1]) - 1, -1):
+            add = c * gain[r] + c * (c - 1) // 2 * inside[r]
+            add += c * sum(counts[q] * across[q][r] for q in range(r))
+            counts.append(c)
+            choose(r + 1, left - c, score + add)
+            counts.pop()
+
+    choose(0, need, fixed_score)
+    picked = tuple(a + x for (a, _), c in zip(runs, best, strict=True) for x in range(c))
+    return Placement(picked, best_score, best_score, tried)
 
 
 def _greedy(weights: Sequence[Sequence[int]], base: Sequence[int], need: int) -> tuple[int, ...]:

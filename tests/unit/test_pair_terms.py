@@ -6,6 +6,8 @@ from __future__ import annotations
 import itertools
 
 import pytest
+from hypothesis import given, settings
+from hypothesis import strategies as st
 
 from kubegpu import topology
 from kubegpu.config import parse_config
@@ -74,3 +76,37 @@ def test_uniform_candidates_take_the_earliest_with_the_brute_force_score(n: int,
     )
     assert found.picked == tuple(range(need))
     assert found.score == found.bound == best
+
+
+@st.composite
+def run_matrices(draw: st.DrawFn) -> tuple[list[list[int]], list[int], int]:
+    """Candidates in runs of twins (one NUMA half of an NVSwitch board is a run) with
+    small random weights, so that ties between sets are common."""
+    lengths = draw(st.lists(st.integers(1, 4), min_size=1, max_size=4))
+    run_of = [r for r, length in enumerate(lengths) for _ in range(length)]
+    k, n = len(lengths), len(run_of)
+    across = [[0] * k for _ in range(k)]
+    for r in range(k):
+        for q in range(r, k):
+            across[r][q] = across[q][r] = draw(st.integers(0, 3))
+    gains = [draw(st.integers(0, 3)) for _ in range(k)]
+    weights = [[0 if i == j else across[run_of[i]][run_of[j]] for j in range(n)] for i in range(n)]
+    return weights, [gains[r] for r in run_of], draw(st.integers(1, n))
+
+
+@given(run_matrices())
+@settings(max_examples=300, deadline=None)
+def test_runs_of_twins_pick_the_earliest_optimal_set(
+    case: tuple[list[list[int]], list[int], int],
+) -> None:
+    """Whether the count-vector path or the search answers: the brute-force optimum, and
+    among equal scores the lexicographically smallest set."""
+    weights, base, need = case
+    best_score, best = -1, ()
+    for combo in itertools.combinations(range(len(base)), need):  # lexicographic order
+        score = sum(base[i] for i in combo)
+        score += sum(weights[a][b] for a, b in itertools.combinations(combo, 2))
+        if score > best_score:
+            best_score, best = score, combo
+    found = best_subset(weights, base, need)
+    assert (found.picked, found.score, found.optimal) == (best, best_score, True)
