@@ -500,3 +500,34 @@ def test_fuzz_preferred_allocation(
         assert {i for i in ids(must) if i in spec.by_id} <= set(got)
     else:
         assert "\n" not in answer
+
+
+async def test_list_is_built_once_per_spec_version_and_rebuilt_on_change(
+    socket_dir: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """A kubelet restart re-opens ListAndWatch on an unchanged spec: the list it gets is the
+    one already built; a new spec (health, reload) still reaches every stream."""
+    from kubegpu.plugin import server as server_module
+
+    builds: list[int] = []
+    real = server_module.device_list
+
+    def counted(spec: ResourceSpec) -> pb.ListAndWatchResponse:
+        builds.append(len(spec.devices))
+        return real(spec)
+
+    monkeypatch.setattr(server_module, "device_list", counted)
+    spec = _spec(4)
+    async with serving(socket_dir, spec) as (server, stub):
+        for _ in range(3):  # three kubelet restarts' worth of fresh streams
+            stream = stub.ListAndWatch(pb.Empty())
+            first = await stream.read()
+            stream.cancel()
+            assert [d.ID for d in first.devices] == [d.id for d in spec.devices]
+        assert builds == [4]
+        stream = stub.ListAndWatch(pb.Empty())
+        assert len((await stream.read()).devices) == 4
+        await server.servicer.update(_spec(2), Config())
+        assert len((await stream.read()).devices) == 2
+        stream.cancel()
+    assert builds == [4, 2]

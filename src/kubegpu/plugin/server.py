@@ -101,6 +101,10 @@ class DevicePluginServicer(pb_grpc.DevicePluginServicer):
         self._metrics = metrics
         self._extra = extra_edits
         self._version = 0
+        #: The list message of one spec version: every stream opened on that version (the
+        #: kubelet re-opens one after each restart) sends it without rebuilding it; 8,192
+        #: IDs take ~13 ms to build in Python and <1 ms to send.
+        self._list: tuple[int, pb.ListAndWatchResponse] | None = None
         self._changed = asyncio.Condition()
         self._closed = False
         #: Set once a ListAndWatch stream has sent a list (readiness).
@@ -145,7 +149,9 @@ class DevicePluginServicer(pb_grpc.DevicePluginServicer):
                 if self._closed:
                     return
                 seen, spec = self._version, self.spec
-            yield device_list(spec)
+            if self._list is None or self._list[0] != seen:
+                self._list = (seen, device_list(spec))
+            yield self._list[1]
             self.list_sent.set()
             if self._metrics is not None:
                 self._metrics.set_devices(spec.name, len(spec.devices), spec.healthy_count)
