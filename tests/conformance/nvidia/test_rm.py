@@ -117,6 +117,22 @@ def test_mig_single_advertises_slices_as_gpu() -> None:
     assert all(d.id.startswith("MIG-") for d in specs[0].devices)
 
 
+@pytest.mark.deliberate("mig-compute-instance-profiles-advertised")
+@pytest.mark.parametrize("origin", [NVIDIA_DP.cite("internal/rm/rm.go")])
+def test_mig_mixed_compute_instance_profiles_are_advertised(origin: str) -> None:
+    """AddDefaultResourcesToConfig adds mixed-strategy rules only for profiles whose compute
+    and GPU slice counts match, so a `1c.3g.20gb` slice matches no rule and NVIDIA's device
+    map fails ("does not match any resource patterns"). kubegpu advertises it under its own
+    name beside the full-size slices instead of refusing the node."""
+    inv = builders.inventory(builders.gpu(0, migs=["1c.3g.20gb", "3g.20gb", "1g.5gb"]))
+    specs = build_resources(inv, config_with({"flags": {"migStrategy": "mixed"}}))
+    assert sorted((s.name, len(s.devices)) for s in specs) == [
+        ("nvidia.com/mig-1c.3g.20gb", 1),
+        ("nvidia.com/mig-1g.5gb", 1),
+        ("nvidia.com/mig-3g.20gb", 1),
+    ]
+
+
 # -- internal/rm/allocate_test.go: distributed / packed replicas ------------------------------
 
 SHARED = load("shared_allocation.yaml")
