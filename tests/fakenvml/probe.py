@@ -90,6 +90,12 @@ def place(sizes: list[int]) -> dict[str, Any]:
         inventory = backend.discover()
     finally:
         backend.close()
+    return links_and_placement(inventory, sizes)
+
+
+def links_and_placement(inventory: Inventory, sizes: list[int]) -> dict[str, Any]:
+    """Links by GPU index and the preferred whole-GPU picks: what `place` prints, and what
+    the tests compute for a simulated-node preset to compare the two backends."""
     index = {g.uuid: g.index for g in inventory.gpus}
     (spec,) = build_resources(inventory, parse_config("version: v1"))
     ids = [d.id for d in spec.devices]

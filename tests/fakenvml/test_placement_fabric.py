@@ -12,11 +12,9 @@ from typing import Any
 
 import pytest
 
-from kubegpu.config import parse_config
 from kubegpu.devices.simulated import SimulatedBackend
-from kubegpu.resources import build_resources
-from kubegpu.topology import preferred_allocation
 from tests.fakenvml.conftest import FAKENVML, Probe
+from tests.fakenvml.probe import links_and_placement
 
 H100 = {"name": "NVIDIA H100 80GB HBM3", "memory_total": "80GiB", "compute_capability": "9.0"}
 
@@ -103,25 +101,7 @@ EXAMPLES = FAKENVML / "examples"
 
 def _simulated(preset: str, sizes: list[int]) -> dict[str, Any]:
     """What probe.py's `place` prints, for a simulated-node preset instead of NVML."""
-    inv = SimulatedBackend.load(preset).discover()
-    index = {g.uuid: g.index for g in inv.gpus}
-    (spec,) = build_resources(inv, parse_config("version: v1"))
-    ids = [d.id for d in spec.devices]
-    return {
-        "links": [
-            {
-                str(index[link.peer_uuid]): [str(link.kind), link.count, link.nvlink_version]
-                for link in g.links
-            }
-            for g in inv.gpus
-        ],
-        "place": {
-            str(size): sorted(
-                spec.by_id[i].unit.gpu.index for i in preferred_allocation(spec, ids, [], size)
-            )
-            for size in sizes
-        },
-    }
+    return links_and_placement(SimulatedBackend.load(preset).discover(), sizes)
 
 
 @pytest.mark.parametrize(
