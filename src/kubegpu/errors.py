@@ -11,7 +11,8 @@
     │                        (gRPC FAILED_PRECONDITION)
     ├── RegistrationError    the kubelet refused or did not answer a registration
     ├── PublishError         node labels could not be written (kubegpu.labeller)
-    ├── EventError           a Kubernetes Event could not be recorded (kubegpu.events)
+    ├── KubeError            a Kubernetes API call failed: refused, unreachable, timed out or
+    │                        no credentials (kubegpu.kube; `events.EventError` is its old name)
     ├── UsageError           a bad flag or env var value; exit 2 (kubegpu.cli)
     ├── StartupError         the node cannot host `serve` as asked: plugin directory taken,
     │                        port in use, address not this host's; exit 1 (kubegpu.daemon)

@@ -8,8 +8,9 @@ logged as a warning and the event is dropped. Identical events repeated within
 `dedupe_seconds` are sent once, so a flapping GPU cannot flood the API server.
 
 The Kubernetes API sits behind the small `EventSink` protocol: `KubernetesEventSink`
-talks to a real cluster (`CoreV1Api.create_namespaced_event`), `FakeEventSink` records
-in memory for tests and for anyone embedding kubegpu.
+writes through the one Kubernetes adapter (`kubegpu.kube`: `KubeClient` for a real
+cluster, `FakeKube` in memory), `FakeEventSink` records events themselves, for tests and
+for anyone embedding kubegpu.
 """
 
 from __future__ import annotations
@@ -26,7 +27,7 @@ from datetime import UTC, datetime
 from enum import StrEnum
 from typing import Any, Protocol
 
-from kubegpu.errors import KubegpuError
+from kubegpu.kube import Kube, KubeError, default_client
 from kubegpu.metrics import Metrics
 
 log = logging.getLogger(__name__)
@@ -53,8 +54,8 @@ class Reason(StrEnum):
     MPS_DAEMON_FAILED = "MPSDaemonFailed"
 
 
-class EventError(KubegpuError):
-    """The Kubernetes API refused or did not answer an event write."""
+#: The name events' failures had before `kubegpu.kube`; every API failure is a `KubeError` now.
+EventError = KubeError
 
 
 @dataclass(frozen=True)
@@ -70,67 +71,54 @@ class NodeEvent:
 
 
 class EventSink(Protocol):
-    """Writes one event; blocking (it runs in a worker thread). Raises `EventError`."""
+    """Writes one event; blocking (it runs in a worker thread). Raises `KubeError`."""
 
     def create(self, event: NodeEvent) -> None: ...
 
 
 class KubernetesEventSink:
-    """Writes core/v1 Events through the official client."""
+    """Writes core/v1 Events through the `kubegpu.kube` adapter."""
 
-    def __init__(self, api: Any, *, namespace: str = NAMESPACE, timeout: float = 5.0) -> None:
-        #: A `kubernetes.client.CoreV1Api`.
-        self.api = api
+    def __init__(self, kube: Kube, *, namespace: str = NAMESPACE, timeout: float = 5.0) -> None:
+        self.kube = kube
         self.namespace = namespace
+        #: Seconds one event write may take: events must never hold up their queue for long.
         self.timeout = timeout
 
     @classmethod
     def connect(cls) -> KubernetesEventSink:
-        """In-cluster credentials first (the DaemonSet case), else the local kubeconfig."""
-        from kubernetes import client, config
+        """On the process's one client, its credentials loaded now (raises `KubeError`)."""
+        return cls(default_client().connect())
 
-        try:
-            config.load_incluster_config()  # type: ignore[no-untyped-call]
-        except config.ConfigException:
-            try:
-                config.load_kube_config()  # type: ignore[no-untyped-call]
-            except Exception as e:  # missing file, bad context, bad YAML...
-                raise EventError(f"no in-cluster config and no usable kubeconfig: {e}") from e
-        return cls(client.CoreV1Api())
-
-    def body(self, event: NodeEvent) -> Any:
-        from kubernetes import client
-
+    def body(self, event: NodeEvent) -> dict[str, Any]:
+        """The Event object in API spelling, as the kubelet records its own node events."""
         # client-go names events `<object>.<hex nanoseconds>`; the kubelet uses the node
         # name as the UID of the node reference, which `kubectl describe node` matches.
         name = f"{event.node}.{time.time_ns():x}"
-        return client.CoreV1Event(
-            metadata=client.V1ObjectMeta(name=name, namespace=self.namespace),
-            involved_object=client.V1ObjectReference(
-                kind="Node", name=event.node, uid=event.node, api_version="v1"
-            ),
-            reason=event.reason,
-            message=event.message,
-            type=str(event.type),
-            source=client.V1EventSource(component=COMPONENT, host=event.node),
-            first_timestamp=event.time,
-            last_timestamp=event.time,
-            count=1,
-            reporting_component=COMPONENT,
-            reporting_instance=event.node,
-        )
+        stamp = event.time.isoformat()
+        return {
+            "apiVersion": "v1",
+            "kind": "Event",
+            "metadata": {"name": name, "namespace": self.namespace},
+            "involvedObject": {
+                "kind": "Node",
+                "name": event.node,
+                "uid": event.node,
+                "apiVersion": "v1",
+            },
+            "reason": event.reason,
+            "message": event.message,
+            "type": str(event.type),
+            "source": {"component": COMPONENT, "host": event.node},
+            "firstTimestamp": stamp,
+            "lastTimestamp": stamp,
+            "count": 1,
+            "reportingComponent": COMPONENT,
+            "reportingInstance": event.node,
+        }
 
     def create(self, event: NodeEvent) -> None:
-        from kubernetes.client.exceptions import ApiException
-
-        try:
-            self.api.create_namespaced_event(
-                self.namespace, self.body(event), _request_timeout=self.timeout
-            )
-        except ApiException as e:
-            raise EventError(f"API server answered {e.status} {e.reason}") from e
-        except Exception as e:  # urllib3 connection and timeout errors
-            raise EventError(f"cannot reach the API server: {e}") from e
+        self.kube.create_event(self.namespace, self.body(event), timeout=self.timeout)
 
 
 class LazySink:
@@ -148,7 +136,7 @@ class LazySink:
     def create(self, event: NodeEvent) -> None:
         with self._lock:
             if self._sink is None:
-                self._sink = self._connect()  # EventError: logged once, event dropped
+                self._sink = self._connect()  # KubeError: logged once, event dropped
         self._sink.create(event)
 
 
@@ -229,7 +217,7 @@ class NodeEvents:
             return cls(node, LazySink(connect), metrics=metrics)
         try:
             sink = connect()
-        except EventError as e:
+        except KubeError as e:
             log.warning("not recording Kubernetes events: %s", e)
             return cls.disabled()
         return cls(node, sink, metrics=metrics)

@@ -4,9 +4,8 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
-import logging
 import threading
-from collections.abc import AsyncIterator, Iterator
+from collections.abc import AsyncIterator
 from pathlib import Path
 from typing import Any
 
@@ -21,6 +20,7 @@ from kubegpu.config.source import (
     NamedConfigs,
 )
 from kubegpu.errors import ConfigError
+from kubegpu.kube import FakeKube
 
 FAST = 0.05
 WAIT = 5.0
@@ -289,72 +289,35 @@ def test_unknown_fallback_strategy(tmp_path: Path) -> None:
         NamedConfigs(directory=tmp_path, fallback_strategies=("x",))
 
 
-# -- the Kubernetes watcher, against a fake API ----------------------------------------------
+# -- the Kubernetes watcher (kubegpu.kube; its retries are tested in test_kube.py) ----------
 
 
-class _Meta:
-    def __init__(self, labels: dict[str, str] | None, version: str = "1") -> None:
-        self.labels = labels
-        self.resource_version = version
-
-
-class _Node:
-    def __init__(self, labels: dict[str, str] | None) -> None:
-        self.metadata = _Meta(labels)
-
-
-class _Api:
-    def __init__(self, failures: list[Exception], node: _Node) -> None:
-        self.failures = failures
-        self.node = node
-
-    def read_node(self, name: str) -> _Node:
-        if self.failures:
-            raise self.failures.pop(0)
-        return self.node
-
-    def list_node(self, **kwargs: Any) -> None:
-        raise AssertionError("the fake watch does not call the API")
-
-
-class _Watch:
-    """Yields scripted events, then blocks like a quiet watch until stopped."""
-
-    def __init__(self, events: list[dict[str, Any]]) -> None:
-        self.events = events
-        self.stopped = threading.Event()
-        self.kwargs: dict[str, Any] = {}
-
-    def stream(self, func: Any, **kwargs: Any) -> Iterator[dict[str, Any]]:
-        self.kwargs = kwargs
-        yield from self.events
-        self.events = []
-        self.stopped.wait(WAIT)
-
-    def stop(self) -> None:
-        self.stopped.set()
-
-
-async def test_kubernetes_labels_retry_and_follow(caplog: pytest.LogCaptureFixture) -> None:
-    from kubernetes.client.exceptions import ApiException
-
+async def test_kubernetes_labels_follow_the_node_through_the_kube_adapter() -> None:
     label = "nvidia.com/device-plugin.config"
-    api = _Api([ApiException(status=403, reason="Forbidden")], _Node({label: "a100"}))
-    fake_watch = _Watch([{"type": "MODIFIED", "object": _Node({label: "t4"})}])
-    labels = KubernetesNodeLabels(api=api, watch_factory=lambda: fake_watch, backoff=(0.01, 0.02))
-    caplog.set_level(logging.WARNING, logger="kubegpu.config.source")
-    stream = labels.watch("node-1", label)
+    kube = FakeKube()
+    kube.add_node("node-1", {label: "a100"})
+    stream = KubernetesNodeLabels(kube).watch("node-1", label)
     try:
         assert await asyncio.wait_for(anext(stream), WAIT) == "a100"
+        kube.set_node_label("node-1", label, "t4")
         assert await asyncio.wait_for(anext(stream), WAIT) == "t4"
+        kube.set_node_label("node-1", label, None)
+        assert await asyncio.wait_for(anext(stream), WAIT) is None
     finally:
         await stream.aclose()  # type: ignore[attr-defined]
-    assert fake_watch.stopped.is_set()
-    assert fake_watch.kwargs["field_selector"] == "metadata.name=node-1"
-    warnings = [r.getMessage() for r in caplog.records]
-    assert warnings == [
-        f"node node-1: Kubernetes API error 403 Forbidden reading label {label}; retrying in 0.0s"
-    ]
+    assert kube.watched == [("node-1", label)]
+
+
+async def test_named_configs_switch_when_the_kube_adapter_sees_the_label_change(
+    configs: Path,
+) -> None:
+    kube = FakeKube()
+    kube.add_node("node-1", {"nvidia.com/device-plugin.config": "a100"})
+    async with running(named_source(configs, labels=KubernetesNodeLabels(kube))) as s:
+        assert strategy(await next_update(s)) is MigStrategy.MIXED
+        kube.set_node_label("node-1", "nvidia.com/device-plugin.config", "t4")
+        assert strategy(await next_update(s)) is MigStrategy.SINGLE
+    assert kube.calls == ["watch node/node-1"]
 
 
 def test_symlinked_config_file_fingerprint_follows_target(tmp_path: Path) -> None:

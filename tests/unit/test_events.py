@@ -5,14 +5,12 @@ from __future__ import annotations
 import asyncio
 import logging
 from collections.abc import AsyncIterator
-from typing import Any
+from datetime import datetime
 
 import pytest
-from kubernetes.client.exceptions import ApiException
 
 from kubegpu.events import (
     COMPONENT,
-    EventError,
     EventSink,
     EventType,
     FakeEventSink,
@@ -21,6 +19,7 @@ from kubegpu.events import (
     NodeEvents,
     Reason,
 )
+from kubegpu.kube import FakeKube, KubeError
 from kubegpu.metrics import Metrics
 
 
@@ -67,7 +66,7 @@ async def test_api_failures_dropped_and_logged_once_per_kind(
     recorder: tuple[NodeEvents, FakeEventSink], caplog: pytest.LogCaptureFixture
 ) -> None:
     events, sink = recorder
-    sink.fail = EventError("API server answered 403 Forbidden")
+    sink.fail = KubeError("create Event default/n: HTTP 403 Forbidden", status=403)
     with caplog.at_level(logging.DEBUG, logger="kubegpu.events"):
         for i in range(3):
             events.warning(Reason.GPU_UNHEALTHY, f"GPU-{i}")
@@ -133,7 +132,7 @@ def test_from_environment() -> None:
         return sink
 
     def unreachable() -> EventSink:
-        raise EventError("no in-cluster config and no usable kubeconfig")
+        raise KubeError("no Kubernetes credentials: no in-cluster config and no usable kubeconfig")
 
     assert not NodeEvents.from_environment({}, connect=connect).enabled
     assert not NodeEvents.from_environment({"NODE_NAME": " "}, connect=connect).enabled
@@ -144,55 +143,66 @@ def test_from_environment() -> None:
     assert events.sink is sink
 
 
-class RecordingCoreV1:
-    def __init__(self, error: Exception | None = None) -> None:
-        self.calls: list[tuple[str, Any, Any]] = []
-        self.error = error
-
-    def create_namespaced_event(self, namespace: str, body: Any, **kwargs: Any) -> None:
-        self.calls.append((namespace, body, kwargs.get("_request_timeout")))
-        if self.error:
-            raise self.error
-
-
 def test_kubernetes_sink_builds_a_node_event() -> None:
-    api = RecordingCoreV1()
-    KubernetesEventSink(api, timeout=3).create(
+    kube = FakeKube()
+    KubernetesEventSink(kube, timeout=3).create(
         NodeEvent("node-a", "GPUUnhealthy", "GPU-1 Xid 79", EventType.WARNING)
     )
-    ((namespace, body, timeout),) = api.calls
+    ((namespace, body, timeout),) = kube.events
     assert (namespace, timeout) == ("default", 3)
-    assert body.metadata.namespace == "default"
-    assert body.metadata.name.startswith("node-a.")
-    ref = body.involved_object
-    assert (ref.kind, ref.name, ref.uid, ref.api_version) == ("Node", "node-a", "node-a", "v1")
-    assert (body.reason, body.message, body.type) == ("GPUUnhealthy", "GPU-1 Xid 79", "Warning")
-    assert (body.source.component, body.source.host) == (COMPONENT, "node-a")
-    assert body.first_timestamp == body.last_timestamp
-    assert body.first_timestamp.tzinfo is not None
-    assert body.count == 1
+    assert (body["apiVersion"], body["kind"]) == ("v1", "Event")
+    assert body["metadata"]["namespace"] == "default"
+    assert body["metadata"]["name"].startswith("node-a.")
+    ref = body["involvedObject"]
+    assert (ref["kind"], ref["name"], ref["uid"], ref["apiVersion"]) == (
+        "Node",
+        "node-a",
+        "node-a",
+        "v1",
+    )
+    assert (body["reason"], body["message"], body["type"]) == (
+        "GPUUnhealthy",
+        "GPU-1 Xid 79",
+        "Warning",
+    )
+    assert (body["source"]["component"], body["source"]["host"]) == (COMPONENT, "node-a")
+    assert (body["reportingComponent"], body["reportingInstance"]) == (COMPONENT, "node-a")
+    assert body["firstTimestamp"] == body["lastTimestamp"]
+    assert datetime.fromisoformat(body["firstTimestamp"]).tzinfo is not None
+    assert body["count"] == 1
 
 
 def test_kubernetes_sink_names_are_unique() -> None:
-    api = RecordingCoreV1()
-    sink = KubernetesEventSink(api)
+    kube = FakeKube()
+    sink = KubernetesEventSink(kube)
     for _ in range(3):
         sink.create(NodeEvent("n", "R", "m"))
-    assert len({body.metadata.name for _, body, _ in api.calls}) == 3
+    assert len({body["metadata"]["name"] for _, body, _ in kube.events}) == 3
 
 
-@pytest.mark.parametrize(
-    ("error", "text"),
-    [
-        (ApiException(status=403, reason="Forbidden"), "403 Forbidden"),
-        (ConnectionRefusedError("refused"), "cannot reach the API server"),
-    ],
-)
-def test_kubernetes_sink_translates_errors(error: Exception, text: str) -> None:
-    sink = KubernetesEventSink(RecordingCoreV1(error))
-    with pytest.raises(EventError, match=text) as info:
+def test_kubernetes_sink_passes_the_adapters_error_on() -> None:
+    kube = FakeKube()
+    refused = KubeError("create Event default/n.1: HTTP 403 Forbidden", status=403)
+    kube.fail_next("create event/default/", refused)
+    sink = KubernetesEventSink(kube)
+    with pytest.raises(KubeError) as info:
         sink.create(NodeEvent("n", "R", "m"))
-    assert info.value.__cause__ is error
+    assert info.value is refused
+    sink.create(NodeEvent("n", "R", "again"))  # only the next write was refused
+    assert [body["message"] for _, body, _ in kube.events] == ["again"]
+
+
+async def test_events_reach_the_kube_adapter_and_its_failures_are_dropped() -> None:
+    kube = FakeKube()
+    kube.fail_next("create event/", KubeError("create Event: cannot reach the API server"))
+    events = NodeEvents("node-a", KubernetesEventSink(kube))
+    events.start()
+    assert events.warning(Reason.GPU_UNHEALTHY, "GPU-1 Xid 79")
+    assert events.emit(Reason.GPU_HEALTHY, "GPU-1 answers again")
+    await asyncio.wait_for(events.drain(), 5)
+    await events.stop()
+    assert events.dropped == {"api-error": 1}
+    assert [body["reason"] for _, body, _ in kube.events] == ["GPUHealthy"]
 
 
 async def test_lazy_sink_connects_on_first_event_only() -> None:

@@ -21,18 +21,17 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
-import importlib
 import logging
 import os
-import threading
 from collections.abc import AsyncIterator, Callable, Mapping
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, Final, Protocol
 
 from kubegpu.config.loader import load_config_bytes, read_bytes
 from kubegpu.config.v1 import Config
 from kubegpu.errors import ConfigError
+from kubegpu.kube import Kube, default_client
 
 log = logging.getLogger(__name__)
 
@@ -395,137 +394,17 @@ class FakeNodeLabels:
             self._queues.remove(queue)
 
 
-@dataclass
-class _WatchState:
-    stop: threading.Event = field(default_factory=threading.Event)
-    current: Any = None
-
-
 class KubernetesNodeLabels:
-    """Node labels from the Kubernetes API: read the Node, then watch it by name.
+    """Node labels from the Kubernetes API, through the `kubegpu.kube` adapter.
 
-    The official client blocks, so it runs in a daemon thread that hands values to the
-    loop. Failures (API errors, dropped connections, no credentials yet) are logged on one
-    line and retried with exponential backoff; they never end the watch.
+    The adapter reads the Node, then watches it by name off the event loop; failures (API
+    errors, dropped connections, no credentials yet) are logged on one line and retried
+    with backoff, they never end the watch. Default: the process's one client.
     """
 
-    def __init__(
-        self,
-        *,
-        api: Any = None,
-        watch_factory: Callable[[], Any] | None = None,
-        backoff: tuple[float, float] = (1.0, 30.0),
-        watch_timeout_s: int = 300,
-    ) -> None:
-        #: A `CoreV1Api`; default: in-cluster config, else the kubeconfig.
-        self._api = api
-        self._watch_factory = watch_factory
-        self._backoff = backoff
-        self._watch_timeout_s = watch_timeout_s
+    def __init__(self, kube: Kube | None = None) -> None:
+        self._kube = kube
 
-    async def watch(self, node: str, label: str) -> AsyncIterator[str | None]:
-        loop = asyncio.get_running_loop()
-        queue: asyncio.Queue[str | None] = asyncio.Queue()
-        state = _WatchState()
-
-        def emit(value: str | None) -> None:
-            try:
-                loop.call_soon_threadsafe(queue.put_nowait, value)
-            except RuntimeError:  # the loop is gone: nobody is listening
-                state.stop.set()
-
-        thread = threading.Thread(
-            target=self._run, args=(node, label, emit, state), daemon=True, name=f"labels-{node}"
-        )
-        thread.start()
-        try:
-            while True:
-                yield await queue.get()
-        finally:
-            state.stop.set()
-            if state.current is not None:
-                state.current.stop()
-
-    def _run(
-        self, node: str, label: str, emit: Callable[[str | None], None], state: _WatchState
-    ) -> None:
-        from kubernetes.client.exceptions import ApiException
-
-        unset = object()
-        last: object = unset
-        delay = self._backoff[0]
-
-        def offer(value: str | None) -> None:
-            nonlocal last
-            if value != last:
-                last = value
-                emit(value)
-
-        api = self._api
-        while not state.stop.is_set():
-            try:
-                if api is None:
-                    api = _default_api()
-                obj = api.read_node(node)
-                offer(_label_of(obj, label))
-                watcher = self._watch_factory() if self._watch_factory else _default_watch()
-                state.current = watcher
-                for event in watcher.stream(
-                    api.list_node,
-                    field_selector=f"metadata.name={node}",
-                    resource_version=obj.metadata.resource_version,
-                    timeout_seconds=self._watch_timeout_s,
-                ):
-                    if state.stop.is_set() or event.get("type") == "ERROR":
-                        break  # ERROR is usually 410 Gone: re-read and watch again
-                    gone = event.get("type") == "DELETED"
-                    offer(None if gone else _label_of(event["object"], label))
-                delay = self._backoff[0]
-            except ApiException as exc:
-                if exc.status == 404:
-                    offer(None)
-                log.warning(
-                    "node %s: Kubernetes API error %s %s reading label %s; retrying in %.1fs",
-                    node,
-                    exc.status,
-                    str(exc.reason).strip(),
-                    label,
-                    delay,
-                )
-                state.stop.wait(delay)
-                delay = min(delay * 2, self._backoff[1])
-            except Exception as exc:  # connection drops, missing credentials
-                log.warning(
-                    "node %s: cannot watch label %s (%s: %s); retrying in %.1fs",
-                    node,
-                    label,
-                    type(exc).__name__,
-                    str(exc).splitlines()[0] if str(exc) else "",
-                    delay,
-                )
-                state.stop.wait(delay)
-                delay = min(delay * 2, self._backoff[1])
-
-
-def _label_of(node: Any, label: str) -> str | None:
-    labels = node.metadata.labels or {}
-    value = labels.get(label)
-    return str(value) if value else None
-
-
-def _default_api() -> Any:
-    """A CoreV1Api on its own client configuration (in-cluster, else kubeconfig)."""
-    # Through importlib: the client is untyped, and Any keeps that at this one boundary.
-    client: Any = importlib.import_module("kubernetes.client")
-    config: Any = importlib.import_module("kubernetes.config")
-    configuration = client.Configuration()
-    try:
-        config.load_incluster_config(client_configuration=configuration)
-    except config.ConfigException:
-        config.load_kube_config(client_configuration=configuration)
-    return client.CoreV1Api(client.ApiClient(configuration))
-
-
-def _default_watch() -> Any:
-    watch: Any = importlib.import_module("kubernetes.watch")
-    return watch.Watch()
+    def watch(self, node: str, label: str) -> AsyncIterator[str | None]:
+        kube = self._kube if self._kube is not None else default_client()
+        return kube.watch_node_label(node, label)

@@ -1,0 +1,38 @@
+"""The one adapter to the Kubernetes API.
+
+Only this package imports the official client (an import-linter contract says so).
+Everything else talks to the small `Kube` protocol:
+
+- `KubeClient` (`client.py`): over the official client, one configuration per process
+  (`default_client()`: in-cluster service account, else KUBECONFIG / ~/.kube/config),
+  loaded on the first call so start-up and RSS do not pay for the client when no API is
+  used. Blocking calls, run from worker threads; the node label watch runs in a thread.
+- `KubeError` (`errors.py`): every failure, translated once: the API server's answer
+  (403 -> RBAC hint, 404, 409, ...), transport trouble (unreachable, timed out) and
+  missing credentials, each as one line naming the call, the object and what to do.
+- `FakeKube` (`fake.py`): in memory, records calls, fails on demand; for tests and
+  embedders, instead of patching the client.
+
+Users: `kubegpu.events` (Node events), `kubegpu.config.source` (the node label that picks
+a named config) and the labeller's NodeFeature / Node patch sinks.
+"""
+
+from __future__ import annotations
+
+from kubegpu.kube.client import KubeClient, default_client
+from kubegpu.kube.errors import KubeError
+from kubegpu.kube.fake import FakeKube
+from kubegpu.kube.objects import NFD_GROUP, NFD_PLURAL, NFD_VERSION, owner_references
+from kubegpu.kube.protocol import Kube
+
+__all__ = [
+    "NFD_GROUP",
+    "NFD_PLURAL",
+    "NFD_VERSION",
+    "FakeKube",
+    "Kube",
+    "KubeClient",
+    "KubeError",
+    "default_client",
+    "owner_references",
+]

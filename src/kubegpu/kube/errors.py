@@ -1,0 +1,127 @@
+"""The one translation of the Kubernetes client's failures into `KubeError`.
+
+Every call through `kubegpu.kube` that fails raises `KubeError`, whatever broke: the API
+server's answer (`ApiException`), the transport (urllib3: refused, reset, timed out) or
+the credentials (`ConfigException`, an unreadable kubeconfig). The message is one line:
+the call and object ("patch Node gpu-1"), what went wrong, and what to do about it.
+"""
+
+from __future__ import annotations
+
+import json
+from typing import Final
+
+from kubegpu.errors import KubegpuError
+
+#: What to do, by HTTP status; 404 gets the caller's own hint (what is missing differs).
+_HINTS: Final[dict[int, str]] = {
+    400: "; the API server refused the request as malformed",
+    401: "; the credentials were refused (expired token or wrong kubeconfig user)",
+    403: "; check the ServiceAccount's RBAC",
+    404: "; does it exist?",
+    409: "; it was changed or created concurrently: read it again and retry",
+    410: "; the watch is too old: list again",
+    422: "; the API server refused the object as invalid",
+    429: "; the API server is throttling requests: retry later",
+}
+
+
+class KubeError(KubegpuError):
+    """A Kubernetes API call failed; the message names the call, the object and a fix."""
+
+    def __init__(self, message: str, *, status: int | None = None) -> None:
+        super().__init__(message)
+        #: The HTTP status the API server answered; None when it did not answer at all.
+        self.status = status
+
+
+def status_error(
+    what: str, status: int, reason: str, *, missing: str | None = None, detail: str = ""
+) -> KubeError:
+    """The `KubeError` for an HTTP answer: "get Node n1: HTTP 403 Forbidden; check ...".
+
+    `missing` replaces the generic 404 hint ("; does it exist (is NFD installed)?").
+    `detail` is the server's own message, kept when it says more than the status.
+    """
+    if status == 404 and missing is not None:
+        hint = missing
+    elif status >= 500:
+        hint = "; the API server failed: check its health and logs"
+    else:
+        hint = _HINTS.get(status, "")
+    said = f" ({detail})" if detail else ""
+    return KubeError(f"{what}: HTTP {status} {reason.strip()}{said}{hint}", status=status)
+
+
+def translate(
+    what: str, exc: BaseException, *, timeout: float | None = None, missing: str | None = None
+) -> KubeError | None:
+    """The `KubeError` for a failure of the call `what`, or None for a failure we do not know.
+
+    Unknown failures (a bug, a deserialisation error) are left to propagate unchanged, so
+    they are not disguised as an outage.
+    """
+    # The client is imported already: it raised `exc`. Importing here keeps this module
+    # (and `kubegpu.kube`) free of the client until a call is actually made.
+    from kubernetes.client.exceptions import ApiException
+    from kubernetes.config import ConfigException
+    from urllib3 import exceptions as http
+
+    if isinstance(exc, ApiException):
+        return status_error(
+            what,
+            int(exc.status or 0),
+            str(exc.reason or ""),
+            missing=missing,
+            detail=_server_message(exc.body),
+        )
+    if isinstance(exc, ConfigException):
+        return no_credentials(exc)
+    if isinstance(exc, http.MaxRetryError) and exc.reason is not None:
+        exc = exc.reason  # the last attempt's own failure says what happened
+    if isinstance(exc, http.NewConnectionError | ConnectionError):
+        # NewConnectionError subclasses ConnectTimeoutError: a refused connection is not a timeout.
+        return unreachable(what, exc)
+    if isinstance(exc, http.TimeoutError | TimeoutError):
+        after = f" within {timeout:g}s" if timeout is not None else ""
+        return KubeError(
+            f"{what}: the API server did not answer{after}; check that it is up and reachable"
+        )
+    if isinstance(exc, http.HTTPError | OSError):
+        return unreachable(what, exc)
+    return None
+
+
+def unreachable(what: str, exc: BaseException) -> KubeError:
+    detail = first_line(exc)
+    conn = getattr(exc, "conn", None)  # urllib3 prefixes the connection object's repr
+    if conn is not None:
+        detail = detail.removeprefix(f"{conn}: ")
+    return KubeError(
+        f"{what}: cannot reach the API server ({detail}); check the network and the "
+        "server address (KUBERNETES_SERVICE_HOST in a pod, `server:` in the kubeconfig)"
+    )
+
+
+def no_credentials(exc: BaseException) -> KubeError:
+    return KubeError(
+        "no Kubernetes credentials: no in-cluster config and no usable kubeconfig "
+        f"({first_line(exc)}); run in a pod with a ServiceAccount or set KUBECONFIG"
+    )
+
+
+def first_line(exc: BaseException) -> str:
+    text = str(exc).strip()
+    return text.splitlines()[0] if text else type(exc).__name__
+
+
+def _server_message(body: object) -> str:
+    """The `message` of the API server's Status object, first line only; "" if none."""
+    if not isinstance(body, str | bytes) or not body:
+        return ""
+    try:
+        status = json.loads(body)
+    except ValueError:
+        return ""
+    message = status.get("message") if isinstance(status, dict) else None
+    return message.strip().splitlines()[0] if isinstance(message, str) and message.strip() else ""

@@ -1,0 +1,52 @@
+"""What kubegpu reads and writes in the API, independent of the client: names and shapes."""
+
+from __future__ import annotations
+
+from typing import TYPE_CHECKING, Any, Final
+
+if TYPE_CHECKING:
+    from kubegpu.kube.protocol import Kube
+
+#: NFD's NodeFeature custom resource (nfd.k8s-sigs.io/v1alpha1, namespaced).
+NFD_GROUP: Final = "nfd.k8s-sigs.io"
+NFD_VERSION: Final = "v1alpha1"
+NFD_PLURAL: Final = "nodefeatures"
+
+#: The 404 hints that say what is missing and what to set, by kind.
+MISSING_NODE: Final = "; does it exist? check NODE_NAME"
+MISSING_POD: Final = "; does it exist? check POD_NAME"
+MISSING_NODE_FEATURE: Final = "; does it exist (is NFD installed)?"
+
+
+def label_of(metadata: Any, label: str) -> str | None:
+    """One label of a client object's `metadata`, None when unset or empty."""
+    labels = metadata.labels or {}
+    value = labels.get(label)
+    return str(value) if value else None
+
+
+def owner_references(api: Kube, namespace: str, pod_name: str | None) -> list[dict[str, Any]]:
+    """The labeller's DaemonSet (as controller) and Pod, to own the NodeFeature object.
+
+    As GFD: Kubernetes then deletes the object with the DaemonSet, so an uninstall leaves
+    no stale GPU labels behind. No pod name, or a pod no DaemonSet owns: no owners.
+    Raises `KubeError` when the pod cannot be read.
+    """
+    if not pod_name:
+        return []
+    pod = api.get_pod_metadata(namespace, pod_name)
+    daemonset = next(
+        (o for o in pod.get("ownerReferences") or [] if o.get("kind") == "DaemonSet"), None
+    )
+    if daemonset is None:
+        return []
+    return [
+        {
+            "apiVersion": daemonset.get("apiVersion"),
+            "kind": "DaemonSet",
+            "name": daemonset.get("name"),
+            "uid": daemonset.get("uid"),
+            "controller": True,
+        },
+        {"apiVersion": "v1", "kind": "Pod", "name": pod.get("name"), "uid": pod.get("uid")},
+    ]

@@ -1,0 +1,60 @@
+"""`Kube`: every Kubernetes call kubegpu makes, as one small interface.
+
+`KubeClient` implements it over the official client, `FakeKube` in memory. Dictionaries
+are in the API's own spelling (`ownerReferences`, `resourceVersion`), as `kubectl get -o
+json` shows them, so callers never see the client's model classes.
+"""
+
+from __future__ import annotations
+
+from collections.abc import AsyncIterator
+from typing import Any, Protocol
+
+
+class Kube(Protocol):
+    """Blocking calls (run them in a worker thread), except `watch_node_label`.
+
+    Every failure is a `KubeError` whose one-line message names the call and the object.
+    """
+
+    def get_node_metadata(self, name: str) -> dict[str, Any]:
+        """`metadata` of the Node: `labels` and `annotations` (both always present)."""
+        ...
+
+    def merge_patch_node(self, name: str, patch: dict[str, Any]) -> None:
+        """Apply a JSON merge patch (RFC 7386: `null` deletes a key) to the Node."""
+        ...
+
+    def get_node_feature(self, namespace: str, name: str) -> dict[str, Any] | None:
+        """The NodeFeature object, or None when there is none."""
+        ...
+
+    def create_node_feature(self, namespace: str, body: dict[str, Any]) -> None:
+        """Create the NodeFeature named in `body`; an existing one is a 409 `KubeError`."""
+        ...
+
+    def replace_node_feature(self, namespace: str, body: dict[str, Any]) -> None:
+        """Replace the object named in `body` (carries `metadata.resourceVersion`)."""
+        ...
+
+    def delete_node_feature(self, namespace: str, name: str) -> bool:
+        """Delete the NodeFeature; False when there was none."""
+        ...
+
+    def get_pod_metadata(self, namespace: str, name: str) -> dict[str, Any]:
+        """`metadata` of a Pod (`name`, `uid`, `ownerReferences` in API spelling)."""
+        ...
+
+    def create_event(
+        self, namespace: str, body: dict[str, Any], *, timeout: float | None = None
+    ) -> None:
+        """Create a core/v1 Event; `timeout` (seconds) bounds this one request."""
+        ...
+
+    def watch_node_label(self, node: str, label: str) -> AsyncIterator[str | None]:
+        """The label's value now, then each change; None when unset or the Node is gone.
+
+        Never raises for API trouble: failures are logged and retried with backoff, as a
+        label watch must outlive an API server restart.
+        """
+        ...
