@@ -54,6 +54,7 @@ from kubegpu.devices.model import (
     StopFlag,
 )
 from kubegpu.errors import DeviceError
+from kubegpu.nvidia_paths import REQUIRED_CONTROL_DEVICES
 
 log = logging.getLogger("kubegpu.devices.simulated")
 
@@ -67,7 +68,8 @@ PRESETS = (
     "hgx-h100",
     "hgx-h100-2x8",
 )
-CONTROL_DEVICES = ("/dev/nvidiactl", "/dev/nvidia-uvm", "/dev/nvidia-uvm-tools")
+#: What a simulated node reports: the control nodes every CUDA container needs.
+CONTROL_DEVICES = REQUIRED_CONTROL_DEVICES
 #: How often a file-backed node checks its file for edits.
 POLL_SECONDS = 0.2
 _UUID_NS = uuidlib.UUID("0b6f3f0e-8f5e-4c1a-9a57-6b5d2f4c9e21")
