@@ -8,7 +8,8 @@ async with KubeletEmulator(tmp_dir, grace_period=0.2) as kubelet:
     allocation = await kubelet.allocate("nvidia.com/gpu", 2, pod="p1")
 
 The modules follow the kubelet's devicemanager: `emulator` (the manager, `KubeletEmulator`),
-`registration`, `endpoint`, `admission`, `pod_devices`, `checkpoint`.
+`registration`, `endpoint`, `admission`, `pod_devices`, `checkpoint`; `changes` is how
+callers wait on it.
 """
 
 from kubegpu.kubelet.checkpoint import CHECKPOINT_FILE

@@ -37,6 +37,7 @@ from kubegpu.kubelet import admission, registration
 from kubegpu.kubelet import checkpoint as ckpt
 from kubegpu.kubelet import endpoint as endpoints_
 from kubegpu.kubelet.admission import UNEXPECTED
+from kubegpu.kubelet.changes import Changes
 from kubegpu.kubelet.endpoint import Endpoint, go_error
 from kubegpu.kubelet.model import (
     Allocation,
@@ -93,9 +94,7 @@ class KubeletEmulator:
         # plugin registers again, gone after the grace period if it never does.
         self._restored: dict[str, asyncio.Task[None]] = {}
         self._pods = PodDevices()
-        self._history: dict[str, list[tuple[int, int]]] = {}
-        self._subscribers: list[Callable[[str], None]] = []
-        self._cond = asyncio.Condition()
+        self._changes = Changes()
         # Admission is serial in the kubelet: a hung Allocate blocks the next pod.
         self._admission = asyncio.Lock()
         self._tasks: set[asyncio.Task[None]] = set()
@@ -194,7 +193,7 @@ class KubeletEmulator:
                 arrived, request.resource_name, request.endpoint, request.version, error
             )
         )
-        await self._notify()
+        await self._changes.notify()
 
     async def _connect(self, resource: str, endpoint: str) -> str | None:
         """Dial a validated registration's plugin and make it the resource's newest endpoint."""
@@ -242,7 +241,7 @@ class KubeletEmulator:
             )
             log.error("%s", message)
             self.rejected_updates.append(message)
-            await self._notify()
+            await self._changes.notify()
             return
         log.debug(
             "%s from %s: %d devices, %d healthy",
@@ -328,7 +327,7 @@ class KubeletEmulator:
 
     def history(self, resource: str) -> list[tuple[int, int]]:
         """(capacity, allocatable) after each change, starting from an implicit (0, 0)."""
-        return list(self._history.get(resource, []))
+        return self._changes.history(resource)
 
     def calls(self, method: str, resource: str | None = None) -> list[RpcRecord]:
         """The kubelet's calls of `method` (e.g. "Allocate"), optionally for one resource."""
@@ -340,8 +339,7 @@ class KubeletEmulator:
 
     def on_change(self, callback: Callable[[str], None]) -> Callable[[], None]:
         """Call `callback(resource)` after every state change; returns an unsubscribe."""
-        self._subscribers.append(callback)
-        return lambda: self._subscribers.remove(callback)
+        return self._changes.subscribe(callback)
 
     async def wait_for(
         self,
@@ -354,17 +352,7 @@ class KubeletEmulator:
 
         On timeout raise `TimeoutError` with `describe()` (the expected vs actual state).
         """
-        try:
-            async with asyncio.timeout(timeout):
-                async with self._cond:
-                    await self._cond.wait_for(predicate)
-        except TimeoutError:
-            what = (
-                describe()
-                if describe is not None
-                else (f"{getattr(predicate, '__qualname__', predicate)!s} still false")
-            )
-            raise TimeoutError(f"timed out after {timeout}s: {what}") from None
+        await self._changes.wait_for(predicate, timeout, describe)
 
     async def wait_for_resource(
         self,
@@ -399,20 +387,7 @@ class KubeletEmulator:
         await self.wait_for(ok, timeout, describe=describe)
 
     async def _changed(self, resource: str) -> None:
-        point = (self.capacity(resource), self.allocatable(resource))
-        history = self._history.setdefault(resource, [])
-        if (history[-1] if history else (0, 0)) != point:
-            history.append(point)
-        for callback in list(self._subscribers):
-            try:
-                callback(resource)
-            except Exception:
-                log.exception("on_change subscriber failed")
-        await self._notify()
-
-    async def _notify(self) -> None:
-        async with self._cond:
-            self._cond.notify_all()
+        await self._changes.changed(resource, (self.capacity(resource), self.allocatable(resource)))
 
     def _record(self, resource: str, endpoint: str, method: str, error: str | None) -> None:
         self.rpcs.append(RpcRecord(time.monotonic(), resource, endpoint, method, error))
