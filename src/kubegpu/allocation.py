@@ -16,17 +16,16 @@ from dataclasses import dataclass, field
 from kubegpu.config import Config, DeviceIDStrategy, DeviceListStrategy
 from kubegpu.devices import Vendor
 from kubegpu.errors import AllocationError, PreconditionError
+from kubegpu.nvidia_paths import CDI_KIND as CDI_KIND
+from kubegpu.nvidia_paths import CDI_VENDOR as CDI_VENDOR
+from kubegpu.nvidia_paths import IMEX_CHANNEL_DIR as IMEX_CHANNEL_DIR
+from kubegpu.nvidia_paths import VOLUME_MOUNT_ROOT as VOLUME_MOUNT_ROOT
 from kubegpu.resources import AdvertisedDevice, ResourceSpec, Unit
 
 VISIBLE_DEVICES = "NVIDIA_VISIBLE_DEVICES"
-#: Where the NVIDIA container runtime looks for volume-mount device lists.
-VOLUME_MOUNT_ROOT = "/var/run/nvidia-container-devices"
-CDI_VENDOR = "k8s.device-plugin.nvidia.com"
-CDI_KIND = f"{CDI_VENDOR}/gpu"
 #: The plugin name in CDI annotation keys (`cdi.k8s.io/<name>_<response id>`), as NVIDIA's.
 CDI_ANNOTATION_PLUGIN = "nvidia-device-plugin"
 IMEX_CHANNELS = "NVIDIA_IMEX_CHANNELS"
-IMEX_CHANNEL_DIR = "/dev/nvidia-caps-imex-channels"
 AMD_VISIBLE_DEVICES = "AMD_VISIBLE_DEVICES"
 
 

@@ -35,54 +35,24 @@ from kubegpu.config import Config
 from kubegpu.devices.model import Gpu, Inventory, MigDevice
 from kubegpu.errors import ConfigError, KubegpuError
 
+# NVIDIA's names and driver paths live in kubegpu.nvidia_paths; the aliases keep this
+# module's names (KIND: Allocate names devices in it, see allocation.cdi_device_name).
+from kubegpu.nvidia_paths import BINARIES as BINARIES
+from kubegpu.nvidia_paths import BINARY_DIRS as BINARY_DIRS
+from kubegpu.nvidia_paths import CDI_KIND as KIND
+from kubegpu.nvidia_paths import CDI_VENDOR as VENDOR
+from kubegpu.nvidia_paths import IPC_SOCKETS as IPC_SOCKETS
+from kubegpu.nvidia_paths import LIBRARY_DIRS as LIBRARY_DIRS
+from kubegpu.nvidia_paths import LIBRARY_PATTERNS as LIBRARY_PATTERNS
+from kubegpu.nvidia_paths import OPTIONAL_CONTROL_DEVICES as OPTIONAL_CONTROL_NODES
+from kubegpu.nvidia_paths import REQUIRED_CONTROL_DEVICES as REQUIRED_CONTROL_NODES
+
 #: The CDI spec version written; 0.6.0 is understood by containerd >= 1.7 and CRI-O >= 1.28.
 CDI_VERSION = "0.6.0"
-VENDOR = "k8s.device-plugin.nvidia.com"
-CLASS = "gpu"
-KIND = f"{VENDOR}/{CLASS}"  # Allocate names devices in it: see allocation.cdi_device_name
 DEFAULT_DIRECTORY = "/var/run/cdi"
 DEFAULT_NAME = "k8s.device-plugin.nvidia.com-gpu.json"
 IMEX_KIND = f"{VENDOR}/imex-channel"
 
-#: Device nodes every CUDA container needs; written even when not seen locally (the
-#: runtime resolves them on the host, and CUDA cannot start without them).
-REQUIRED_CONTROL_NODES = ("/dev/nvidiactl", "/dev/nvidia-uvm", "/dev/nvidia-uvm-tools")
-#: Written only when present: display/Vulkan paths that headless drivers lack.
-OPTIONAL_CONTROL_NODES = ("/dev/nvidia-modeset",)
-
-#: Library directories searched under the driver root, in the order distributions use.
-LIBRARY_DIRS = (
-    "usr/lib64",
-    "usr/lib/x86_64-linux-gnu",
-    "usr/lib/aarch64-linux-gnu",
-    "lib64",
-    "lib/x86_64-linux-gnu",
-    "lib/aarch64-linux-gnu",
-    "usr/lib",
-    "lib",
-)
-#: Driver libraries needed by CUDA compute and NVML, whatever their version suffix.
-LIBRARY_PATTERNS = (
-    "libcuda.so*",
-    "libcudadebugger.so*",
-    "libnvidia-ml.so*",
-    "libnvidia-ptxjitcompiler.so*",
-    "libnvidia-nvvm.so*",
-    "libnvidia-opencl.so*",
-    "libnvidia-cfg.so*",
-    "libnvidia-allocator.so*",
-    "libnvidia-gpucomp.so*",
-)
-BINARY_DIRS = ("usr/bin", "usr/sbin", "bin", "sbin")
-BINARIES = (
-    "nvidia-smi",
-    "nvidia-debugdump",
-    "nvidia-persistenced",
-    "nvidia-cuda-mps-control",
-    "nvidia-cuda-mps-server",
-)
-#: Host sockets that NVML/CUDA talk to when their daemons run.
-IPC_SOCKETS = ("run/nvidia-persistenced/socket",)
 MOUNT_OPTIONS = ("ro", "nosuid", "nodev", "bind")
 
 

@@ -43,6 +43,7 @@ from kubegpu.health import HealthMonitor, health_flags_from_env
 from kubegpu.httpserver import HttpServer
 from kubegpu.metrics import Metrics
 from kubegpu.mps import MpsDaemon, MpsError
+from kubegpu.nvidia_paths import MPS_CONTROL_BINARY
 from kubegpu.plugin import PluginManager
 from kubegpu.plugin.manager import MAX_SOCKET_PATH
 from kubegpu.resources import ResourceSpec, SharingKind, build_resources
@@ -115,7 +116,7 @@ class DaemonSettings:
     config_poll_interval: float = POLL_INTERVAL
     #: Where CDI specs go when a CDI device-list strategy is on.
     cdi_dir: Path = Path(cdi.DEFAULT_DIRECTORY)
-    mps_control_binary: str = "nvidia-cuda-mps-control"
+    mps_control_binary: str = MPS_CONTROL_BINARY
     #: Also write GPU Feature Discovery labels (NFD features.d file), as `kubegpu labels`.
     with_labels: bool = False
 

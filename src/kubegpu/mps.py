@@ -28,14 +28,13 @@ from pathlib import Path
 from kubegpu.allocation import MountSpec
 from kubegpu.devices.model import Gpu
 from kubegpu.errors import ConfigError, DeviceError
+from kubegpu.nvidia_paths import MPS_CONTAINER_PIPE_DIR as CONTAINER_PIPE_DIR
+from kubegpu.nvidia_paths import MPS_CONTROL_BINARY
 
 log = logging.getLogger(__name__)
 
 #: The query used as readiness/liveness probe: cheap, read-only, answered by the daemon.
 PROBE = "get_default_active_thread_percentage"
-#: Where clients find the pipes inside containers (MPS's own default, so even clients
-#: that drop CUDA_MPS_PIPE_DIRECTORY find it).
-CONTAINER_PIPE_DIR = "/tmp/nvidia-mps"
 
 
 class MpsError(DeviceError):
@@ -65,7 +64,7 @@ class MpsDaemon:
         *,
         memory_limit_mib: int | None = None,
         active_thread_percentage: int | None = None,
-        control_binary: str = "nvidia-cuda-mps-control",
+        control_binary: str = MPS_CONTROL_BINARY,
         env: Mapping[str, str] | None = None,
         host_root: Path | None = None,
         shm_dir: Path = Path("/dev/shm"),

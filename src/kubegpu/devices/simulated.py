@@ -54,6 +54,7 @@ from kubegpu.devices.model import (
     StopFlag,
 )
 from kubegpu.errors import DeviceError
+from kubegpu.nvidia_paths import REQUIRED_CONTROL_DEVICES, gpu_device_node, mig_cap_node
 
 log = logging.getLogger("kubegpu.devices.simulated")
 
@@ -67,7 +68,8 @@ PRESETS = (
     "hgx-h100",
     "hgx-h100-2x8",
 )
-CONTROL_DEVICES = ("/dev/nvidiactl", "/dev/nvidia-uvm", "/dev/nvidia-uvm-tools")
+#: What a simulated node reports: the control nodes every CUDA container needs.
+CONTROL_DEVICES = REQUIRED_CONTROL_DEVICES
 #: How often a file-backed node checks its file for edits.
 POLL_SECONDS = 0.2
 _UUID_NS = uuidlib.UUID("0b6f3f0e-8f5e-4c1a-9a57-6b5d2f4c9e21")
@@ -476,10 +478,7 @@ class SimulatedBackend:
                     profile=profile,
                     memory_mib=min(int(gb * 1024 * 0.97), gpu.memory_mib),
                     multiprocessors=sms_per_slice * ci_slices,
-                    device_paths=(
-                        f"/dev/nvidia-caps/nvidia-cap{cap}",
-                        f"/dev/nvidia-caps/nvidia-cap{cap + 1}",
-                    ),
+                    device_paths=(mig_cap_node(cap), mig_cap_node(cap + 1)),
                     attributes={
                         "multiprocessors": sms_per_slice * ci_slices,
                         "slices.gi": gi_slices,
@@ -529,7 +528,7 @@ class SimulatedBackend:
                         ).lower(),
                         numa_node=gpu.numa_node,
                         compute_capability=gpu.compute_capability,
-                        device_paths=(f"/dev/nvidia{index}",),
+                        device_paths=(gpu_device_node(index),),
                         mig_enabled=self._mig.get(index) is not None,
                         mig_capable=gpu.mig_capable,
                         mig_devices=self._migs(index, uuid),

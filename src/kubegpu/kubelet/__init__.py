@@ -6,6 +6,10 @@ async with KubeletEmulator(tmp_dir, grace_period=0.2) as kubelet:
     ...  # start a plugin that registers on tmp_dir/kubelet.sock
     await kubelet.wait_for_resource("nvidia.com/gpu", capacity=4, allocatable=4)
     allocation = await kubelet.allocate("nvidia.com/gpu", 2, pod="p1")
+
+The modules follow the kubelet's devicemanager: `emulator` (the manager, `KubeletEmulator`),
+`registration`, `endpoint`, `admission`, `pod_devices`, `checkpoint`; `changes` is how
+callers wait on it.
 """
 
 from kubegpu.kubelet.checkpoint import CHECKPOINT_FILE

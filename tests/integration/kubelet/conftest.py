@@ -1,0 +1,46 @@
+"""Fixtures for the kubelet emulator's tests: a running emulator and a plugin factory.
+
+Each test of this package follows one expectation of shared/KUBELET.md. Synchronisation is
+always a wait on the emulator's condition with a timeout, never a sleep.
+"""
+
+from __future__ import annotations
+
+from collections.abc import AsyncIterator, Sequence
+from pathlib import Path
+from typing import Any
+
+import pytest
+
+from kubegpu.api import pb
+from kubegpu.kubelet import (
+    KubeletEmulator,
+)
+from tests.integration.kubelet.fakes import FakePlugin, MakePlugin
+
+
+@pytest.fixture
+async def kubelet(socket_dir: Path) -> AsyncIterator[KubeletEmulator]:
+    emulator = KubeletEmulator(socket_dir, grace_period=0.2, dial_timeout=2.0)
+    await emulator.start()
+    try:
+        yield emulator
+    finally:
+        await emulator.stop()
+
+
+@pytest.fixture
+async def make_plugin(socket_dir: Path) -> AsyncIterator[MakePlugin]:
+    """Build plugins serving in `socket_dir`; every one is stopped at the end."""
+    made: list[FakePlugin] = []
+
+    def make(devices: Sequence[pb.Device], **kwargs: Any) -> FakePlugin:
+        plugin = FakePlugin(socket_dir, devices, **kwargs)
+        made.append(plugin)
+        return plugin
+
+    try:
+        yield make
+    finally:
+        for plugin in made:
+            await plugin.stop()

@@ -1,0 +1,184 @@
+"""One connected plugin as the emulator sees it, over real unix sockets.
+
+ListAndWatch updates and health, stream end and grace period, rolling updates with two
+endpoints, and watching the emulator (kubelet/endpoint.py, the manager's observation).
+"""
+
+from __future__ import annotations
+
+import pytest
+
+from kubegpu.api import HEALTHY, UNHEALTHY
+from kubegpu.kubelet import (
+    KubeletEmulator,
+)
+from tests.integration.kubelet.fakes import GPU, MakePlugin, dev, gpus
+
+# ------------------------------------------------------------------------ ListAndWatch
+
+
+async def test_one_device_health_flips(kubelet: KubeletEmulator, make_plugin: MakePlugin) -> None:
+    plugin = make_plugin([dev("gpu-0")])
+    await plugin.serve_and_register()
+    await kubelet.wait_for_resource(GPU, capacity=1, allocatable=1)
+    await plugin.set_health("gpu-0", UNHEALTHY)
+    await kubelet.wait_for_resource(GPU, capacity=1, allocatable=0)
+    assert not kubelet.devices(GPU)["gpu-0"].healthy
+    await plugin.set_health("gpu-0", HEALTHY)
+    await kubelet.wait_for_resource(GPU, capacity=1, allocatable=1)
+    assert kubelet.history(GPU) == [(1, 1), (1, 0), (1, 1)]
+
+
+async def test_four_devices_health_flips(kubelet: KubeletEmulator, make_plugin: MakePlugin) -> None:
+    plugin = make_plugin(gpus(4))
+    await plugin.serve_and_register()
+    await kubelet.wait_for_resource(GPU, capacity=4, allocatable=4)
+    # The node e2e sequence: 4/4 → 3/4 → 4/4 → 2/4 → 3/4 → 4/4.
+    for unhealthy, expected in [
+        ({"gpu-0"}, 3),
+        (set(), 4),
+        ({"gpu-1", "gpu-2"}, 2),
+        ({"gpu-2"}, 3),
+        (set(), 4),
+    ]:
+        await plugin.set_devices(
+            [dev(f"gpu-{i}", UNHEALTHY if f"gpu-{i}" in unhealthy else HEALTHY) for i in range(4)]
+        )
+        await kubelet.wait_for_resource(GPU, capacity=4, allocatable=expected)
+    assert kubelet.history(GPU) == [(4, 4), (4, 3), (4, 4), (4, 2), (4, 3), (4, 4)]
+
+
+async def test_update_replaces_whole_device_set(
+    kubelet: KubeletEmulator, make_plugin: MakePlugin
+) -> None:
+    plugin = make_plugin(gpus(4))
+    await plugin.serve_and_register()
+    await kubelet.wait_for_resource(GPU, capacity=4)
+    await plugin.set_devices([dev("gpu-9", UNHEALTHY)])
+    await kubelet.wait_for_resource(GPU, capacity=1, allocatable=0)
+    assert list(kubelet.devices(GPU)) == ["gpu-9"]
+
+
+async def test_stream_end_marks_unhealthy_no_retry_then_gone(
+    kubelet: KubeletEmulator,
+    make_plugin: MakePlugin,
+) -> None:
+    plugin = make_plugin(gpus(4))
+    await plugin.serve_and_register()
+    await kubelet.wait_for_resource(GPU, capacity=4, allocatable=4)
+    await plugin.end_streams()
+    await kubelet.wait_for_resource(GPU, capacity=4, allocatable=0)
+    assert GPU in kubelet.resources
+    # After the grace period (0.2 s here) the resource disappears; no retry meanwhile.
+    await kubelet.wait_for(lambda: GPU not in kubelet.resources, timeout=5)
+    assert plugin.calls["ListAndWatch"] == 1
+    assert len(kubelet.calls("ListAndWatch")) == 1
+    assert kubelet.history(GPU) == [(4, 4), (4, 0), (0, 0)]
+
+
+async def test_plugin_death_marks_unhealthy(
+    kubelet: KubeletEmulator, make_plugin: MakePlugin
+) -> None:
+    plugin = make_plugin(gpus(2))
+    await plugin.serve_and_register()
+    await kubelet.wait_for_resource(GPU, capacity=2, allocatable=2)
+    await plugin.stop()
+    await kubelet.wait_for_resource(GPU, capacity=2, allocatable=0)
+    assert kubelet.endpoints(GPU) == {"fake.sock": False}
+
+
+async def test_plugin_restart_restores_capacity_keeps_assignments(
+    kubelet: KubeletEmulator,
+    make_plugin: MakePlugin,
+) -> None:
+    plugin = make_plugin(gpus(2))
+    await plugin.serve_and_register()
+    await kubelet.wait_for_resource(GPU, capacity=2, allocatable=2)
+    first = await kubelet.allocate(GPU, 1, pod="p1")
+    await plugin.stop()
+    await kubelet.wait_for_resource(GPU, capacity=2, allocatable=0)
+    await plugin.serve_and_register()
+    await kubelet.wait_for_resource(GPU, capacity=2, allocatable=2)
+    again = await kubelet.allocate(GPU, 1, pod="p1")
+    assert again.cached and again.device_ids == first.device_ids
+    other = await kubelet.allocate(GPU, 1, pod="p2")
+    assert set(other.device_ids).isdisjoint(first.device_ids)
+
+
+async def test_device_id_longer_than_63_is_rejected(
+    kubelet: KubeletEmulator, make_plugin: MakePlugin
+) -> None:
+    plugin = make_plugin(gpus(1))
+    await plugin.serve_and_register()
+    await kubelet.wait_for_resource(GPU, capacity=1)
+    await plugin.set_devices([dev("x" * 64), dev("gpu-1")])
+    await kubelet.wait_for(lambda: bool(kubelet.rejected_updates))
+    assert "63" in kubelet.rejected_updates[0]
+    assert list(kubelet.devices(GPU)) == ["gpu-0"]
+
+
+# ------------------------------------------------------------------------ rolling update
+
+
+async def test_two_endpoints_keep_capacity(
+    kubelet: KubeletEmulator, make_plugin: MakePlugin
+) -> None:
+    old = make_plugin(gpus(2), socket="old.sock")
+    await old.serve_and_register()
+    await kubelet.wait_for_resource(GPU, capacity=2, allocatable=2)
+    new = make_plugin(gpus(2), socket="new.sock")
+    await new.serve_and_register()
+    # Wait until the new instance's own report is the one in force.
+    await kubelet.wait_for(
+        lambda: (
+            kubelet.endpoints(GPU) == {"old.sock": True, "new.sock": True}
+            and all(d.endpoint == "new.sock" for d in kubelet.devices(GPU).values())
+        )
+    )
+    await old.stop()
+    await kubelet.wait_for(lambda: kubelet.endpoints(GPU).get("old.sock") is False)
+    assert (kubelet.capacity(GPU), kubelet.allocatable(GPU)) == (2, 2)
+    allocation = await kubelet.allocate(GPU, 1)
+    assert allocation.envs["PLUGIN"] == "new.sock"
+    # The old endpoint expires after the grace period; capacity never dipped.
+    await kubelet.wait_for(lambda: kubelet.endpoints(GPU) == {"new.sock": True})
+    assert kubelet.history(GPU) == [(2, 2)]
+
+
+async def test_allocate_through_advertising_endpoint(
+    kubelet: KubeletEmulator, make_plugin: MakePlugin
+) -> None:
+    a = make_plugin([dev("a-0")], socket="a.sock")
+    b = make_plugin([dev("b-0")], socket="b.sock")
+    await a.serve_and_register()
+    await b.serve_and_register()
+    await kubelet.wait_for_resource(GPU, capacity=2, allocatable=2)
+    first = await kubelet.allocate(GPU, 1, pod="p1")
+    second = await kubelet.allocate(GPU, 1, pod="p2")
+    assert (first.device_ids, first.envs["PLUGIN"]) == (("a-0",), "a.sock")
+    assert (second.device_ids, second.envs["PLUGIN"]) == (("b-0",), "b.sock")
+    assert a.calls["Allocate"] == b.calls["Allocate"] == 1
+
+
+# ------------------------------------------------------------------------ observation
+
+
+async def test_wait_timeout_names_expected_and_actual(kubelet: KubeletEmulator) -> None:
+    with pytest.raises(TimeoutError) as info:
+        await kubelet.wait_for_resource(GPU, capacity=4, allocatable=4, timeout=0.05)
+    assert "expected example.com/gpu capacity=4 allocatable=4" in str(info.value)
+    assert "actual capacity=0 allocatable=0" in str(info.value)
+
+
+async def test_on_change_subscribers(kubelet: KubeletEmulator, make_plugin: MakePlugin) -> None:
+    seen: list[str] = []
+    unsubscribe = kubelet.on_change(seen.append)
+    plugin = make_plugin(gpus(1))
+    await plugin.serve_and_register()
+    await kubelet.wait_for_resource(GPU, capacity=1)
+    assert GPU in seen
+    unsubscribe()
+    seen.clear()
+    await plugin.set_health("gpu-0", UNHEALTHY)
+    await kubelet.wait_for_resource(GPU, allocatable=0)
+    assert seen == []
