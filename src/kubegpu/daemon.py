@@ -1,7 +1,7 @@
 """The `serve` daemon: lifecycle only.
 
 Startup (config, backend, first device list, plugins) → run (root tasks under one
-TaskGroup: kubelet watcher, health monitor, config follower, refresher, HTTP, events) →
+`Supervisor`: kubelet watcher, health monitor, config follower, refresher, HTTP, events) →
 graceful shutdown (plugins stop, sockets removed). The first root task to fail stops all
 of them. Every change (health, MIG layout, config) funnels into one place, `_refresh`,
 which rebuilds the resource specs and lets the plugin manager reconcile.
@@ -16,7 +16,7 @@ import fcntl
 import logging
 import os
 import socket
-from collections.abc import AsyncIterator, Callable, Coroutine, Mapping
+from collections.abc import AsyncIterator, Callable, Mapping
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
@@ -46,6 +46,7 @@ from kubegpu.mps import MpsDaemon, MpsError
 from kubegpu.plugin import PluginManager
 from kubegpu.plugin.manager import MAX_SOCKET_PATH
 from kubegpu.resources import ResourceSpec, SharingKind, build_resources
+from kubegpu.supervisor import Supervisor, spawn, until_stopped
 
 log = logging.getLogger("kubegpu.daemon")
 
@@ -53,24 +54,6 @@ log = logging.getLogger("kubegpu.daemon")
 class StartupError(KubegpuError):
     """This node cannot host the daemon as asked: the plugin directory is taken, a port is
     in use, an address is not this host's (exit 1: the environment, not the flags)."""
-
-
-async def _unless_stopped(work: Coroutine[Any, Any, None], stop: asyncio.Event) -> bool:
-    """Run `work` until it ends (True) or `stop` is set first (False, `work` cancelled)."""
-    task = asyncio.ensure_future(work)
-    stopped = asyncio.ensure_future(stop.wait())
-    try:
-        await asyncio.wait({task, stopped}, return_when=asyncio.FIRST_COMPLETED)
-    finally:
-        stopped.cancel()
-        if not task.done():
-            task.cancel()
-            with contextlib.suppress(asyncio.CancelledError):
-                await task
-    if task.cancelled():
-        return False
-    task.result()  # start-up's own error, if any
-    return True
 
 
 def _os_reason(exc: OSError) -> str:
@@ -182,13 +165,16 @@ class Daemon:
             self._check_plugin_dir()
             self._lock_plugin_dir()
             http = await self._start_http()
-            if not await _unless_stopped(self._startup(updates), stop):
-                log.info("stopped during start-up")
-                return
-            # Computed before the task group so a bad DP_*_HEALTHCHECKS value is one
-            # ConfigError, not an ExceptionGroup.
-            health_flags = health_flags_from_env(self.settings.health_env, self.config.flags.health)
-            async with asyncio.TaskGroup() as tasks:
+            # Every task from here on (registrars, MPS supervisors, roots) is named by the
+            # supervisor; leaving the block cancels them all before the plugins stop.
+            async with Supervisor("serve") as tasks:
+                if not await until_stopped("start-up", self._startup(updates), stop):
+                    log.info("stopped during start-up")
+                    return
+                # Before any root starts, so a bad DP_*_HEALTHCHECKS value ends start-up.
+                health_flags = health_flags_from_env(
+                    self.settings.health_env, self.config.flags.health
+                )
                 monitor = HealthMonitor(
                     self.backend,
                     health_flags,
@@ -196,20 +182,18 @@ class Daemon:
                     on_reconfigured=self._reconfigured,
                 )
                 monitor.on_event = self._count_event
-                roots = [
-                    tasks.create_task(self.manager.run(), name="kubelet watcher"),
-                    tasks.create_task(monitor.run(), name="health monitor"),
-                    tasks.create_task(self._follow_config(updates), name="config follower"),
-                    tasks.create_task(self._refresher(), name="refresher"),
-                    tasks.create_task(self.events.run(), name="events"),
-                ]
+                tasks.start("kubelet watcher", self.manager.run(), root=True)
+                tasks.start("health monitor", monitor.run(), root=True)
+                tasks.start("config follower", self._follow_config(updates), root=True)
+                tasks.start("refresher", self._refresher(), root=True)
+                tasks.start("events", self.events.run(), root=True)
                 if self.settings.with_labels:
-                    roots.append(tasks.create_task(self._label(), name="labeller"))
+                    tasks.start("labeller", self._label(), root=True)
                 self.started.set()
-                await stop.wait()
-                log.info("stopping: removing plugin sockets")
-                for task in roots:
-                    task.cancel()
+                try:
+                    await tasks.wait(stop)
+                finally:
+                    log.info("stopping: removing plugin sockets")
         finally:
             await self.manager.stop()
             for server in http:
@@ -566,9 +550,7 @@ class Daemon:
             await daemon.start()
         except MpsError as exc:
             log.error("%s: advertised as unhealthy until it starts", exc)
-        self._mps_tasks[spec.name] = asyncio.create_task(
-            daemon.supervise(), name=f"mps {spec.name}"
-        )
+        self._mps_tasks[spec.name] = spawn(f"mps {spec.name}", daemon.supervise())
         log.info("MPS control daemon for %s: ready=%s", spec.name, daemon.ready)
 
     async def _stop_mps(self, name: str) -> None:

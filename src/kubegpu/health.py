@@ -20,6 +20,7 @@ from dataclasses import dataclass
 from kubegpu.config.v1 import HealthFlags
 from kubegpu.devices.model import DeviceBackend, Health, HealthEvent, HealthEventKind
 from kubegpu.errors import ConfigError
+from kubegpu.supervisor import spawn
 
 log = logging.getLogger("kubegpu.health")
 
@@ -217,11 +218,17 @@ class HealthMonitor:
         watcher.start()
         if self.settings.disabled:
             log.info("health checks are disabled: every device stays healthy")
+        # Probes beside the consumer; a failure of either ends `run` (a root task).
+        probes = spawn("health probes", self._probe_loop())
+        consumer = spawn("health events", self._consume(queue))
         try:
-            async with asyncio.TaskGroup() as group:
-                group.create_task(self._consume(queue))
-                group.create_task(self._probe_loop())
+            done, _ = await asyncio.wait({probes, consumer}, return_when=asyncio.FIRST_COMPLETED)
+            for task in done:
+                task.result()
         finally:
+            for task in (probes, consumer):
+                task.cancel()
+            await asyncio.gather(probes, consumer, return_exceptions=True)
             stop.set()
             await asyncio.shield(asyncio.to_thread(watcher.join, self._join_timeout))
             if watcher.is_alive():

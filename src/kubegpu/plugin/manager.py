@@ -26,6 +26,7 @@ from kubegpu.metrics import Metrics
 from kubegpu.plugin.registration import watch_kubelet
 from kubegpu.plugin.server import ExtraEdits, ResourceServer
 from kubegpu.resources import ResourceSpec
+from kubegpu.supervisor import spawn
 
 log = logging.getLogger("kubegpu.plugin")
 
@@ -181,11 +182,11 @@ class PluginManager:
     def _start_registrar(
         self, server: ResourceServer, since: float | None = None, *, serve: bool = False
     ) -> None:
-        self._registrars[server.name] = asyncio.create_task(
+        self._registrars[server.name] = spawn(
+            f"register {server.name}",
             self._register_until_done(
                 server, since if since is not None else time.monotonic(), serve=serve
             ),
-            name=f"register {server.name}",
         )
 
     async def _register_until_done(
