@@ -21,7 +21,7 @@ from typing import Any
 import grpc
 from google.protobuf.message import DecodeError
 
-from kubegpu import cdi
+from kubegpu import cdi, mps
 from kubegpu.allocation import (
     ContainerEdits,
     ImexChannel,
@@ -36,15 +36,12 @@ from kubegpu.errors import AllocationError
 from kubegpu.metrics import Metrics
 from kubegpu.plugin.registration import register
 from kubegpu.plugin.status import status_for
-from kubegpu.resources import ResourceSpec
+from kubegpu.resources import ResourceSpec, SharingKind
 from kubegpu.topology import preferred_allocation
 
 log = logging.getLogger("kubegpu.plugin")
 
 CDI_STRATEGIES = {DeviceListStrategy.CDI_ANNOTATIONS, DeviceListStrategy.CDI_CRI}
-
-#: Extra edits for a resource's containers (the MPS pipe directory), or None.
-ExtraEdits = Callable[[ResourceSpec], ContainerEdits | None]
 
 
 def plugin_options() -> pb.DevicePluginOptions:
@@ -90,14 +87,12 @@ class DevicePluginServicer(pb_grpc.DevicePluginServicer):
         config: Config,
         *,
         metrics: Metrics | None = None,
-        extra_edits: ExtraEdits | None = None,
         cdi_dir: Path = Path(cdi.DEFAULT_DIRECTORY),
     ) -> None:
         self.spec = spec
         self.config = config
         self.cdi_dir = cdi_dir
         self._metrics = metrics
-        self._extra = extra_edits
         self._version = 0
         #: The list message of one spec version: every stream opened on that version (the
         #: kubelet re-opens one after each restart) sends it without rebuilding it; 8,192
@@ -183,7 +178,7 @@ class DevicePluginServicer(pb_grpc.DevicePluginServicer):
         try:
             if not request.container_requests:
                 raise AllocationError(f"{spec.name}: the request has no container requests")
-            extra = self._extra(spec) if self._extra is not None else None
+            extra = _mps_edits(spec, config)
             channels = self._imex_channels(config)
             strategies = set(config.flags.plugin.device_list_strategy)
             # Only CDI classes with a spec on this node may be named (listed once per call).
@@ -259,6 +254,14 @@ def _prefer(
         return []
     # Fewer devices left than asked for: prefer all of them; the kubelet decides.
     return list(preferred_allocation(spec, available, must_include, min(size, pool), policy))
+
+
+def _mps_edits(spec: ResourceSpec, config: Config) -> ContainerEdits | None:
+    """The MPS pipe and shm mounts of an MPS-shared resource, from the config alone."""
+    root = config.flags.mps_root
+    if spec.sharing is not SharingKind.MPS or root is None:
+        return None
+    return mps.container_edits(spec.name, root)
 
 
 def _is_char_device(path: str) -> bool:
@@ -388,13 +391,10 @@ class ResourceServer:
         plugin_dir: Path,
         *,
         metrics: Metrics | None = None,
-        extra_edits: ExtraEdits | None = None,
         socket_name: str | None = None,
         cdi_dir: Path = Path(cdi.DEFAULT_DIRECTORY),
     ) -> None:
-        self.servicer = DevicePluginServicer(
-            spec, config, metrics=metrics, extra_edits=extra_edits, cdi_dir=cdi_dir
-        )
+        self.servicer = DevicePluginServicer(spec, config, metrics=metrics, cdi_dir=cdi_dir)
         self.plugin_dir = plugin_dir
         self.socket_name = socket_name or spec.socket_name
         self._metrics = metrics
