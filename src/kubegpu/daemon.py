@@ -15,8 +15,10 @@ import errno
 import fcntl
 import functools
 import logging
+import math
 import os
 import socket
+import time
 from collections.abc import AsyncIterator, Callable, Mapping
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -423,24 +425,51 @@ class Daemon:
         self.source.poke()
 
     async def _label(self) -> None:
-        """Publish node labels from the daemon's own view; a failure never stops serving."""
+        """Publish node labels from the store: again as soon as the inventory, health or
+        config changes, else every sleep interval; a failure never stops serving."""
         gfd = self.config.flags.gfd
         interval = labeller.parse_duration(gfd.sleep_interval)
         sink = labeller.FeatureFileSink(gfd.output_file)
+        # GFD stamps the time its loop started, not each pass, so NFD rewrites nothing.
+        started = time.time()
         while True:
+            state = self.store.state
+            wait = interval
             try:
-                # The labeller reads the store's current snapshot at each pass.
-                await labeller.run_labeller(
-                    lambda: self.store.state.inventory.with_health(self.store.state.health),
-                    lambda: self.store.state.config,
-                    sink,
-                    interval=interval,
-                    machine_type=lambda: labeller.read_machine_type(gfd.machine_type_file),
-                    timestamps=not gfd.no_timestamp,
-                )
+                await self._label_once(state, sink, started)
             except KubegpuError as exc:
-                log.error("labelling failed, retrying in %.0f s: %s", min(interval, 60), exc)
-            await asyncio.sleep(min(interval, 60))
+                wait = min(interval, 60)
+                log.error("labelling failed, retrying in %.0f s: %s", wait, exc)
+            with contextlib.suppress(TimeoutError):
+                await asyncio.wait_for(
+                    self._labels_stale(state), None if math.isinf(wait) else wait
+                )
+
+    async def _label_once(
+        self, state: NodeState, sink: labeller.FeatureFileSink, started: float
+    ) -> None:
+        """One labelling pass over `state` (a snapshot: the store may move meanwhile)."""
+        gfd = state.config.flags.gfd
+        await labeller.run_labeller(
+            lambda: state.inventory.with_health(state.health),
+            lambda: state.config,
+            sink,
+            interval=None,
+            machine_type=lambda: labeller.read_machine_type(gfd.machine_type_file),
+            timestamps=not gfd.no_timestamp,
+            clock=lambda: started,
+        )
+
+    async def _labels_stale(self, labelled: NodeState) -> None:
+        """Until a state the labels depend on differs from `labelled` (MPS readiness and
+        versions alone do not count)."""
+        async for state in self.store.subscribe(labelled.version):
+            if (state.inventory, state.config, state.health) != (
+                labelled.inventory,
+                labelled.config,
+                labelled.health,
+            ):
+                return
 
     # -- CDI and MPS ----------------------------------------------------------------------
 
