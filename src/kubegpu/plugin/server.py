@@ -258,10 +258,10 @@ def _prefer(
 
 def _mps_edits(spec: ResourceSpec, config: Config) -> ContainerEdits | None:
     """The MPS pipe and shm mounts of an MPS-shared resource, from the config alone."""
+    if spec.sharing is not SharingKind.MPS:
+        return None  # the common case, first: Allocate's hot path
     root = config.flags.mps_root
-    if spec.sharing is not SharingKind.MPS or root is None:
-        return None
-    return mps.container_edits(spec.name, root)
+    return None if root is None else mps.container_edits(spec.name, root)
 
 
 def _is_char_device(path: str) -> bool:
