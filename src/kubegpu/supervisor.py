@@ -77,6 +77,8 @@ class Supervisor:
         finally:
             for waiter in (stopped, down):
                 waiter.cancel()
+            # Reaped, so no pending task is left for the loop to complain about.
+            await asyncio.gather(stopped, down, return_exceptions=True)
         if self._failure is not None:
             raise self._failure
 
@@ -113,6 +115,7 @@ async def until_stopped(name: str, work: Coroutine[Any, Any, None], stop: asynci
         await asyncio.wait({task, stopped}, return_when=asyncio.FIRST_COMPLETED)
     finally:
         stopped.cancel()
+        await asyncio.gather(stopped, return_exceptions=True)
         if not task.done():
             task.cancel()
             with contextlib.suppress(asyncio.CancelledError):
