@@ -1,10 +1,10 @@
 """The `serve` daemon: lifecycle only.
 
 Startup (config, backend, first device list, plugins) → run (root tasks under one
-TaskGroup: kubelet watcher, health monitor, config follower, refresher, HTTP, events) →
-graceful shutdown (plugins stop, sockets removed). The first root task to fail stops all
-of them. Every change (health, MIG layout, config) funnels into one place, `_refresh`,
-which rebuilds the resource specs and lets the plugin manager reconcile.
+`Supervisor`) → graceful shutdown (plugins stop, sockets removed). The first root task
+to fail stops all of them. State lives in one `NodeStore` (inventory, health, config,
+MPS readiness); writers (health monitor, config follower, MPS supervisors) update it,
+and the plugins, MPS, CDI, metrics and Node events follow it as subscribers.
 """
 
 from __future__ import annotations
@@ -13,16 +13,18 @@ import asyncio
 import contextlib
 import errno
 import fcntl
+import functools
 import logging
+import math
 import os
 import socket
-from collections.abc import AsyncIterator, Callable, Coroutine, Mapping
+import time
+from collections.abc import AsyncIterator, Callable, Mapping
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
 from kubegpu import cdi, labeller
-from kubegpu.allocation import ContainerEdits
 from kubegpu.api import DEVICE_PLUGIN_PATH
 from kubegpu.config import Config, DeviceListStrategy, Flags
 from kubegpu.config.loader import config_to_json
@@ -31,8 +33,6 @@ from kubegpu.config.source import POLL_INTERVAL, ConfigSource, ConfigUpdate, Nam
 from kubegpu.devices import (
     DeviceBackend,
     Health,
-    HealthEvent,
-    HealthEventKind,
     Inventory,
     NullBackend,
     open_backend,
@@ -46,7 +46,9 @@ from kubegpu.mps import MpsDaemon, MpsError
 from kubegpu.nvidia_paths import MPS_CONTROL_BINARY
 from kubegpu.plugin import PluginManager
 from kubegpu.plugin.manager import MAX_SOCKET_PATH
-from kubegpu.resources import ResourceSpec, SharingKind, build_resources
+from kubegpu.resources import ResourceSpec, SharingKind
+from kubegpu.state import NodeState, NodeStore
+from kubegpu.supervisor import Supervisor, spawn, until_stopped
 
 log = logging.getLogger("kubegpu.daemon")
 
@@ -54,24 +56,6 @@ log = logging.getLogger("kubegpu.daemon")
 class StartupError(KubegpuError):
     """This node cannot host the daemon as asked: the plugin directory is taken, a port is
     in use, an address is not this host's (exit 1: the environment, not the flags)."""
-
-
-async def _unless_stopped(work: Coroutine[Any, Any, None], stop: asyncio.Event) -> bool:
-    """Run `work` until it ends (True) or `stop` is set first (False, `work` cancelled)."""
-    task = asyncio.ensure_future(work)
-    stopped = asyncio.ensure_future(stop.wait())
-    try:
-        await asyncio.wait({task, stopped}, return_when=asyncio.FIRST_COMPLETED)
-    finally:
-        stopped.cancel()
-        if not task.done():
-            task.cancel()
-            with contextlib.suppress(asyncio.CancelledError):
-                await task
-    if task.cancelled():
-        return False
-    task.result()  # start-up's own error, if any
-    return True
 
 
 def _os_reason(exc: OSError) -> str:
@@ -138,14 +122,11 @@ class Daemon:
         self.manager = PluginManager(
             settings.plugin_dir,
             metrics=self.metrics,
-            extra_edits=self._extra_edits,
             on_registered=on_registered,
             cdi_dir=settings.cdi_dir,
         )
-        self.config = Config()
-        self.inventory = Inventory(gpus=())
-        self.health: Mapping[str, Health] = {}
-        self.specs: tuple[ResourceSpec, ...] = ()
+        #: The one copy of inventory, health, config and MPS readiness; all else derives.
+        self.store = NodeStore()
         self.source = ConfigSource(
             config_file=settings.config_file,
             overrides=settings.overrides,
@@ -153,13 +134,10 @@ class Daemon:
             poll_interval=settings.config_poll_interval,
         )
         self.started = asyncio.Event()
-        self._dirty = asyncio.Event()
-        self._rediscover = False
         #: One supervised MPS control daemon per MPS-shared resource, and its supervisor.
         self.mps: dict[str, MpsDaemon] = {}
         self._mps_tasks: dict[str, asyncio.Task[None]] = {}
         self._mps_keys: dict[str, tuple[object, ...]] = {}
-        self._refresh_lock = asyncio.Lock()
         #: The open plugin directory holding our flock, while we run.
         self._lock_fd: int | None = None
 
@@ -167,6 +145,24 @@ class Daemon:
     def backend(self) -> DeviceBackend:
         assert self._backend is not None, "daemon not started"
         return self._backend
+
+    # Read-only views of the store, for tests, the demo and benchmarks.
+    @property
+    def inventory(self) -> Inventory:
+        return self.store.state.inventory
+
+    @property
+    def config(self) -> Config:
+        return self.store.state.config
+
+    @property
+    def health(self) -> Mapping[str, Health]:
+        return self.store.state.health
+
+    @property
+    def specs(self) -> tuple[ResourceSpec, ...]:
+        """What is advertised now (derived from the store)."""
+        return self.store.state.specs
 
     # -- lifecycle ----------------------------------------------------------------------
 
@@ -183,34 +179,36 @@ class Daemon:
             self._check_plugin_dir()
             self._lock_plugin_dir()
             http = await self._start_http()
-            if not await _unless_stopped(self._startup(updates), stop):
-                log.info("stopped during start-up")
-                return
-            # Computed before the task group so a bad DP_*_HEALTHCHECKS value is one
-            # ConfigError, not an ExceptionGroup.
-            health_flags = health_flags_from_env(self.settings.health_env, self.config.flags.health)
-            async with asyncio.TaskGroup() as tasks:
-                monitor = HealthMonitor(
-                    self.backend,
-                    health_flags,
-                    on_change=self._health_changed,
-                    on_reconfigured=self._reconfigured,
+            # Every task from here on (registrars, MPS supervisors, roots) is named by the
+            # supervisor; leaving the block cancels them all before the plugins stop.
+            async with Supervisor("serve") as tasks:
+                if not await until_stopped("start-up", self._startup(updates), stop):
+                    log.info("stopped during start-up")
+                    return
+                # Before any root starts, so a bad DP_*_HEALTHCHECKS value ends start-up.
+                health_flags = health_flags_from_env(
+                    self.settings.health_env, self.config.flags.health
                 )
-                monitor.on_event = self._count_event
-                roots = [
-                    tasks.create_task(self.manager.run(), name="kubelet watcher"),
-                    tasks.create_task(monitor.run(), name="health monitor"),
-                    tasks.create_task(self._follow_config(updates), name="config follower"),
-                    tasks.create_task(self._refresher(), name="refresher"),
-                    tasks.create_task(self.events.run(), name="events"),
-                ]
+                monitor = HealthMonitor(
+                    self.backend, health_flags, self.store, metrics=self.metrics
+                )
+                since = self.store.state.version
+                # Subscribers first (they miss nothing), then the writers.
+                tasks.start("plugins", self.manager.follow(self.store, since), root=True)
+                tasks.start("mps", self._follow_mps(since), root=True)
+                tasks.start("cdi writer", self._follow_cdi(since), root=True)
+                tasks.start("health reporter", self._report_health(), root=True)
+                tasks.start("events", self.events.run(), root=True)
+                tasks.start("kubelet watcher", self.manager.run(), root=True)
+                tasks.start("health monitor", monitor.run(), root=True)
+                tasks.start("config follower", self._follow_config(updates), root=True)
                 if self.settings.with_labels:
-                    roots.append(tasks.create_task(self._label(), name="labeller"))
+                    tasks.start("labeller", self._label(), root=True)
                 self.started.set()
-                await stop.wait()
-                log.info("stopping: removing plugin sockets")
-                for task in roots:
-                    task.cancel()
+                try:
+                    await tasks.wait(stop)
+                finally:
+                    log.info("stopping: removing plugin sockets")
         finally:
             await self.manager.stop()
             for server in http:
@@ -229,20 +227,26 @@ class Daemon:
         first = await anext(updates)
         if first.error is not None or first.config is None:
             raise first.error or ConfigError("no configuration")
-        self.config = first.config
-        log.info("effective config (%s): %s", first.origin, config_to_json(self.config))
-        await self._open_backend()
-        self._check_socket_paths(build_resources(self.inventory, self.config))
-        await self._write_cdi_spec()
-        await self._refresh(self.config)
-        for spec in self.specs:
+        config = first.config
+        log.info("effective config (%s): %s", first.origin, config_to_json(config))
+        inventory = await self._open_backend(config)
+        # Checked before it is stored: a config that cannot serve this node ends start-up.
+        state = self.store.state.check(inventory=inventory, config=config)
+        self._check_socket_paths(state.planned)
+        state = self.store.update(inventory=inventory, config=config)
+        await self._write_cdi_spec(state)
+        # MPS daemons before the first list, so the kubelet's first view is the right one.
+        await self._reconcile_mps(state)
+        state = self.store.state
+        await self.manager.apply(state.specs, state.config)
+        for spec in state.specs:
             log.info(
                 "advertising %s: %d device(s), %d healthy",
                 spec.name,
                 len(spec.devices),
                 spec.healthy_count,
             )
-        if not self.specs:
+        if not state.specs:
             log.warning("no GPUs to advertise on this node")
 
     def _check_plugin_dir(self) -> None:
@@ -300,34 +304,35 @@ class Daemon:
         if fd is not None:
             os.close(fd)  # closing the last descriptor releases the flock
 
-    async def _open_backend(self) -> None:
+    async def _open_backend(self, config: Config) -> Inventory:
         try:
             if self._backend is None:
                 self._backend = await asyncio.to_thread(
                     open_backend,
                     self.settings.backend,
                     simulate=self.settings.simulate,
-                    driver_root=driver_files_root(self.config.flags),
+                    driver_root=driver_files_root(config.flags),
                     # Device nodes go to the kubelet as host paths, so they keep the host root.
-                    dev_root=self.config.flags.dev_root,
+                    dev_root=config.flags.dev_root,
                 )
-            self.inventory = await asyncio.to_thread(self._backend.discover)
-            if not self.inventory.gpus:
+            inventory = await asyncio.to_thread(self._backend.discover)
+            if not inventory.gpus:
                 raise InitError(f"the {self._backend.name} backend found no GPUs on this node")
         except InitError as exc:
-            if self.config.flags.fail_on_init_error:
+            if config.flags.fail_on_init_error:
                 raise
             log.error(
                 "%s; advertising nothing and staying up because --fail-on-init-error=false", exc
             )
             self._backend = NullBackend(str(exc))
-            self.inventory = Inventory(gpus=(), backend="null")
+            inventory = Inventory(gpus=(), backend="null")
         log.info(
             "backend %s: %d GPU(s), driver %s",
-            self.inventory.backend or self.backend.name,
-            len(self.inventory.gpus),
-            self.inventory.driver_version or "unknown",
+            inventory.backend or self.backend.name,
+            len(inventory.gpus),
+            inventory.driver_version or "unknown",
         )
+        return inventory
 
     async def _start_http(self) -> list[HttpServer]:
         """Probes and metrics on their own ports: probes may listen on every address for
@@ -370,96 +375,46 @@ class Daemon:
     def ready(self) -> tuple[bool, str]:
         if not self.started.is_set():
             return False, "starting"
-        waiting = [name for name, d in self.mps.items() if not d.ready]
+        mps_ready = self.store.state.mps_ready
+        waiting = [name for name in self.mps if not mps_ready.get(name, False)]
         if waiting:
             return False, f"MPS control daemon not ready: {', '.join(waiting)}"
         return self.manager.ready()
 
     # -- changes ------------------------------------------------------------------------
 
-    def _count_event(self, event: HealthEvent) -> None:
-        if event.kind is HealthEventKind.XID and event.xid is not None:
-            self.metrics.xid(event.uuid, event.xid)
-
-    def _health_changed(self, health: Mapping[str, Health]) -> None:
-        before = self.health
-        self.health = dict(health)
-        owners = {d.unit.uuid: s.name for s in self.specs for d in s.devices}
-        owners.update({d.unit.gpu.uuid: s.name for s in self.specs for d in s.devices})
-        for uuid in set(before) | set(health):
-            old = before.get(uuid, Health.HEALTHY)
-            new = health.get(uuid, Health.HEALTHY)
-            if old is new:
+    async def _report_health(self) -> None:
+        """Metrics and Node events for every health transition the store records."""
+        async for before, after in self.store.changes():
+            if before.health is after.health:
                 continue
-            if uuid in owners:
-                self.metrics.health_transition(owners[uuid], healthy=new is Health.HEALTHY)
-            if new is Health.UNHEALTHY:
-                self.events.warning(Reason.GPU_UNHEALTHY, f"GPU {uuid} is unhealthy")
-            else:
-                self.events.emit(Reason.GPU_HEALTHY, f"GPU {uuid} is healthy again")
-        self._dirty.set()
-
-    def _reconfigured(self) -> None:
-        self._rediscover = True
-        self._dirty.set()
-
-    async def _refresher(self) -> None:
-        while True:
-            await self._dirty.wait()
-            self._dirty.clear()
-            if self._rediscover:
-                self._rediscover = False
-                try:
-                    self.inventory = await asyncio.to_thread(self.backend.discover)
-                except Exception as exc:  # keep serving the last inventory
-                    log.error("re-discovery failed, keeping the last device list: %s", exc)
+            owners = after.owners
+            for uuid in sorted(set(before.health) | set(after.health)):
+                old = before.health.get(uuid, Health.HEALTHY)
+                new = after.health.get(uuid, Health.HEALTHY)
+                if old is new:
+                    continue
+                if uuid in owners:
+                    self.metrics.health_transition(owners[uuid], healthy=new is Health.HEALTHY)
+                if new is Health.UNHEALTHY:
+                    self.events.warning(Reason.GPU_UNHEALTHY, f"GPU {uuid} is unhealthy")
                 else:
-                    await self._write_cdi_spec()
-            try:
-                await self._refresh(self.config)
-            except ConfigError as exc:
-                # A MIG layout the config can't use (e.g. single with mixed profiles).
-                log.error(
-                    "the new device layout does not fit the config; keeping the last: %s", exc
-                )
-
-    async def _refresh(self, config: Config) -> None:
-        """Rebuild specs from inventory+health+config and reconcile the plugins.
-
-        Raises `ConfigError` if `config` can't apply; nothing changes then.
-        """
-        # Health, MIG and config changes all land here; MPS start-up awaits midway, so
-        # one refresh at a time keeps two of them from starting the same daemon.
-        async with self._refresh_lock:
-            await self._refresh_locked(config)
-
-    async def _refresh_locked(self, config: Config) -> None:
-        specs = build_resources(self.inventory.with_health(self.health), config)
-        await self._reconcile_mps(specs, config)
-        not_ready = {
-            g.uuid: Health.UNHEALTHY for d in self.mps.values() if not d.ready for g in d.gpus
-        }
-        if not_ready:
-            # An MPS resource whose daemon is down is shown but not allocatable.
-            health = {**self.health, **not_ready}
-            specs = build_resources(self.inventory.with_health(health), config)
-        await self.manager.apply(specs, config)
-        self.specs, self.config = specs, config
+                    self.events.emit(Reason.GPU_HEALTHY, f"GPU {uuid} is healthy again")
 
     async def _follow_config(self, updates: AsyncIterator[ConfigUpdate]) -> None:
+        """Each new config into the store, unless it cannot serve this node."""
         async for update in updates:
             if update.config is None:
                 self._reject(update.origin, update.error)
                 continue
             try:
-                await self._refresh(update.config)
+                self.store.state.check(config=update.config)
             except ConfigError as exc:
                 self._reject(update.origin, exc)
                 continue
+            self.store.update(config=update.config)
             self.metrics.config_reload(ok=True)
             log.info("config reloaded from %s: %s", update.origin, config_to_json(update.config))
-            # Strategies, modes (gdsEnabled...) and IMEX channels decide the CDI files.
-            await self._write_cdi_spec()
 
     def _reject(self, origin: str, error: Exception | None) -> None:
         self.metrics.config_reload(ok=False)
@@ -470,42 +425,73 @@ class Daemon:
         """SIGHUP: re-read the config now."""
         self.source.poke()
 
-    def _extra_edits(self, spec: ResourceSpec) -> ContainerEdits | None:
-        mps = self.mps.get(spec.name)
-        if spec.sharing is not SharingKind.MPS or mps is None:
-            return None
-        envs, mounts = mps.allocate_edits()
-        return ContainerEdits(envs=envs, mounts=mounts)
-
     async def _label(self) -> None:
-        """Publish node labels from the daemon's own view; a failure never stops serving."""
+        """Publish node labels from the store: again as soon as the inventory, health or
+        config changes, else every sleep interval; a failure never stops serving."""
         gfd = self.config.flags.gfd
         interval = labeller.parse_duration(gfd.sleep_interval)
         sink = labeller.FeatureFileSink(gfd.output_file)
+        # GFD stamps the time its loop started, not each pass, so NFD rewrites nothing.
+        started = time.time()
         while True:
+            state = self.store.state
+            wait = interval
             try:
-                await labeller.run_labeller(
-                    lambda: self.inventory.with_health(self.health),
-                    lambda: self.config,
-                    sink,
-                    interval=interval,
-                    machine_type=lambda: labeller.read_machine_type(gfd.machine_type_file),
-                    timestamps=not gfd.no_timestamp,
-                )
+                await self._label_once(state, sink, started)
             except KubegpuError as exc:
-                log.error("labelling failed, retrying in %.0f s: %s", min(interval, 60), exc)
-            await asyncio.sleep(min(interval, 60))
+                wait = min(interval, 60)
+                log.error("labelling failed, retrying in %.0f s: %s", wait, exc)
+            with contextlib.suppress(TimeoutError):
+                await asyncio.wait_for(
+                    self._labels_stale(state), None if math.isinf(wait) else wait
+                )
+
+    async def _label_once(
+        self, state: NodeState, sink: labeller.FeatureFileSink, started: float
+    ) -> None:
+        """One labelling pass over `state` (a snapshot: the store may move meanwhile)."""
+        gfd = state.config.flags.gfd
+        await labeller.run_labeller(
+            lambda: state.inventory.with_health(state.health),
+            lambda: state.config,
+            sink,
+            interval=None,
+            machine_type=lambda: labeller.read_machine_type(gfd.machine_type_file),
+            timestamps=not gfd.no_timestamp,
+            clock=lambda: started,
+        )
+
+    async def _labels_stale(self, labelled: NodeState) -> None:
+        """Until a state the labels depend on differs from `labelled` (MPS readiness and
+        versions alone do not count)."""
+        async for state in self.store.subscribe(labelled.version):
+            if (state.inventory, state.config, state.health) != (
+                labelled.inventory,
+                labelled.config,
+                labelled.health,
+            ):
+                return
 
     # -- CDI and MPS ----------------------------------------------------------------------
 
-    async def _write_cdi_spec(self) -> None:
-        plugin = self.config.flags.plugin
+    async def _follow_cdi(self, since: int) -> None:
+        """Rewrite the CDI specs whenever the inventory or the config changes: strategies,
+        modes (gdsEnabled...) and IMEX channels decide the CDI files."""
+        written = self.store.state
+        async for state in self.store.subscribe(since):
+            if state.inventory is written.inventory and state.config is written.config:
+                continue  # only health or MPS readiness moved
+            written = state
+            await self._write_cdi_spec(state)
+
+    async def _write_cdi_spec(self, state: NodeState) -> None:
+        plugin = state.config.flags.plugin
         wanted = {DeviceListStrategy.CDI_ANNOTATIONS, DeviceListStrategy.CDI_CRI}
-        if not wanted & set(plugin.device_list_strategy) or not self.inventory.gpus:
+        if not wanted & set(plugin.device_list_strategy) or not state.inventory.gpus:
             return
         directory = self.settings.cdi_dir
         try:
-            specs = await asyncio.to_thread(cdi.node_specs, self.inventory, self.config)
+            specs = await asyncio.to_thread(cdi.node_specs, state.inventory, state.config)
             for name, spec in specs.items():
                 path = await asyncio.to_thread(cdi.write_spec, spec, str(directory), name)
                 log.info("wrote CDI spec %s (%d devices)", path, len(spec.get("devices", [])))
@@ -523,11 +509,19 @@ class Daemon:
                 exc,
             )
 
-    async def _reconcile_mps(self, specs: tuple[ResourceSpec, ...], config: Config) -> None:
+    async def _follow_mps(self, since: int) -> None:
+        """Keep one control daemon per MPS resource of the newest state."""
+        async for state in self.store.subscribe(since):
+            await self._reconcile_mps(state)
+
+    async def _reconcile_mps(self, state: NodeState) -> None:
         """Start a control daemon for each MPS resource, stop those no longer wanted.
 
-        A daemon is restarted when its resource's GPUs or limits change.
+        A daemon is restarted when its resource's GPUs or limits change. Readiness goes
+        to the store (`mps_ready`), which keeps the resource's devices unhealthy until
+        its daemon answers.
         """
+        specs = state.planned
         wanted: dict[str, ResourceSpec] = {s.name: s for s in specs if s.sharing is SharingKind.MPS}
         for name in list(self.mps):
             spec = wanted.get(name)
@@ -535,7 +529,10 @@ class Daemon:
                 await self._stop_mps(name)
         for name, spec in wanted.items():
             if name not in self.mps:
-                await self._start_mps(spec, config)
+                await self._start_mps(spec, state.config)
+
+    def _mps_changed(self, name: str, ready: bool) -> None:
+        self.store.update(mps_ready={**self.store.state.mps_ready, name: ready})
 
     @staticmethod
     def _mps_key(spec: ResourceSpec) -> tuple[object, ...]:
@@ -559,7 +556,7 @@ class Daemon:
             memory_limit_mib=parse_quantity(memory) // (1 << 20) if memory else None,
             active_thread_percentage=entry.active_thread_percentage if entry else None,
             control_binary=self.settings.mps_control_binary,
-            on_change=lambda ready: self._dirty.set(),
+            on_change=functools.partial(self._mps_changed, spec.name),
         )
         self._mps_keys[spec.name] = self._mps_key(spec)
         self.mps[spec.name] = daemon
@@ -567,9 +564,7 @@ class Daemon:
             await daemon.start()
         except MpsError as exc:
             log.error("%s: advertised as unhealthy until it starts", exc)
-        self._mps_tasks[spec.name] = asyncio.create_task(
-            daemon.supervise(), name=f"mps {spec.name}"
-        )
+        self._mps_tasks[spec.name] = spawn(f"mps {spec.name}", daemon.supervise())
         log.info("MPS control daemon for %s: ready=%s", spec.name, daemon.ready)
 
     async def _stop_mps(self, name: str) -> None:
@@ -582,3 +577,7 @@ class Daemon:
         self._mps_keys.pop(name, None)
         with contextlib.suppress(MpsError):
             await daemon.stop()
+        # A resource no longer MPS-shared has no readiness to wait for.
+        self.store.update(
+            mps_ready={k: v for k, v in self.store.state.mps_ready.items() if k != name}
+        )

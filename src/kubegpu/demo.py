@@ -19,6 +19,7 @@ from kubegpu.daemon import Daemon, DaemonSettings
 from kubegpu.devices.simulated import SimulatedBackend
 from kubegpu.health import describe_xid
 from kubegpu.kubelet import KubeletEmulator
+from kubegpu.supervisor import spawn
 
 RESOURCE = "nvidia.com/gpu"
 #: The pod asks for this many GPUs, or for every GPU on a smaller node (t4-1, h100-mig).
@@ -68,7 +69,7 @@ async def _demo(preset: str, workdir: Path) -> None:
     daemon = Daemon(settings, backend=backend)
     stop = asyncio.Event()
     started = time.monotonic()
-    serving = asyncio.create_task(daemon.run(stop))
+    serving = spawn("demo daemon", daemon.run(stop))
     try:
         await kubelet.wait_for_resource(RESOURCE, capacity=total, timeout=10)
         took = time.monotonic() - started

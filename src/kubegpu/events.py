@@ -29,6 +29,7 @@ from typing import Any, Protocol
 
 from kubegpu.kube import Kube, KubeError, default_client
 from kubegpu.metrics import Metrics
+from kubegpu.supervisor import spawn
 
 log = logging.getLogger(__name__)
 
@@ -282,7 +283,7 @@ class NodeEvents:
 
     def start(self) -> None:
         if self.sink is not None and self._task is None:
-            self._task = asyncio.get_running_loop().create_task(self.run(), name="node-events")
+            self._task = spawn("node events", self.run())
 
     async def stop(self, flush_timeout: float = 2.0) -> None:
         """Give queued events `flush_timeout` seconds to go out, then stop."""

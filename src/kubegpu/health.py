@@ -3,8 +3,11 @@
 Unlike NVIDIA's plugin, a device that went unhealthy can come back: once probes pass for
 `recovery_seconds` after its last error it is advertised as healthy again (0 keeps the
 old never-recover behaviour). The policy is a plain object with an injected clock so that
-every rule is unit-tested without threads or sleeps; `HealthMonitor` owns the I/O: the
-backend's blocking `watch` in a thread, probes in worker threads, callbacks on the loop.
+every rule is unit-tested without threads or sleeps; `HealthMonitor` owns the I/O and
+the path is one line: the backend's blocking `watch` in a thread -> one queue -> the
+tracker -> `store.update(health=...)`. A MIG reconfiguration re-discovers the devices
+into `store.update(inventory=...)`. Whoever cares (plugins, metrics, Node events)
+subscribes to the store.
 """
 
 from __future__ import annotations
@@ -20,6 +23,9 @@ from dataclasses import dataclass
 from kubegpu.config.v1 import HealthFlags
 from kubegpu.devices.model import DeviceBackend, Health, HealthEvent, HealthEventKind
 from kubegpu.errors import ConfigError
+from kubegpu.metrics import Metrics
+from kubegpu.state import NodeStore
+from kubegpu.supervisor import spawn
 
 log = logging.getLogger("kubegpu.health")
 
@@ -179,26 +185,25 @@ def health_flags_from_env(env: Mapping[str, str], base: HealthFlags) -> HealthFl
 
 
 class HealthMonitor:
-    """Runs a backend's health watch and probes; reports every change of the health map."""
+    """Runs a backend's health watch and probes; writes health and inventory to the store."""
 
     def __init__(
         self,
         backend: DeviceBackend,
         settings: HealthFlags,
-        on_change: Callable[[Mapping[str, Health]], None],
-        on_reconfigured: Callable[[], None],
+        store: NodeStore,
         clock: Callable[[], float] = time.monotonic,
         *,
+        metrics: Metrics | None = None,
         join_timeout: float = 5.0,
     ) -> None:
         self.backend = backend
         self.settings = settings
         self.tracker = HealthTracker(settings, clock)
-        self._on_change = on_change
-        self._on_reconfigured = on_reconfigured
+        self.store = store
+        #: Counts every raw Xid, even ignored ones (not state: a counter of events seen).
+        self._metrics = metrics
         self._join_timeout = join_timeout
-        #: Sees every raw event first (metrics count Xids even when they are ignored).
-        self.on_event: Callable[[HealthEvent], None] | None = None
 
     async def run(self) -> None:
         """Watch and probe until cancelled; the watch thread is stopped and joined on exit."""
@@ -217,11 +222,17 @@ class HealthMonitor:
         watcher.start()
         if self.settings.disabled:
             log.info("health checks are disabled: every device stays healthy")
+        # Probes beside the consumer; a failure of either ends `run` (a root task).
+        probes = spawn("health probes", self._probe_loop())
+        consumer = spawn("health events", self._consume(queue))
         try:
-            async with asyncio.TaskGroup() as group:
-                group.create_task(self._consume(queue))
-                group.create_task(self._probe_loop())
+            done, _ = await asyncio.wait({probes, consumer}, return_when=asyncio.FIRST_COMPLETED)
+            for task in done:
+                task.result()
         finally:
+            for task in (probes, consumer):
+                task.cancel()
+            await asyncio.gather(probes, consumer, return_exceptions=True)
             stop.set()
             await asyncio.shield(asyncio.to_thread(watcher.join, self._join_timeout))
             if watcher.is_alive():
@@ -244,7 +255,27 @@ class HealthMonitor:
 
     async def _consume(self, queue: asyncio.Queue[HealthEvent]) -> None:
         while True:
-            self.handle(await queue.get())
+            event = await queue.get()
+            if event.kind is HealthEventKind.RECONFIGURED:
+                await self._rediscover(event.uuid)
+            else:
+                self.handle(event)
+
+    async def _rediscover(self, uuid: str) -> None:
+        """A MIG layout changed: discover again; the store takes it only if it serves."""
+        log.info("%s reconfigured: rediscovering devices", uuid)
+        try:
+            inventory = await asyncio.to_thread(self.backend.discover)
+        except Exception as exc:  # keep serving the last inventory
+            log.error("re-discovery failed, keeping the last device list: %s", exc)
+            return
+        try:
+            self.store.state.check(inventory=inventory)
+        except ConfigError as exc:
+            # A MIG layout the config can't use (e.g. single with mixed profiles).
+            log.error("the new device layout does not fit the config; keeping the last: %s", exc)
+            return
+        self.store.update(inventory=inventory)
 
     async def _probe_loop(self) -> None:
         while True:
@@ -257,13 +288,9 @@ class HealthMonitor:
                     self.handle(HealthEvent(uuid, HealthEventKind.PROBE_FAILED, detail=failure))
 
     def handle(self, event: HealthEvent) -> None:
-        """Feed one event (on the loop thread); report and log any change."""
-        if self.on_event is not None:
-            self.on_event(event)
-        if event.kind is HealthEventKind.RECONFIGURED:
-            log.info("%s reconfigured: rediscovering devices", event.uuid)
-            self._on_reconfigured()
-            return
+        """Feed one health event (on the loop thread); store and log any change."""
+        if event.kind is HealthEventKind.XID and event.xid is not None and self._metrics:
+            self._metrics.xid(event.uuid, event.xid)
         before = self.tracker.health()
         if not self.tracker.observe(event):
             if (
@@ -281,7 +308,7 @@ class HealthMonitor:
         for uuid in sorted(before.keys() - after.keys()):
             how = "healed by operator" if event.kind is HealthEventKind.HEALED else "probes pass"
             log.info("%s healthy again (%s)", uuid, how)
-        self._on_change(after)
+        self.store.update(health=after)
 
 
 __all__ = [

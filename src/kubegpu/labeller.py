@@ -49,6 +49,7 @@ from kubegpu.errors import ConfigError, InitError, KubegpuError
 from kubegpu.gosyntax import parse_bool
 from kubegpu.labels import gpu_labels, pci_classes, pci_configs, pci_present
 from kubegpu.labels_amd import amd_labels, rocm_owned_keys
+from kubegpu.supervisor import spawn
 
 log = logging.getLogger(__name__)
 
@@ -949,7 +950,7 @@ class LiveConfig:
             raise first.error or ConfigError(f"{first.origin}: no config")
         log.info("config: %s", first.origin)
         self._current = first.config
-        self._task = asyncio.create_task(self._follow(self._updates), name="labeller-config")
+        self._task = spawn("labeller-config", self._follow(self._updates))
         return first.config
 
     async def _follow(self, updates: AsyncIterator[ConfigUpdate]) -> None:

@@ -25,7 +25,7 @@ import time
 from collections.abc import Callable, Mapping, Sequence
 from pathlib import Path
 
-from kubegpu.allocation import MountSpec
+from kubegpu.allocation import ContainerEdits, MountSpec
 from kubegpu.devices.model import Gpu
 from kubegpu.errors import ConfigError, DeviceError
 from kubegpu.nvidia_paths import MPS_CONTAINER_PIPE_DIR as CONTAINER_PIPE_DIR
@@ -44,6 +44,31 @@ class MpsError(DeviceError):
 def resource_dir_name(resource: str) -> str:
     """`nvidia.com/gpu` -> `nvidia.com_gpu`: one directory per resource under the root."""
     return resource.replace("/", "_")
+
+
+def pipe_dir(root: Path | str, resource: str) -> Path:
+    """Where the control daemon of `resource` keeps its pipes, under the MPS root."""
+    return Path(root) / resource_dir_name(resource) / "pipe"
+
+
+def container_edits(
+    resource: str, host_root: Path | str, shm_dir: Path | str = "/dev/shm"
+) -> ContainerEdits:
+    """What a container of an MPS-shared `resource` needs to reach its daemon.
+
+    It follows from the config alone (`flags.mpsRoot` and the resource name), so Allocate
+    computes it; whether the daemon answers is the store's `mps_ready`, which keeps the
+    devices unhealthy (not allocatable) until it does.
+    """
+    return ContainerEdits(
+        envs={"CUDA_MPS_PIPE_DIRECTORY": CONTAINER_PIPE_DIR},
+        mounts=(
+            MountSpec(
+                container_path=CONTAINER_PIPE_DIR, host_path=str(pipe_dir(host_root, resource))
+            ),
+            MountSpec(container_path="/dev/shm", host_path=str(shm_dir)),
+        ),
+    )
 
 
 class MpsDaemon:
@@ -95,7 +120,8 @@ class MpsDaemon:
         self.dir = Path(root) / resource_dir_name(resource)
         self.pipe_dir = self.dir / "pipe"
         self.log_dir = self.dir / "log"
-        self.host_pipe_dir = Path(host_root or root) / resource_dir_name(resource) / "pipe"
+        self.host_root = Path(host_root or root)
+        self.host_pipe_dir = pipe_dir(self.host_root, resource)
         self.shm_dir = shm_dir
         self.ready_timeout = ready_timeout
         self.command_timeout = command_timeout
@@ -130,12 +156,8 @@ class MpsDaemon:
 
     def allocate_edits(self) -> tuple[dict[str, str], tuple[MountSpec, ...]]:
         """What a container of this resource needs to reach the daemon."""
-        envs = {"CUDA_MPS_PIPE_DIRECTORY": CONTAINER_PIPE_DIR}
-        mounts = (
-            MountSpec(container_path=CONTAINER_PIPE_DIR, host_path=str(self.host_pipe_dir)),
-            MountSpec(container_path="/dev/shm", host_path=str(self.shm_dir)),
-        )
-        return envs, mounts
+        edits = container_edits(self.resource, self.host_root, self.shm_dir)
+        return dict(edits.envs), edits.mounts
 
     # --- lifecycle -----------------------------------------------------------------
 

@@ -21,6 +21,7 @@ from kubegpu.api import device_plugin_stub, pb, pb_grpc
 from kubegpu.config import Config
 from kubegpu.daemon import Daemon, DaemonSettings
 from kubegpu.devices.simulated import SimulatedBackend
+from kubegpu.events import FakeEventSink, NodeEvents
 from kubegpu.kubelet import KubeletEmulator
 from kubegpu.plugin.server import ResourceServer
 from kubegpu.resources import ResourceSpec, build_resources
@@ -53,6 +54,7 @@ async def running_node(
     preset: str = "h100-8",
     overrides: Mapping[str, Any] | None = None,
     config_file: Path | None = None,
+    events: NodeEvents | None = None,
     **settings: Any,
 ) -> AsyncIterator[Node]:
     plugin_dir = socket_dir / "dp"
@@ -69,6 +71,7 @@ async def running_node(
             **settings,
         ),
         backend=backend,
+        events=events,
     )
     stop = asyncio.Event()
     task = asyncio.create_task(daemon.run(stop))
@@ -531,3 +534,46 @@ async def test_list_is_built_once_per_spec_version_and_rebuilt_on_change(
         assert len((await stream.read()).devices) == 2
         stream.cancel()
     assert builds == [4, 2]
+
+
+async def test_mps_mounts_follow_from_the_config_alone(socket_dir: Path) -> None:
+    """Allocate computes the MPS pipe and shm mounts from the spec and `flags.mpsRoot`;
+    no daemon object is asked (its readiness only gates health, in the store)."""
+    from kubegpu.config import parse_config
+
+    config = parse_config(
+        "version: v1\nflags: {mpsRoot: /run/nvidia/mps}\n"
+        "sharing:\n  mps:\n    resources:\n    - {name: nvidia.com/gpu, replicas: 2}\n"
+    )
+    spec = _spec(2, config)
+    async with serving(socket_dir, spec, config) as (_, stub):
+        resp = await stub.Allocate(_allocate(spec.devices[0].id))
+    (answer,) = resp.container_responses
+    assert answer.envs["CUDA_MPS_PIPE_DIRECTORY"] == "/tmp/nvidia-mps"
+    mounts = {m.container_path: m.host_path for m in answer.mounts}
+    assert mounts["/tmp/nvidia-mps"] == "/run/nvidia/mps/nvidia.com_gpu/pipe"
+    assert mounts["/dev/shm"] == "/dev/shm"
+
+
+async def test_health_transitions_become_node_events_and_metrics(socket_dir: Path) -> None:
+    """Metrics and Node events follow the store: one event and one count per transition."""
+    sink = FakeEventSink()
+    events = NodeEvents("node-a", sink, dedupe_seconds=0)
+    overrides = {"flags.health.recoverySeconds": 0}
+    async with running_node(socket_dir, "a10g-4", overrides, events=events) as node:
+        k = node.kubelet
+        await k.wait_for_resource(GPU, allocatable=4)
+        node.backend.inject_xid(1, 79)
+        await k.wait_for_resource(GPU, allocatable=3)
+        node.backend.heal(1)
+        await k.wait_for_resource(GPU, allocatable=4)
+        await eventually(lambda: len(sink.events) == 2, 5)
+        metrics = node.daemon.metrics
+        for health in ("Unhealthy", "Healthy"):
+            labels = {"resource": GPU, "health": health}
+            assert metrics.value("kubegpu_health_transitions_total", labels) == 1
+    uuid = node.uuids[1]
+    assert [(e.reason, e.message) for e in sink.events] == [
+        ("GPUUnhealthy", f"GPU {uuid} is unhealthy"),
+        ("GPUHealthy", f"GPU {uuid} is healthy again"),
+    ]

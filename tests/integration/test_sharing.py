@@ -209,6 +209,35 @@ async def test_serve_with_labels_writes_gfd_labels_from_its_own_view(socket_dir:
         assert "nvidia.com/gfd.timestamp" not in labels
 
 
+async def test_serve_with_labels_relabels_as_soon_as_the_config_changes(
+    socket_dir: Path,
+) -> None:
+    """The labeller follows the store: a new config is labelled at once, not after the
+    sleep interval (an hour here)."""
+    features = socket_dir / "features.d" / "gfd"
+    config = socket_dir / "config.yaml"
+    config.write_text("version: v1\n")
+    overrides = {
+        "flags.gfd.outputFile": str(features),
+        "flags.gfd.noTimestamp": True,
+        "flags.gfd.sleepInterval": "1h",
+    }
+
+    def labels() -> dict[str, str]:
+        text = features.read_text() if features.exists() else ""
+        return dict(line.split("=", 1) for line in text.splitlines())
+
+    async with running_node(
+        socket_dir, "a10g-4", overrides, config_file=config, with_labels=True
+    ) as node:
+        await node.kubelet.wait_for_resource(GPU, capacity=4)
+        await eventually(lambda: labels().get("nvidia.com/gpu.count") == "4", 5)
+        assert labels().get("nvidia.com/gpu.replicas") == "1"
+        config.write_text(SEED_003.replace("replicas: 20", "replicas: 3"))
+        await node.kubelet.wait_for_resource(GPU, capacity=12, timeout=10)
+        await eventually(lambda: labels().get("nvidia.com/gpu.replicas") == "3", 5)
+
+
 async def test_node_label_switches_named_config_live(socket_dir: Path) -> None:
     from kubegpu.config.source import FakeNodeLabels, NamedConfigs
 

@@ -3,7 +3,6 @@
 from __future__ import annotations
 
 import argparse
-import importlib.util
 import json
 import stat
 from pathlib import Path
@@ -294,13 +293,6 @@ def test_cli_backend_failure_is_exit_1(capsys: pytest.CaptureFixture[str]) -> No
     assert "unknown backend 'bogus'" in capsys.readouterr().err
 
 
-needs_simulated = pytest.mark.skipif(
-    importlib.util.find_spec("kubegpu.devices.simulated") is None,
-    reason="the simulated backend is not in this tree yet",
-)
-
-
-@needs_simulated
 @pytest.mark.parametrize("preset", ["h100-8", "a100-40gb-mig"])
 def test_cli_generate_simulated(
     preset: str, tmp_path: Path, capsys: pytest.CaptureFixture[str]

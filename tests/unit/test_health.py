@@ -10,11 +10,14 @@ from collections.abc import AsyncIterator, Callable, Mapping
 
 import pytest
 
+from kubegpu.config import Config
 from kubegpu.config.v1 import HealthFlags
 from kubegpu.devices.model import Health, HealthEvent, HealthEventKind
 from kubegpu.devices.simulated import SimulatedBackend
 from kubegpu.errors import ConfigError
 from kubegpu.health import HealthMonitor, HealthTracker, describe_xid, health_flags_from_env
+from kubegpu.state import NodeStore
+from kubegpu.supervisor import spawn
 
 GPU = "GPU-0"
 MIG = "MIG-0"
@@ -213,33 +216,29 @@ def tracker_from(flags: HealthFlags) -> HealthTracker:
 
 
 class Recorder:
-    """Collects on_change maps; lets a test await a condition on the latest one."""
+    """Follows the store the monitor writes: every health map and inventory it stored."""
 
     def __init__(self) -> None:
+        self.store = NodeStore()
         self.maps: list[Mapping[str, Health]] = []
         self.reconfigured = 0
-        self._changed = asyncio.Event()
-
-    def on_change(self, health: Mapping[str, Health]) -> None:
-        self.maps.append(dict(health))
-        self._changed.set()
-
-    def on_reconfigured(self) -> None:
-        self.reconfigured += 1
-        self._changed.set()
+        self._changes = self.store.changes()
 
     async def until(self, predicate: Callable[[], object], timeout: float = 5.0) -> None:
         async def wait() -> None:
             while not predicate():
-                self._changed.clear()
-                await self._changed.wait()
+                before, after = await anext(self._changes)
+                if after.health is not before.health:
+                    self.maps.append(dict(after.health))
+                if after.inventory is not before.inventory:
+                    self.reconfigured += 1
 
         await asyncio.wait_for(wait(), timeout)
 
 
 @contextlib.asynccontextmanager
 async def running(monitor: HealthMonitor) -> AsyncIterator[asyncio.Task[None]]:
-    task = asyncio.create_task(monitor.run())
+    task = spawn("health monitor", monitor.run())
     try:
         yield task
     finally:
@@ -252,7 +251,7 @@ async def test_monitor_reports_injected_xid_and_heal(caplog: pytest.LogCaptureFi
     backend = SimulatedBackend.load("t4-1")
     uuid = backend.discover().gpus[0].uuid
     rec = Recorder()
-    monitor = HealthMonitor(backend, HealthFlags(), rec.on_change, rec.on_reconfigured)
+    monitor = HealthMonitor(backend, HealthFlags(), rec.store)
     with caplog.at_level(logging.INFO, "kubegpu.health"):
         async with running(monitor):
             backend.inject_xid(0, 79)
@@ -266,7 +265,7 @@ async def test_monitor_reports_injected_xid_and_heal(caplog: pytest.LogCaptureFi
 async def test_monitor_ignores_ignored_xid_and_reports_reconfigure() -> None:
     backend = SimulatedBackend.load("h100-mig")
     rec = Recorder()
-    monitor = HealthMonitor(backend, HealthFlags(), rec.on_change, rec.on_reconfigured)
+    monitor = HealthMonitor(backend, HealthFlags(), rec.store)
     async with running(monitor):
         backend.inject_xid(0, 13)
         backend.set_mig_layout(0, ["7g.80gb"])
@@ -279,7 +278,7 @@ async def test_monitor_probes_and_recovers() -> None:
     uuid = backend.discover().gpus[2].uuid
     rec = Recorder()
     settings = HealthFlags(recovery_seconds=0.05, probe_interval_seconds=0.02)
-    monitor = HealthMonitor(backend, settings, rec.on_change, rec.on_reconfigured)
+    monitor = HealthMonitor(backend, settings, rec.store)
     async with running(monitor) as task:
         backend.fail_probe(2, "GPU is lost")
         await rec.until(lambda: rec.maps and rec.maps[-1] == {uuid: Health.UNHEALTHY})
@@ -293,9 +292,30 @@ async def test_monitor_probes_and_recovers() -> None:
 async def test_monitor_stops_the_watch_thread_on_cancel() -> None:
     backend = SimulatedBackend.load("t4-1")
     rec = Recorder()
-    monitor = HealthMonitor(backend, HealthFlags(), rec.on_change, rec.on_reconfigured)
+    monitor = HealthMonitor(backend, HealthFlags(), rec.store)
     async with running(monitor):
         backend.inject_xid(0, 79)
         await rec.until(lambda: bool(rec.maps))
         assert "kubegpu-health-watch" in {t.name for t in threading.enumerate()}
     assert "kubegpu-health-watch" not in {t.name for t in threading.enumerate()}
+
+
+async def test_monitor_keeps_a_new_mig_layout_out_of_the_store_when_it_cannot_serve(
+    caplog: pytest.LogCaptureFixture,
+) -> None:
+    backend = SimulatedBackend.load("h100-mig")
+    rec = Recorder()
+    single = Config.model_validate({"version": "v1", "flags": {"migStrategy": "single"}})
+    backend.set_mig_layout(0, ["7g.80gb"])
+    rec.store.update(inventory=backend.discover(), config=single)
+    monitor = HealthMonitor(backend, HealthFlags(), rec.store)
+    kept = rec.store.state
+    with caplog.at_level(logging.ERROR, "kubegpu.health"):
+        async with running(monitor):
+            backend.set_mig_layout(0, ["1g.10gb", "2g.20gb"])  # mixed: single refuses it
+            # Events are consumed in order: once the Xid is stored, the layout was judged.
+            backend.inject_xid(0, 79)
+            await rec.until(lambda: bool(rec.maps))
+    assert "does not fit the config; keeping the last" in caplog.text
+    assert rec.store.state.inventory is kept.inventory
+    assert rec.reconfigured == 1, "only the set-up stored an inventory"

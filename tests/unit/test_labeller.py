@@ -4,7 +4,6 @@ from __future__ import annotations
 
 import argparse
 import asyncio
-import importlib.util
 import json
 import math
 from collections.abc import Callable, Mapping
@@ -465,10 +464,6 @@ def test_cli_bad_config_file_exit_2(tmp_path: Path, capsys: pytest.CaptureFixtur
     assert "migStrategy" in capsys.readouterr().err
 
 
-@pytest.mark.skipif(
-    importlib.util.find_spec("kubegpu.devices.simulated") is None,
-    reason="simulated backend not built yet",
-)
 def test_cli_simulate_t4_preset(tmp_path: Path) -> None:
     out = tmp_path / "gfd"
     rc = run_cli(["--oneshot", "--simulate", "t4-1", "-o", str(out), "--sysfs-root", str(tmp_path)])

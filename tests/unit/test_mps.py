@@ -15,7 +15,7 @@ import pytest
 from kubegpu.allocation import MountSpec
 from kubegpu.devices.model import Gpu
 from kubegpu.errors import ConfigError
-from kubegpu.mps import CONTAINER_PIPE_DIR, MpsDaemon, MpsError
+from kubegpu.mps import CONTAINER_PIPE_DIR, MpsDaemon, MpsError, container_edits
 
 FAKE = str(Path(__file__).parent.parent / "fixtures" / "fake-mps-control")
 RESOURCE = "nvidia.com/gpu.shared"
@@ -235,6 +235,22 @@ def test_allocate_edits(tmp_path: Path) -> None:
         MountSpec(CONTAINER_PIPE_DIR, "/run/nvidia/mps/nvidia.com_gpu.shared/pipe"),
         MountSpec("/dev/shm", "/run/nvidia/mps/shm"),
     )
+
+
+def test_container_edits_follow_from_the_root_alone_and_match_the_daemons(
+    tmp_path: Path,
+) -> None:
+    """Allocate computes the mounts from `flags.mpsRoot`; they are the ones the daemon
+    started under that root serves (its pipe directory, the host's /dev/shm)."""
+    edits = container_edits(RESOURCE, "/run/nvidia/mps")
+    assert dict(edits.envs) == {"CUDA_MPS_PIPE_DIRECTORY": CONTAINER_PIPE_DIR}
+    assert edits.mounts == (
+        MountSpec(CONTAINER_PIPE_DIR, "/run/nvidia/mps/nvidia.com_gpu.shared/pipe"),
+        MountSpec("/dev/shm", "/dev/shm"),
+    )
+    d = MpsDaemon(RESOURCE, tmp_path, GPUS, 2)
+    assert container_edits(RESOURCE, tmp_path).mounts == d.allocate_edits()[1]
+    assert container_edits(RESOURCE, tmp_path).mounts[0].host_path == str(d.pipe_dir)
 
 
 @pytest.mark.parametrize(

@@ -32,6 +32,7 @@ from kubegpu.config.loader import load_config_bytes, read_bytes
 from kubegpu.config.v1 import Config
 from kubegpu.errors import ConfigError
 from kubegpu.kube import Kube, default_client
+from kubegpu.supervisor import spawn
 
 log = logging.getLogger(__name__)
 
@@ -250,9 +251,9 @@ class ConfigSource:
         if named.node_name is None:
             log.warning("named configs: no node name (--node-name/NODE_NAME); label ignored")
             return None
-        task = asyncio.create_task(
+        task = spawn(
+            f"config-label-{named.node_name}",
             self._follow_label(named.labels, named.node_name, named.label),
-            name=f"config-label-{named.node_name}",
         )
         try:
             async with asyncio.timeout(named.label_timeout):

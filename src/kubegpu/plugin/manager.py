@@ -1,6 +1,7 @@
 """The set of plugins being served: one `ResourceServer` per resource name.
 
-`apply` reconciles it with a new list of specs (config reload, health or MIG change):
+`follow` subscribes to the node-state store and `apply`s each new version's specs
+(config reload, health, MIG or MPS readiness change):
 new names get a server and a registration, existing ones push a new device list down
 their ListAndWatch streams, vanished ones stop (the kubelet then marks them unhealthy and
 drops them after its grace period). `run` re-serves and re-registers everything when the
@@ -24,8 +25,10 @@ from kubegpu.config import Config
 from kubegpu.errors import RegistrationError
 from kubegpu.metrics import Metrics
 from kubegpu.plugin.registration import watch_kubelet
-from kubegpu.plugin.server import ExtraEdits, ResourceServer
+from kubegpu.plugin.server import ResourceServer
 from kubegpu.resources import ResourceSpec
+from kubegpu.state import NodeStore
+from kubegpu.supervisor import spawn
 
 log = logging.getLogger("kubegpu.plugin")
 
@@ -61,7 +64,6 @@ class PluginManager:
         plugin_dir: Path,
         *,
         metrics: Metrics | None = None,
-        extra_edits: ExtraEdits | None = None,
         on_registered: Callable[[str, float], None] | None = None,
         cdi_dir: Path = Path(DEFAULT_CDI_DIRECTORY),
     ) -> None:
@@ -71,7 +73,6 @@ class PluginManager:
         self.kubelet_socket = plugin_dir / KUBELET_SOCKET
         self.servers: dict[str, ResourceServer] = {}
         self._metrics = metrics
-        self._extra = extra_edits
         self._on_registered = on_registered
         self._registrars: dict[str, asyncio.Task[None]] = {}
         self._lock = asyncio.Lock()
@@ -93,7 +94,6 @@ class PluginManager:
                     config,
                     self.plugin_dir,
                     metrics=self._metrics,
-                    extra_edits=self._extra,
                     cdi_dir=self._cdi_dir,
                 )
                 self.servers[name] = server
@@ -104,6 +104,12 @@ class PluginManager:
                 if problem is not None:
                     log.error("%s; serving %s as soon as it can", problem, name)
                 self._start_registrar(server, serve=problem is not None)
+
+    async def follow(self, store: NodeStore, since: int) -> None:
+        """Serve what the store advertises: every newer state's specs reach the plugins
+        (and through them every open ListAndWatch stream); runs until cancelled."""
+        async for state in store.subscribe(since):
+            await self.apply(state.specs, state.config)
 
     async def run(self) -> None:
         """Watch for kubelet restarts until cancelled."""
@@ -181,11 +187,11 @@ class PluginManager:
     def _start_registrar(
         self, server: ResourceServer, since: float | None = None, *, serve: bool = False
     ) -> None:
-        self._registrars[server.name] = asyncio.create_task(
+        self._registrars[server.name] = spawn(
+            f"register {server.name}",
             self._register_until_done(
                 server, since if since is not None else time.monotonic(), serve=serve
             ),
-            name=f"register {server.name}",
         )
 
     async def _register_until_done(

@@ -1,8 +1,9 @@
 """One device plugin: a `grpc.aio` server for one resource name on its own unix socket.
 
 The servicer reads only the current `ResourceSpec` and `Config` (swapped atomically by
-`update`); it never talks to a GPU backend. Errors reach the kubelet as proper status
-codes (INVALID_ARGUMENT for bad IDs), never as tracebacks or UNKNOWN.
+`update`); it never talks to a GPU backend. Every RPC runs inside one error boundary (the
+`Boundary` interceptor, with `kubegpu.plugin.status.status_for` as the one mapping), so
+errors reach the kubelet as proper status codes, never as tracebacks or UNKNOWN.
 """
 
 from __future__ import annotations
@@ -20,33 +21,27 @@ from typing import Any
 import grpc
 from google.protobuf.message import DecodeError
 
-from kubegpu import cdi
+from kubegpu import cdi, mps
 from kubegpu.allocation import (
     ContainerEdits,
     ImexChannel,
     build_response,
     describe_ids,
-    escape,
     select_imex_channels,
     validate_request,
 )
 from kubegpu.api import add_device_plugin_servicer, pb, pb_grpc
 from kubegpu.config import AllocationPolicy, Config, DeviceListStrategy
-from kubegpu.errors import AllocationError, PreconditionError
+from kubegpu.errors import AllocationError
 from kubegpu.metrics import Metrics
 from kubegpu.plugin.registration import register
-from kubegpu.resources import ResourceSpec
+from kubegpu.plugin.status import status_for
+from kubegpu.resources import ResourceSpec, SharingKind
 from kubegpu.topology import preferred_allocation
 
 log = logging.getLogger("kubegpu.plugin")
 
-#: Status details longer than this are cut: gRPC refuses metadata over 16 KiB, and the
-#: kubelet would then see RESOURCE_EXHAUSTED instead of our reason.
-MAX_DETAILS = 1024
 CDI_STRATEGIES = {DeviceListStrategy.CDI_ANNOTATIONS, DeviceListStrategy.CDI_CRI}
-
-#: Extra edits for a resource's containers (the MPS pipe directory), or None.
-ExtraEdits = Callable[[ResourceSpec], ContainerEdits | None]
 
 
 def plugin_options() -> pb.DevicePluginOptions:
@@ -92,14 +87,12 @@ class DevicePluginServicer(pb_grpc.DevicePluginServicer):
         config: Config,
         *,
         metrics: Metrics | None = None,
-        extra_edits: ExtraEdits | None = None,
         cdi_dir: Path = Path(cdi.DEFAULT_DIRECTORY),
     ) -> None:
         self.spec = spec
         self.config = config
         self.cdi_dir = cdi_dir
         self._metrics = metrics
-        self._extra = extra_edits
         self._version = 0
         #: The list message of one spec version: every stream opened on that version (the
         #: kubelet re-opens one after each restart) sends it without rebuilding it; 8,192
@@ -165,20 +158,11 @@ class DevicePluginServicer(pb_grpc.DevicePluginServicer):
     ) -> pb.PreferredAllocationResponse:
         spec, config = self.spec, self.config
         policy: AllocationPolicy = config.flags.plugin.shared_devices_allocation_policy
-        try:
-            answers = [
-                pb.ContainerPreferredAllocationResponse(deviceIDs=_prefer(spec, req, policy))
-                for req in request.container_requests
-            ]
-        except AllocationError as exc:
-            message = bounded(str(exc))
-            log.warning("GetPreferredAllocation refused: %s", message)
-            await context.abort(grpc.StatusCode.INVALID_ARGUMENT, message)
-        except Exception as exc:  # a bug must not reach the kubelet as UNKNOWN
-            log.exception("GetPreferredAllocation for %s failed", spec.name)
-            await context.abort(
-                grpc.StatusCode.INTERNAL, bounded(f"internal error in kubegpu: {exc}")
-            )
+        # Errors (a bad allocation_size, a bug) become a status at the `Boundary`.
+        answers = [
+            pb.ContainerPreferredAllocationResponse(deviceIDs=_prefer(spec, req, policy))
+            for req in request.container_requests
+        ]
         return pb.PreferredAllocationResponse(container_responses=answers)
 
     async def Allocate(
@@ -194,7 +178,7 @@ class DevicePluginServicer(pb_grpc.DevicePluginServicer):
         try:
             if not request.container_requests:
                 raise AllocationError(f"{spec.name}: the request has no container requests")
-            extra = self._extra(spec) if self._extra is not None else None
+            extra = _mps_edits(spec, config)
             channels = self._imex_channels(config)
             strategies = set(config.flags.plugin.device_list_strategy)
             # Only CDI classes with a spec on this node may be named (listed once per call).
@@ -211,20 +195,14 @@ class DevicePluginServicer(pb_grpc.DevicePluginServicer):
                     cdi_classes=classes,
                 )
                 responses.append(to_pb(edits))
-        except AllocationError as exc:
-            code, message = grpc.StatusCode.INVALID_ARGUMENT, str(exc)
-        except PreconditionError as exc:
-            code, message = grpc.StatusCode.FAILED_PRECONDITION, str(exc)
-        except Exception as exc:  # a bug must not reach the kubelet as a traceback
-            log.exception("Allocate for %s failed", spec.name)
-            code, message = grpc.StatusCode.INTERNAL, f"internal error in kubegpu: {exc}"
-        message = bounded(message)
+        except Exception as exc:
+            # Mapped here rather than at the `Boundary` so the metrics see the code.
+            code, message = status_for(exc, "Allocate")
         if self._metrics is not None:
             self._metrics.observe_allocate(
                 spec.name, time.perf_counter() - started, code.name if code else None
             )
         if code is not None:
-            log.warning("Allocate refused: %s", message)
             await context.abort(code, message)
         return pb.AllocateResponse(container_responses=responses)
 
@@ -245,11 +223,6 @@ class DevicePluginServicer(pb_grpc.DevicePluginServicer):
         ],
     ) -> pb.PreStartContainerResponse:
         return pb.PreStartContainerResponse()
-
-
-def bounded(text: str, limit: int = MAX_DETAILS) -> str:
-    """One line of at most about `limit` characters, fit for a gRPC status and a log."""
-    return escape(text, limit)
 
 
 def _prefer(
@@ -283,6 +256,14 @@ def _prefer(
     return list(preferred_allocation(spec, available, must_include, min(size, pool), policy))
 
 
+def _mps_edits(spec: ResourceSpec, config: Config) -> ContainerEdits | None:
+    """The MPS pipe and shm mounts of an MPS-shared resource, from the config alone."""
+    if spec.sharing is not SharingKind.MPS:
+        return None  # the common case, first: Allocate's hot path
+    root = config.flags.mps_root
+    return None if root is None else mps.container_edits(spec.name, root)
+
+
 def _is_char_device(path: str) -> bool:
     try:
         return stat.S_ISCHR(Path(path).stat().st_mode)
@@ -301,11 +282,13 @@ class _Undecodable:
         self.reason = reason
 
 
-class DecodeGuard(grpc.aio.ServerInterceptor):  # type: ignore[type-arg]
-    """Answers undecodable requests with INVALID_ARGUMENT.
+class Boundary(grpc.aio.ServerInterceptor):  # type: ignore[type-arg]
+    """The error boundary of every RPC: undecodable requests and raised errors get a status.
 
     grpc decodes before our code runs and reports a decode failure as UNKNOWN with a
-    traceback in our log; the kubelet should get a code that says the request was bad.
+    traceback in our log; the kubelet should get INVALID_ARGUMENT, which says the request
+    was bad. An exception escaping a method would reach the kubelet as UNKNOWN too; here
+    it is mapped by `status_for` (INTERNAL for a bug, with its traceback in our log).
     """
 
     def __init__(self) -> None:
@@ -332,10 +315,12 @@ class DecodeGuard(grpc.aio.ServerInterceptor):  # type: ignore[type-arg]
 
 
 def _guard(handler: Any, method: str) -> Any:
-    """`handler` with a request decoder that turns a decode failure into INVALID_ARGUMENT."""
+    """`handler` with a request decoder that turns a decode failure into INVALID_ARGUMENT,
+    and every exception of the method into its status."""
     decode = getattr(handler, "request_deserializer", None)
     if decode is None:
         return handler
+    rpc = method.rsplit("/", 1)[-1]
 
     def safe_decode(data: bytes) -> Any:
         try:
@@ -344,9 +329,8 @@ def _guard(handler: Any, method: str) -> Any:
             return _Undecodable(str(exc))
 
     async def refuse(request: _Undecodable, context: grpc.aio.ServicerContext[Any, Any]) -> None:
-        message = bounded(f"the request cannot be decoded ({request.reason}); send valid UTF-8 IDs")
-        log.warning("%s refused: %s", method, message)
-        await context.abort(grpc.StatusCode.INVALID_ARGUMENT, message)
+        problem = f"the request cannot be decoded ({request.reason}); send valid UTF-8 IDs"
+        await context.abort(*status_for(AllocationError(problem), rpc))
 
     if handler.unary_unary is not None:
         unary: Any = handler.unary_unary
@@ -354,7 +338,12 @@ def _guard(handler: Any, method: str) -> Any:
         async def guarded_unary(request: Any, context: grpc.aio.ServicerContext[Any, Any]) -> Any:
             if isinstance(request, _Undecodable):
                 await refuse(request, context)
-            return await unary(request, context)
+            try:
+                return await unary(request, context)
+            except grpc.aio.AbortError:
+                raise  # the method already chose its status
+            except Exception as exc:
+                await context.abort(*status_for(exc, rpc))
 
         return grpc.unary_unary_rpc_method_handler(
             guarded_unary,
@@ -369,8 +358,13 @@ def _guard(handler: Any, method: str) -> Any:
         ) -> AsyncIterator[Any]:
             if isinstance(request, _Undecodable):
                 await refuse(request, context)
-            async for item in stream(request, context):
-                yield item
+            try:
+                async for item in stream(request, context):
+                    yield item
+            except grpc.aio.AbortError:
+                raise
+            except Exception as exc:
+                await context.abort(*status_for(exc, rpc))
 
         return grpc.unary_stream_rpc_method_handler(
             guarded_stream,
@@ -378,6 +372,13 @@ def _guard(handler: Any, method: str) -> Any:
             response_serializer=handler.response_serializer,
         )
     return handler
+
+
+def plugin_server(servicer: pb_grpc.DevicePluginServicer) -> grpc.aio.Server:
+    """A grpc.aio server for `servicer` with the error `Boundary` around every RPC."""
+    server = grpc.aio.server(interceptors=[Boundary()])
+    add_device_plugin_servicer(servicer, server)
+    return server
 
 
 class ResourceServer:
@@ -390,19 +391,15 @@ class ResourceServer:
         plugin_dir: Path,
         *,
         metrics: Metrics | None = None,
-        extra_edits: ExtraEdits | None = None,
         socket_name: str | None = None,
         cdi_dir: Path = Path(cdi.DEFAULT_DIRECTORY),
     ) -> None:
-        self.servicer = DevicePluginServicer(
-            spec, config, metrics=metrics, extra_edits=extra_edits, cdi_dir=cdi_dir
-        )
+        self.servicer = DevicePluginServicer(spec, config, metrics=metrics, cdi_dir=cdi_dir)
         self.plugin_dir = plugin_dir
         self.socket_name = socket_name or spec.socket_name
         self._metrics = metrics
         self._server: grpc.aio.Server | None = None
         self.registered = False
-        self.registered_at: float | None = None
 
     @property
     def name(self) -> str:
@@ -423,8 +420,7 @@ class ResourceServer:
         self.servicer.reopen()
         with contextlib.suppress(FileNotFoundError):
             self.socket_path.unlink()
-        server = grpc.aio.server(interceptors=[DecodeGuard()])
-        add_device_plugin_servicer(self.servicer, server)
+        server = plugin_server(self.servicer)
         if server.add_insecure_port(f"unix://{self.socket_path}") == 0:
             raise OSError(f"cannot listen on {self.socket_path}")
         await server.start()
@@ -445,7 +441,6 @@ class ResourceServer:
                 self._metrics.registration(self.name, ok=False)
             raise
         self.registered = True
-        self.registered_at = time.monotonic()
         if self._metrics is not None:
             self._metrics.registration(self.name, ok=True)
 
