@@ -1,35 +1,22 @@
-"""Label delivery (file, NodeFeature, Node patch), the loop, and `kubegpu labels` flags."""
+"""`kubegpu labels`: GFD's flags and env vars, the sink they pick, the named config."""
 
 from __future__ import annotations
 
-import argparse
-import asyncio
 import importlib.util
-import json
-import math
 from collections.abc import Callable, Mapping
 from pathlib import Path
 from typing import Any
 
+import click
 import pytest
 
 import kubegpu.devices
-from kubegpu.config import Config, parse_config
+from kubegpu.cli import kubegpu as kubegpu_command
+from kubegpu.cli.labels import labels, labels_main
+from kubegpu.config import Config
 from kubegpu.devices.model import Gpu, HealthEvent, Inventory, StopFlag
-from kubegpu.errors import InitError
 from kubegpu.labeller import (
-    MANAGED_ANNOTATION,
     FakeKubeApi,
-    FeatureFileSink,
-    NodeFeatureSink,
-    NodePatchSink,
-    PublishError,
-    format_features,
-    labels_main,
-    parse_duration,
-    read_machine_type,
-    register_cli,
-    run_labeller,
 )
 
 FIXTURES = Path(__file__).parent.parent / "fixtures"
@@ -61,238 +48,7 @@ class RecordingSink:
         self.on_publish(len(self.published))
 
 
-# --- sinks ---------------------------------------------------------------------------
-
-
-def test_features_file_format_is_sorted_key_value_lines() -> None:
-    assert format_features({"b": "2", "a": "1"}) == "a=1\nb=2\n"
-
-
-async def test_feature_file_sink_replaces_file_atomically(tmp_path: Path) -> None:
-    target = tmp_path / "features.d" / "gfd"
-    sink = FeatureFileSink(str(target))
-    await sink.publish({"nvidia.com/gpu.count": "1"})
-    await sink.publish({"nvidia.com/gpu.count": "2", "nvidia.com/gpu.present": "true"})
-    assert target.read_text() == "nvidia.com/gpu.count=2\nnvidia.com/gpu.present=true\n"
-    assert sorted(p.name for p in target.parent.iterdir()) == ["gfd"]  # no temp files left
-    assert target.stat().st_mode & 0o777 == 0o644
-
-
-async def test_feature_file_sink_unwritable_dir_says_what_to_fix(tmp_path: Path) -> None:
-    blocker = tmp_path / "file"
-    blocker.write_text("")
-    with pytest.raises(PublishError, match=r"features\.d"):
-        await FeatureFileSink(str(blocker / "gfd")).publish({"a": "b"})
-
-
-async def test_node_patch_sets_and_later_removes_only_its_own_labels() -> None:
-    api = FakeKubeApi()
-    api.add_node("n1", {"kubernetes.io/hostname": "n1", "nvidia.com/custom": "mine"})
-    sink = NodePatchSink(api, "n1")
-    await sink.publish({"nvidia.com/gpu.count": "2", "nvidia.com/gpu.product": "Tesla-T4"})
-    labels = api.nodes["n1"]["labels"]
-    assert labels["nvidia.com/gpu.count"] == "2"
-    assert json.loads(api.nodes["n1"]["annotations"][MANAGED_ANNOTATION]) == [
-        "nvidia.com/gpu.count",
-        "nvidia.com/gpu.product",
-    ]
-
-    await sink.publish({"nvidia.com/gpu.count": "1"})
-    labels = api.nodes["n1"]["labels"]
-    assert "nvidia.com/gpu.product" not in labels  # ours, gone from the set: removed
-    assert labels["nvidia.com/custom"] == "mine"  # never ours: untouched
-    assert labels["kubernetes.io/hostname"] == "n1"
-    assert labels["nvidia.com/gpu.count"] == "1"
-
-
-async def test_node_patch_skips_the_write_when_nothing_changed() -> None:
-    api = FakeKubeApi()
-    api.add_node("n1")
-    sink = NodePatchSink(api, "n1")
-    await sink.publish({"a.io/x": "1"})
-    await sink.publish({"a.io/x": "1"})
-    assert api.calls == ["get node/n1", "patch node/n1", "get node/n1"]
-
-
-def test_node_patch_is_a_minimal_merge_patch() -> None:
-    sink = NodePatchSink(FakeKubeApi(), "n1")
-    meta = {
-        "labels": {"a.io/keep": "1", "a.io/old": "x", "a.io/foreign": "y"},
-        "annotations": {MANAGED_ANNOTATION: '["a.io/keep","a.io/old"]'},
-    }
-    patch = sink.patch_for(meta, {"a.io/keep": "1", "a.io/new": "2"})
-    assert patch["metadata"]["labels"] == {"a.io/new": "2", "a.io/old": None}
-    assert patch["metadata"]["annotations"] == {MANAGED_ANNOTATION: '["a.io/keep","a.io/new"]'}
-
-
-async def test_node_feature_object_created_then_updated_keeping_features() -> None:
-    api = FakeKubeApi()
-    sink = NodeFeatureSink(api, "gpu-1", "kube-system")
-    await sink.publish({"nvidia.com/gpu.count": "1"})
-    obj = api.node_features[("kube-system", "nvidia-features-for-gpu-1")]
-    assert obj["apiVersion"] == "nfd.k8s-sigs.io/v1alpha1"
-    assert obj["kind"] == "NodeFeature"
-    assert obj["metadata"]["labels"] == {"nfd.node.kubernetes.io/node-name": "gpu-1"}
-    assert obj["spec"] == {"labels": {"nvidia.com/gpu.count": "1"}}
-
-    obj["spec"]["features"] = {"flags": {}}  # NFD's part must survive our updates
-    await sink.publish({"nvidia.com/gpu.count": "2"})
-    obj = api.node_features[("kube-system", "nvidia-features-for-gpu-1")]
-    assert obj["spec"] == {"labels": {"nvidia.com/gpu.count": "2"}, "features": {"flags": {}}}
-
-    api.calls.clear()
-    await sink.publish({"nvidia.com/gpu.count": "2"})
-    assert api.calls == ["get nodefeature/kube-system/nvidia-features-for-gpu-1"]
-
-
-# --- loop ----------------------------------------------------------------------------
-
-
-async def test_oneshot_publishes_once_with_present_and_mode_from_sysfs() -> None:
-    sink = RecordingSink()
-    done = await run_labeller(
-        lambda: NODE,
-        config,
-        sink,
-        interval=None,
-        machine_type=lambda: "g4dn.xlarge",
-        clock=lambda: 42.7,
-        sysfs_root=str(FIXTURES / "pci-nvidia"),
-    )
-    assert done == 1
-    (labels,) = sink.published
-    assert labels["nvidia.com/gpu.product"] == "Tesla-T4"
-    assert labels["nvidia.com/gpu.present"] == "true"
-    assert labels["nvidia.com/gpu.mode"] == "compute"  # class 0x030200 at 0000:00:1e.0
-    assert labels["nvidia.com/gpu.machine"] == "g4dn.xlarge"
-    assert labels["nvidia.com/gfd.timestamp"] == "42"
-
-
-async def test_loop_relabels_until_stopped_and_picks_up_changes() -> None:
-    stop = asyncio.Event()
-    inventories = iter([NODE, Inventory(gpus=())])
-
-    def on_publish(n: int) -> None:
-        if n == 2:
-            stop.set()
-
-    sink = RecordingSink(on_publish)
-    done = await run_labeller(
-        lambda: next(inventories),
-        config,
-        sink,
-        interval=0.01,
-        timestamps=False,
-        sysfs_root=str(FIXTURES / "pci-none"),
-        stop=stop,
-    )
-    assert done == 2
-    assert sink.published[0]["nvidia.com/gpu.count"] == "1"
-    # GPUs gone: only what the PCI bus says (no NVIDIA function, so no vGPU either).
-    assert sink.published[1] == {"nvidia.com/vgpu.present": "false"}
-
-
-async def test_infinite_interval_labels_once_then_waits_for_stop() -> None:
-    stop = asyncio.Event()
-    sink = RecordingSink(lambda n: stop.set())
-    done = await asyncio.wait_for(
-        run_labeller(lambda: NODE, config, sink, interval=math.inf, sysfs_root=None, stop=stop),
-        5,
-    )
-    assert done == 1
-
-
-async def test_first_failure_propagates_later_ones_are_retried() -> None:
-    class Flaky:
-        def __init__(self) -> None:
-            self.attempts = 0
-
-        async def publish(self, labels: Mapping[str, str]) -> None:
-            self.attempts += 1
-            if self.attempts == 2:
-                raise PublishError("API down")
-            if self.attempts == 3:
-                stop.set()
-
-    with pytest.raises(PublishError):
-        await run_labeller(
-            lambda: NODE,
-            config,
-            FakeFailingSink(),
-            interval=0.01,
-            sysfs_root=None,
-        )
-    stop = asyncio.Event()
-    flaky = Flaky()
-    assert await run_labeller(
-        lambda: NODE, config, flaky, interval=0.01, sysfs_root=None, stop=stop
-    )
-    assert flaky.attempts == 3
-
-
-class FakeFailingSink:
-    async def publish(self, labels: Mapping[str, str]) -> None:
-        raise PublishError("nope")
-
-
-async def test_init_error_is_fatal_unless_fail_on_init_error_is_false() -> None:
-    def broken() -> Inventory:
-        raise InitError("no NVML")
-
-    with pytest.raises(InitError):
-        await run_labeller(broken, config, RecordingSink(), interval=None, sysfs_root=None)
-
-    lenient = parse_config("version: v1\nflags:\n  failOnInitError: false\n")
-    sink = RecordingSink()
-    await run_labeller(
-        broken,
-        lambda: lenient,
-        sink,
-        interval=None,
-        timestamps=False,
-        sysfs_root=str(FIXTURES / "pci-nvidia"),
-    )
-    assert sink.published == [{"nvidia.com/gpu.present": "true"}]
-
-
-# --- helpers -------------------------------------------------------------------------
-
-
-@pytest.mark.parametrize(
-    ("text", "seconds"),
-    [
-        ("60s", 60.0),
-        ("1m30s", 90.0),
-        ("500ms", 0.5),
-        ("1h", 3600.0),
-        ("infinite", math.inf),
-        ("0s", 0.0),
-    ],
-)
-def test_durations(text: str, seconds: float) -> None:
-    assert parse_duration(text) == seconds
-
-
-@pytest.mark.parametrize("text", ["", "60", "abc", "5x", "s60"])
-def test_bad_durations(text: str) -> None:
-    with pytest.raises(ValueError, match="duration"):
-        parse_duration(text)
-
-
-def test_machine_type_file(tmp_path: Path) -> None:
-    f = tmp_path / "product_name"
-    f.write_text("Standard PC (Q35 + ICH9, 2009)\n")
-    assert read_machine_type(str(f)) == "Standard PC (Q35 + ICH9, 2009)"
-    assert read_machine_type(str(tmp_path / "missing")) == "unknown"
-
-
 # --- CLI -----------------------------------------------------------------------------
-
-
-def parse(*argv: str) -> argparse.Namespace:
-    parser = argparse.ArgumentParser(prog="kubegpu")
-    register_cli(parser.add_subparsers(dest="command", required=True))
-    return parser.parse_args(["labels", *argv])
 
 
 class FakeBackend:
@@ -324,10 +80,9 @@ def fake_backend(monkeypatch: pytest.MonkeyPatch) -> list[dict[str, Any]]:
 
 
 def run_cli(argv: list[str], env: Mapping[str, str] | None = None, **kw: Any) -> int:
-    args = parse(*argv)
-    func: Callable[..., int] = args.func
-    assert func is labels_main
-    return func(args, environ=dict(env or {}), **kw)
+    # `kubegpu labels` is the command `labels_main` runs.
+    assert kubegpu_command.get_command(click.Context(kubegpu_command), "labels") is labels
+    return labels_main(argv, environ=dict(env or {}), **kw)
 
 
 def test_cli_oneshot_writes_features_file(
@@ -549,46 +304,3 @@ def test_cli_named_config_that_does_not_exist_is_one_line_exit_2(
     err = capsys.readouterr().err.strip()
     assert len(err.splitlines()) == 1
     assert "'typo'" in err and "plain, shared" in err
-
-
-async def test_live_config_follows_a_node_label_change(tmp_path: Path) -> None:
-    from kubegpu.config.source import ConfigSource, FakeNodeLabels, NamedConfigs
-    from kubegpu.labeller import LiveConfig
-
-    node_labels = FakeNodeLabels("shared")
-    named = NamedConfigs(directory=named_dir(tmp_path), node_name="gpu-node-1", labels=node_labels)
-    live = LiveConfig(ConfigSource(config_file=None, overrides={}, named=named))
-    first = await live.start()
-    try:
-        assert first.sharing.time_slicing is not None
-        assert live() is first
-        waiting = asyncio.ensure_future(live.changed())
-        await asyncio.sleep(0)  # let it start waiting before the label moves
-        node_labels.set("plain")
-        now = await asyncio.wait_for(waiting, timeout=10)
-        assert now.sharing.time_slicing is None
-        assert live() is now
-    finally:
-        await live.close()
-
-
-async def test_other_vendors_label_functions_run_on_the_same_snapshot() -> None:
-    seen: list[Inventory] = []
-
-    def amd(inventory: Inventory, cfg: Config) -> dict[str, str]:
-        seen.append(inventory)
-        return {"amd.com/gpu.count": "0"}
-
-    sink = RecordingSink()
-    await run_labeller(
-        lambda: NODE,
-        config,
-        sink,
-        interval=None,
-        timestamps=False,
-        sysfs_root=None,
-        vendor_labels=(amd,),
-    )
-    assert seen == [NODE]
-    assert sink.published[0]["amd.com/gpu.count"] == "0"
-    assert sink.published[0]["nvidia.com/gpu.count"] == "1"
