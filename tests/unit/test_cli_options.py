@@ -11,6 +11,7 @@ from typing import Any
 import click
 import pytest
 
+import kubegpu.check
 import kubegpu.devices
 from kubegpu.cli import main
 from kubegpu.cli.cdi import generate
@@ -124,6 +125,7 @@ def opened(monkeypatch: pytest.MonkeyPatch) -> list[dict[str, Any]]:
         return SimulatedBackend.load("t4-1")
 
     monkeypatch.setattr(kubegpu.devices, "open_backend", open_backend)
+    monkeypatch.setattr(kubegpu.check, "open_backend", open_backend)  # bound at its import
     return calls
 
 
