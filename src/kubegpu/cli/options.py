@@ -164,7 +164,7 @@ def check_kubelet_socket(value: str) -> str:
 class Parsed(click.ParamType[Any]):
     """A click type from a parse function that raises ValueError (one line, with a fix)."""
 
-    def __init__(self, name: str, parse: Callable[[str], Any], *, whole_env: bool = False):
+    def __init__(self, name: str, parse: Callable[[str], Any], *, whole_env: bool = False) -> None:
         self.name = name
         self._parse = parse
         # A list option's env var is one comma list, not click's whitespace-split values.
