@@ -20,11 +20,9 @@ No hooks are written unless asked for: updating the container's ld cache needs
 
 from __future__ import annotations
 
-import argparse
 import json
 import os
 import posixpath
-import sys
 import tempfile
 from collections.abc import Iterable, Sequence
 from pathlib import Path
@@ -33,7 +31,7 @@ from typing import Any
 from kubegpu.allocation import ImexChannel, cdi_device_name
 from kubegpu.config import Config
 from kubegpu.devices.model import Gpu, Inventory, MigDevice
-from kubegpu.errors import ConfigError, KubegpuError
+from kubegpu.errors import ConfigError
 
 # NVIDIA's names and driver paths live in kubegpu.nvidia_paths; the aliases keep this
 # module's names (KIND: Allocate names devices in it, see allocation.cdi_device_name).
@@ -384,102 +382,6 @@ def dump(spec: dict[str, Any], format: str = "json") -> str:
     raise ConfigError(f"--format {format!r} is not one of: json, yaml")
 
 
-# --- `kubegpu cdi generate` -------------------------------------------------------------
-
-
-def register_cli(subparsers: Any) -> None:
-    """Add `cdi generate` to the `kubegpu` command's subparsers."""
-    cdi = subparsers.add_parser("cdi", help="Container Device Interface specs")
-    cdi.set_defaults(func=lambda args: _usage(cdi))
-    sub = cdi.add_subparsers(dest="cdi_command")
-    gen = sub.add_parser(
-        "generate",
-        help="write the CDI spec for this node's GPUs",
-        description="Generate a CDI spec (kind k8s.device-plugin.nvidia.com/gpu).",
-    )
-    env = os.environ
-    gen.add_argument("--output", "-o", default="-", help="file to write, or - for stdout")
-    gen.add_argument("--format", choices=("json", "yaml"), default="json")
-    gen.add_argument(
-        "--nvidia-driver-root",
-        "--driver-root",  # NVIDIA's alias, as in serve
-        dest="driver_root",
-        default=env.get("NVIDIA_DRIVER_ROOT", "/"),
-        help="driver root on the host [NVIDIA_DRIVER_ROOT]",
-    )
-    gen.add_argument(
-        "--container-driver-root",
-        default=env.get("CONTAINER_DRIVER_ROOT"),
-        help="where the host driver root is mounted in this container [CONTAINER_DRIVER_ROOT]",
-    )
-    gen.add_argument(
-        "--dev-root",
-        default=env.get("NVIDIA_DEV_ROOT"),
-        help="host root of the /dev nodes; default the driver root [NVIDIA_DEV_ROOT]",
-    )
-    gen.add_argument(
-        "--device-id-strategy",
-        choices=("uuid", "index"),
-        default=env.get("DEVICE_ID_STRATEGY", "uuid"),
-        help="name devices by UUID or index [DEVICE_ID_STRATEGY]",
-    )
-    gen.add_argument(
-        "--device-discovery-strategy",
-        default=env.get("DEVICE_DISCOVERY_STRATEGY", "auto"),
-        help="backend: auto, nvml, simulated [DEVICE_DISCOVERY_STRATEGY]",
-    )
-    gen.add_argument(
-        "--simulate",
-        default=env.get("SIMULATE") or None,
-        help="simulated node: preset name or YAML file [SIMULATE]",
-    )
-    gen.add_argument(
-        "--nvidia-ctk-path",
-        default=env.get("NVIDIA_CTK_PATH") or None,
-        help="host path of nvidia-ctk; adds an ldcache update hook [NVIDIA_CTK_PATH]",
-    )
-    gen.set_defaults(func=run_generate)
-
-
-def _usage(parser: argparse.ArgumentParser) -> int:
-    parser.print_usage(sys.stderr)
-    return 2
-
-
-def run_generate(args: argparse.Namespace) -> int:
-    from kubegpu.devices import open_backend
-
-    local_root = args.container_driver_root or args.driver_root
-    try:
-        backend = open_backend(
-            args.device_discovery_strategy, simulate=args.simulate, driver_root=local_root
-        )
-        try:
-            inventory = backend.discover()
-        finally:
-            backend.close()
-        spec = generate_spec(
-            inventory,
-            driver_root=args.driver_root,
-            container_driver_root=args.container_driver_root,
-            device_id_strategy=args.device_id_strategy,
-            dev_root=args.dev_root,
-            nvidia_ctk_path=args.nvidia_ctk_path,
-        )
-        if args.output == "-":
-            sys.stdout.write(dump(spec, args.format))
-        else:
-            out = Path(args.output)
-            write_spec(spec, str(out.parent), out.name, format=args.format)
-    except KubegpuError as e:
-        print(f"kubegpu cdi generate: {e}", file=sys.stderr)
-        return 1
-    except OSError as e:
-        print(f"kubegpu cdi generate: cannot write {args.output}: {e}", file=sys.stderr)
-        return 1
-    return 0
-
-
 __all__ = [
     "CDI_VERSION",
     "KIND",
@@ -487,7 +389,5 @@ __all__ = [
     "find_binaries",
     "find_libraries",
     "generate_spec",
-    "register_cli",
-    "run_generate",
     "write_spec",
 ]

@@ -8,14 +8,12 @@ a node of that shape would advertise, which is how a ConfigMap is tested in CI.
 
 from __future__ import annotations
 
-import argparse
-import os
 import sys
 from collections.abc import Sequence
 from pathlib import Path
-from typing import Any, TextIO
+from typing import TextIO
 
-from kubegpu.config import Config, config_to_json, load_config
+from kubegpu.config import Config, config_to_json, effective_config
 from kubegpu.devices import Inventory, open_backend
 from kubegpu.errors import ConfigError, InitError
 from kubegpu.resources import ResourceSpec, build_resources
@@ -61,7 +59,7 @@ def run_check(
     out = out or sys.stdout
     err = err or sys.stderr
     try:
-        config = load_config(path, {})
+        config = effective_config(path, {}, {})
     except ConfigError as exc:
         print(f"kubegpu: {exc}", file=err)
         return 1
@@ -87,34 +85,3 @@ def run_check(
     print(f"{path}: valid; effective config: {config_to_json(config)}", file=out)
     print(format_resources(specs, inventory), file=out)
     return 0
-
-
-def register_cli(subparsers: Any) -> None:
-    """Add `check` to the `kubegpu` command's subparsers."""
-    parser = subparsers.add_parser(
-        "check",
-        help="validate a config file offline and show what it would advertise",
-        description=(
-            "Validate CONFIG exactly as 'serve' loads it, then print the resources and "
-            "device counts it would advertise on this node or a simulated one."
-        ),
-    )
-    parser.add_argument("config", type=Path, help="the config file (as mounted from the ConfigMap)")
-    parser.add_argument(
-        "--simulate",
-        default=os.environ.get("SIMULATE"),
-        help="a simulated node: a preset name or a node YAML file [env SIMULATE]",
-    )
-    parser.add_argument("--backend", default="auto", choices=("auto", "nvml", "amd", "simulated"))
-    parser.add_argument(
-        "--nvidia-driver-root",
-        dest="driver_root",
-        default=os.environ.get("NVIDIA_DRIVER_ROOT", "/"),
-    )
-    parser.set_defaults(func=_cmd_check)
-
-
-def _cmd_check(args: argparse.Namespace) -> int:
-    return run_check(
-        args.config, simulate=args.simulate, backend=args.backend, driver_root=args.driver_root
-    )

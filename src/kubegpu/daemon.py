@@ -27,6 +27,7 @@ from typing import Any
 from kubegpu import cdi, labeller
 from kubegpu.api import DEVICE_PLUGIN_PATH
 from kubegpu.config import Config, DeviceListStrategy, Flags
+from kubegpu.config import driver_files_root as config_driver_files_root
 from kubegpu.config.loader import config_to_json
 from kubegpu.config.names import parse_quantity
 from kubegpu.config.source import POLL_INTERVAL, ConfigSource, ConfigUpdate, NamedConfigs
@@ -67,17 +68,8 @@ def _os_reason(exc: OSError) -> str:
 
 
 def driver_files_root(flags: Flags) -> str:
-    """Where this process reads the driver's files (the NVML library) from.
-
-    `nvidiaDriverRoot` is a host path; in the DaemonSet it is mounted at
-    `containerDriverRoot`, which is where NVIDIA's plugin loads NVML from too. Run straight
-    on the host (no such mount), the host path itself is the right place.
-    """
-    host = flags.nvidia_driver_root
-    if host in ("", "/"):
-        return "/"
-    mounted = flags.plugin.container_driver_root
-    return mounted if Path(mounted).is_dir() else host
+    """Where this process reads the driver's files from: the one rule of `config.settings`."""
+    return config_driver_files_root(flags.nvidia_driver_root, flags.plugin.container_driver_root)
 
 
 @dataclass(frozen=True)

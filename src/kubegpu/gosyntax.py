@@ -1,7 +1,8 @@
 """Go's value syntax, as NVIDIA's and GFD's urfave/cli flags read flags and env vars.
 
 Kept free of imports so that `kubegpu.cli`, which must be light to load (it ignores SIGHUP
-only once imported), and the labeller share one reading of `true`, `0x1f` and friends.
+only once imported), reads `true`, `0x1f` and friends one way in every command: the
+boolean and integer option types of `kubegpu.cli.options` are built on these two.
 """
 
 from __future__ import annotations

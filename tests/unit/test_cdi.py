@@ -2,17 +2,20 @@
 
 from __future__ import annotations
 
-import argparse
 import json
+import os
 import stat
 from pathlib import Path
 from typing import Any
 
+import click
 import jsonschema  # type: ignore[import-untyped, unused-ignore]
 import pytest
 import yaml
 
 from kubegpu import allocation, cdi
+from kubegpu.cli import cdi as cdi_cli
+from kubegpu.cli import options as cli_options
 from kubegpu.devices.model import Gpu, Inventory, MigDevice
 from kubegpu.errors import ConfigError
 
@@ -259,10 +262,10 @@ def test_write_spec_yaml(tmp_path: Path) -> None:
         cdi.write_spec(spec, str(tmp_path), "gpu.toml", format="toml")
 
 
-def parse(argv: list[str]) -> argparse.Namespace:
-    parser = argparse.ArgumentParser(prog="kubegpu")
-    cdi.register_cli(parser.add_subparsers(dest="command"))
-    return parser.parse_args(argv)
+def parse(argv: list[str]) -> dict[str, Any]:
+    """`kubegpu cdi generate ARGV`'s values, in this process's environment."""
+    assert argv[:2] == ["cdi", "generate"]
+    return cli_options.parse(cdi_cli.generate, argv[2:], os.environ)
 
 
 def test_cli_defaults_come_from_env(monkeypatch: pytest.MonkeyPatch) -> None:
@@ -270,26 +273,28 @@ def test_cli_defaults_come_from_env(monkeypatch: pytest.MonkeyPatch) -> None:
     monkeypatch.setenv("DEVICE_ID_STRATEGY", "index")
     monkeypatch.setenv("SIMULATE", "t4-1")
     args = parse(["cdi", "generate"])
-    assert (args.driver_root, args.device_id_strategy, args.simulate) == (
+    assert (args["driver_root"], args["device_id_strategy"], args["simulate"]) == (
         "/run/nvidia/driver",
         "index",
         "t4-1",
     )
-    assert (args.output, args.format, args.func) == ("-", "json", cdi.run_generate)
+    assert (args["output"], args["format"]) == ("-", "json")
+    assert cdi_cli.cdi.get_command(click.Context(cdi_cli.cdi), "generate") is cdi_cli.generate
     args = parse(["cdi", "generate", "--driver-root", "/", "--device-id-strategy", "uuid"])
-    assert (args.driver_root, args.device_id_strategy) == ("/", "uuid")
+    assert (args["driver_root"], args["device_id_strategy"]) == ("/", "uuid")
 
 
 def test_cli_without_subcommand_is_usage_error(capsys: pytest.CaptureFixture[str]) -> None:
-    args = parse(["cdi"])
-    assert args.func(args) == 2
+    from kubegpu.cli import main
+
+    assert main(["cdi"]) == 2
     assert "usage:" in capsys.readouterr().err
 
 
 def test_cli_backend_failure_is_exit_1(capsys: pytest.CaptureFixture[str]) -> None:
     args = parse(["cdi", "generate", "--device-discovery-strategy", "bogus"])
-    args.simulate = None
-    assert cdi.run_generate(args) == 1
+    args["simulate"] = None
+    assert cdi_cli.run_generate(args) == 1
     assert "unknown backend 'bogus'" in capsys.readouterr().err
 
 
@@ -310,12 +315,12 @@ def test_cli_generate_simulated(
             str(out),
         ]
     )
-    assert cdi.run_generate(args) == 0, capsys.readouterr().err
+    assert cdi_cli.run_generate(args) == 0, capsys.readouterr().err
     spec = json.loads(out.read_text())
     jsonschema.validate(spec, SCHEMA)
     assert spec["devices"][-1]["name"] == "all"
     args = parse(["cdi", "generate", "--simulate", preset, "--format", "yaml"])
-    assert cdi.run_generate(args) == 0
+    assert cdi_cli.run_generate(args) == 0
     assert yaml.safe_load(capsys.readouterr().out)["kind"] == cdi.KIND
 
 

@@ -6,7 +6,10 @@ from pathlib import Path
 
 import pytest
 
-from kubegpu.cli import SERVE_FLAGS, build_parser, main, overrides_from, resolve_flags
+from kubegpu.cli import main
+from kubegpu.cli.options import parse
+from kubegpu.cli.serve import SERVE_KEYS, serve
+from kubegpu.config import flag_overrides
 
 
 @pytest.mark.parametrize(
@@ -21,9 +24,7 @@ from kubegpu.cli import SERVE_FLAGS, build_parser, main, overrides_from, resolve
 def test_bad_flags_exit_2_with_one_line_naming_the_flag(
     argv: list[str], named: str, capsys: pytest.CaptureFixture[str]
 ) -> None:
-    with pytest.raises(SystemExit) as info:
-        main(argv)
-    assert info.value.code == 2
+    assert run_main(argv) == 2
     err = capsys.readouterr().err.strip()
     assert len(err.splitlines()) == 1 and named in err
 
@@ -38,10 +39,9 @@ def test_bad_env_value_names_the_variable(
 
 
 def test_flag_beats_env_and_unset_values_do_not_override_the_file() -> None:
-    args = build_parser().parse_args(["serve", "--mig-strategy", "mixed", "--pass-device-specs"])
     env = {"MIG_STRATEGY": "single", "DEVICE_LIST_STRATEGY": "envvar,cdi-cri"}
-    values = resolve_flags(args, SERVE_FLAGS, env)
-    overrides = overrides_from(values, SERVE_FLAGS)
+    values = parse(serve, ["--mig-strategy", "mixed", "--pass-device-specs"], env)
+    overrides = flag_overrides(values, SERVE_KEYS)
     assert overrides["flags.migStrategy"] == "mixed"
     assert overrides["flags.plugin.passDeviceSpecs"] is True
     assert overrides["flags.plugin.deviceListStrategy"] == ["envvar", "cdi-cri"]
@@ -61,7 +61,7 @@ LONG_DIR = "/" + "d" * 100  # + "/kubelet.sock" passes the 107-byte sun_path lim
 
 
 def run_main(argv: list[str]) -> int:
-    """`main`'s exit status whether argparse exits (flag errors) or main returns."""
+    """`main`'s exit status, whether it returns it or a command exits with it."""
     try:
         return main(argv)
     except SystemExit as exit_:
@@ -120,9 +120,9 @@ def test_serve_mistakes_exit_2_with_one_line_and_no_traceback(
     ],
 )
 def test_good_values_pass_the_same_checks(argv: list[str]) -> None:
-    from kubegpu.cli import check_serve
+    from kubegpu.cli.serve import check_serve
 
-    values = resolve_flags(build_parser().parse_args(["serve", *argv]), SERVE_FLAGS, {})
+    values = parse(serve, argv, {})
     check_serve(values, {"DP_DISABLE_HEALTHCHECKS": "all", "DP_ENABLE_HEALTHCHECKS": "48, 79"})
 
 
@@ -153,15 +153,16 @@ def test_sighup_is_ignored_while_serve_starts_and_restored_after(
     import signal
 
     from kubegpu import cli
+    from kubegpu.cli import serve as serve_module
 
     seen: list[object] = []
     before = signal.getsignal(signal.SIGHUP)
 
-    def fake_serve(args: object) -> int:
+    def fake_serve(values: object, env: object) -> int:
         seen.append(signal.getsignal(signal.SIGHUP))
         return 0
 
-    monkeypatch.setattr(cli, "cmd_serve", fake_serve)
+    monkeypatch.setattr(serve_module, "run_serve", fake_serve)
     assert cli.main(["serve"]) == 0
     assert seen == [signal.SIG_IGN]
     assert signal.getsignal(signal.SIGHUP) == before
@@ -217,14 +218,14 @@ def test_info_mistakes_exit_2_with_one_line(
     ],
 )
 def test_go_integers(text: str, expected: int) -> None:
-    from kubegpu.cli import parse_go_int
+    from kubegpu.gosyntax import parse_go_int
 
     assert parse_go_int(text) == expected
 
 
 @pytest.mark.parametrize("text", ["", "-", "--1", "0x", "08", "1.0", " 1", "one", "+-1"])
 def test_not_go_integers(text: str) -> None:
-    from kubegpu.cli import parse_go_int
+    from kubegpu.gosyntax import parse_go_int
 
     with pytest.raises(ValueError, match="invalid integer"):
         parse_go_int(text)
@@ -238,13 +239,10 @@ def test_yes_is_not_a_go_bool(capsys: pytest.CaptureFixture[str]) -> None:
 
 
 def test_kubelet_socket_moves_the_plugin_dir_and_is_checked_like_it() -> None:
-    from kubegpu.cli import UsageError, plugin_dir
+    from kubegpu.cli.options import UsageError
+    from kubegpu.cli.serve import plugin_dir
 
-    values = resolve_flags(
-        build_parser().parse_args(["serve", "--kubelet-socket=/k/device-plugins/kubelet.sock"]),
-        SERVE_FLAGS,
-        {},
-    )
+    values = parse(serve, ["--kubelet-socket=/k/device-plugins/kubelet.sock"], {})
     assert plugin_dir(values) == Path("/k/device-plugins")
     values["kubelet_socket"] = "/" + "d" * 100 + "/kubelet.sock"
     with pytest.raises(UsageError, match="107"):

@@ -456,11 +456,11 @@ def test_labeller_file_mode_needs_no_api_access(chart: Any) -> None:
 def test_labeller_env_names_and_values_are_ones_kubegpu_labels_accepts(chart: Any) -> None:
     """Every env var the chart gives the labeller is a `kubegpu labels` flag's, with a value
     it parses (downward-API values stand in as the kubelet fills them)."""
-    import argparse
+    from kubegpu.cli.labels import labels
+    from kubegpu.cli.options import env_options, given, parse
 
-    from kubegpu.labeller import _OPTIONS, _options
-
-    known = {opt.env for opt in _OPTIONS}
+    options = env_options(labels)
+    known = {name for opt in options for name in opt.envs}
     downward = {
         "spec.nodeName": "gpu-node-1",
         "metadata.namespace": "kube-system",
@@ -477,13 +477,16 @@ def test_labeller_env_names_and_values_are_ones_kubegpu_labels_accepts(chart: An
     cases += [everything, {"gfd": {"enabled": True}, "sleepInterval": 60_000_000_000}]
     for vals in cases:
         ds = one(render(chart, vals), "DaemonSet", "kubegpu-labeller")
-        given: dict[str, str] = {}
+        chart_env: dict[str, str] = {}
         for e in container(ds)["env"]:
             assert e["name"] in known, e
             ref = e.get("valueFrom", {}).get("fieldRef", {}).get("fieldPath")
-            given[e["name"]] = downward[ref] if ref else e["value"]
-        parsed = _options(argparse.Namespace(), given)
-        assert {opt.dest for opt in _OPTIONS if opt.env in given} == set(parsed)
+            chart_env[e["name"]] = downward[ref] if ref else e["value"]
+        parse(labels, [], chart_env)  # every value parses
+        # Every variable the chart gives sets its option; none is read as unset.
+        assert {opt.name for opt in options if set(opt.envs) & set(chart_env)} == given(
+            labels, [], chart_env
+        )
 
 
 NAMED_CONFIG_ENV = ("CONFIG_FILE_SRCDIR", "DEFAULT_CONFIG", "FALLBACK_STRATEGIES", "NODE_LABEL")
@@ -657,9 +660,10 @@ def test_null_sleep_interval_leaves_the_binary_default(chart: Any) -> None:
 def test_plugin_env_names_and_values_are_ones_kubegpu_serve_accepts(chart: Any) -> None:
     """Every env var the chart gives the plugin is a `kubegpu serve` flag's, with a value it
     parses; the rest are read by the NVIDIA runtime or NVML, not by kubegpu."""
-    from kubegpu.cli import SERVE_FLAGS
+    from kubegpu.cli.options import env_options
+    from kubegpu.cli.serve import serve
 
-    flags = {f.env: f for f in SERVE_FLAGS}
+    flags = {name: opt for opt in env_options(serve) for name in opt.envs}
     outside = {
         "POD_NAMESPACE",
         "POD_IP",
@@ -684,7 +688,8 @@ def test_plugin_env_names_and_values_are_ones_kubegpu_serve_accepts(chart: Any) 
             if e["name"] in outside or "valueFrom" in e:
                 continue
             assert e["name"] in flags, e
-            flags[e["name"]].convert(e["value"])
+            option = flags[e["name"]]
+            option.type.convert(e["value"], option, None)
 
 
 # --- static manifests --------------------------------------------------------------------

@@ -16,6 +16,7 @@ from kubegpu.config.loader import (
     resolve,
 )
 from kubegpu.config.names import parse_quantity, qualify_resource_name
+from kubegpu.config.settings import driver_files_root, effective_config, flag_overrides
 from kubegpu.config.source import (
     ConfigSource,
     ConfigUpdate,
@@ -73,6 +74,9 @@ __all__ = [
     "apply_overrides",
     "build_config",
     "config_to_json",
+    "driver_files_root",
+    "effective_config",
+    "flag_overrides",
     "load_config",
     "load_file",
     "parse_config",

@@ -15,19 +15,11 @@ from typing import Any
 import pytest
 import yaml
 
-from kubegpu.cli import (
-    SERVE_FLAGS,
-    Flag,
-    UsageError,
-    build_parser,
-    check_serve,
-    main,
-    overrides_from,
-    plugin_dir,
-    resolve_flags,
-    serve_notices,
-)
-from kubegpu.config import load_config
+from kubegpu.cli import main
+from kubegpu.cli.labels import LABELS_KEYS, labels, labels_main
+from kubegpu.cli.options import EnvOption, UsageError, env_options, parse
+from kubegpu.cli.serve import SERVE_KEYS, check_serve, plugin_dir, serve, serve_notices
+from kubegpu.config import flag_overrides, load_config
 from tests.conformance.origin import DATA, NVIDIA_DP
 
 ORIGIN = NVIDIA_DP.cite("cmd/nvidia-device-plugin/main.go")
@@ -59,15 +51,14 @@ def _each_env(flags: list[dict[str, Any]]) -> list[Any]:
 
 
 def _serve_values(argv: list[str], env: dict[str, str]) -> dict[str, Any]:
-    args = build_parser().parse_args(["serve", *argv])
-    values = resolve_flags(args, SERVE_FLAGS, env)
+    values = parse(serve, argv, env)
     check_serve(values, env)
     return values
 
 
 def _config_value(values: dict[str, Any], key: str) -> Any:
     """The effective config's value at NVIDIA's key, with flags/env on top of no file."""
-    node: Any = load_config(None, overrides_from(values, SERVE_FLAGS)).model_dump(
+    node: Any = load_config(None, flag_overrides(values, SERVE_KEYS)).model_dump(
         by_alias=True, mode="json"
     )
     for part in key.split("."):
@@ -75,10 +66,15 @@ def _config_value(values: dict[str, Any], key: str) -> Any:
     return node
 
 
-def _serve_flag(name: str) -> Flag:
-    matches = [f for f in SERVE_FLAGS if f"--{name}" in (f.flag, *f.aliases)]
+def _serve_flag(name: str) -> EnvOption:
+    matches = [o for o in env_options(serve) if f"--{name}" in o.opts]
     assert len(matches) == 1, f"--{name} is not exactly one kubegpu serve flag"
     return matches[0]
+
+
+def _convert(option: EnvOption, text: str) -> Any:
+    """The option's value for `text`, as its type reads it."""
+    return option.type.convert(text, option, None)
 
 
 @pytest.mark.parametrize("nvidia", _by_name(FLAGS))
@@ -86,7 +82,7 @@ def test_every_nvidia_flag_is_one_serve_flag_with_all_its_names_and_env_vars(
     nvidia: dict[str, Any],
 ) -> None:
     flag = _serve_flag(nvidia["name"])
-    assert {f"--{n}" for n in _names(nvidia)} <= {flag.flag, *flag.aliases}
+    assert {f"--{n}" for n in _names(nvidia)} <= set(flag.opts)
     # NVIDIA's precedence: the first of its env vars that is set wins.
     assert list(flag.envs) == nvidia["env"]
 
@@ -113,15 +109,15 @@ def test_unset_flags_leave_nvidias_default(nvidia: dict[str, Any]) -> None:
 def test_flags_without_a_config_key_are_accepted(nvidia: dict[str, Any], name: str) -> None:
     flag = _serve_flag(nvidia["name"])
     values = _serve_values([f"--{name}={nvidia['sample']}"], {})
-    expected = flag.convert(str(nvidia["sample"]))
-    assert values[flag.dest] == expected and expected
+    expected = _convert(flag, str(nvidia["sample"]))
+    assert values[flag.name or ""] == expected and expected
 
 
 @pytest.mark.parametrize(("nvidia", "env"), _each_env(WITHOUT_KEY))
 def test_env_vars_without_a_config_key_are_accepted(nvidia: dict[str, Any], env: str) -> None:
     flag = _serve_flag(nvidia["name"])
     values = _serve_values([], {env: str(nvidia["sample"])})
-    assert values[flag.dest] == flag.convert(str(nvidia["sample"]))
+    assert values[flag.name or ""] == _convert(flag, str(nvidia["sample"]))
 
 
 def test_kubelet_socket_default_is_nvidias() -> None:
@@ -148,7 +144,7 @@ def test_kubelet_socket_outside_the_given_plugin_directory_is_refused() -> None:
     "nvidia", _by_name([f for f in FLAGS if f["type"] == "stringslice" and not f["config"]])
 )
 def test_unset_slice_flags_are_empty(nvidia: dict[str, Any]) -> None:
-    assert not _serve_values([], {})[_serve_flag(nvidia["name"]).dest]
+    assert not _serve_values([], {})[_serve_flag(nvidia["name"]).name or ""]
     assert nvidia["default"] == []
 
 
@@ -157,7 +153,7 @@ def test_config_file_flag_reads_the_file(tmp_path: Path) -> None:
     file.write_text("version: v1\nflags:\n  migStrategy: single\n")
     values = _serve_values([], {"CONFIG_FILE": str(file)})
     assert (
-        load_config(values["config_file"], overrides_from(values, SERVE_FLAGS)).flags.mig_strategy
+        load_config(values["config_file"], flag_overrides(values, SERVE_KEYS)).flags.mig_strategy
         == "single"
     )
 
@@ -341,7 +337,7 @@ GFD_FLAGS: list[dict[str, Any]] = GFD_DATA["flags"]
 LABELS_AT: dict[str, tuple[str, str]] = {
     "use-node-feature-api": ("config", "flags.gfd.useNodeFeatureAPI"),
     "device-discovery-strategy": ("option", "device_discovery_strategy"),
-    "driver-root-ctr-path": ("option", "driver_root"),
+    "driver-root-ctr-path": ("option", "container_driver_root"),
 }
 
 
@@ -357,24 +353,22 @@ def _labels_value(nvidia: dict[str, Any], argv: list[str], env: dict[str, str]) 
     """What `kubegpu labels` makes of GFD's flag: the effective config's value, or the
     labeller option's."""
     from kubegpu.config import resolve
-    from kubegpu.labeller import _CONFIG_KEYS, _options, parse_duration
+    from kubegpu.labeller import parse_duration
 
-    opts = _options(build_parser().parse_args(["labels", *argv]), env)
+    opts = parse(labels, argv, env)
     where, key = LABELS_AT.get(nvidia["name"], ("config", nvidia["config"] or ""))
     if where == "option" or not nvidia["config"]:
         return opts.get(key or nvidia["name"].replace("-", "_"))
-    overrides = {_CONFIG_KEYS[k]: v for k, v in opts.items() if k in _CONFIG_KEYS}
+    overrides = flag_overrides(opts, LABELS_KEYS)
     node: Any = resolve(None, overrides).model_dump(by_alias=True, mode="json")
     for part in key.split("."):
         node = node[part]
     return parse_duration(node) if nvidia["type"] == "duration" else node
 
 
-def _labels_flag(name: str) -> Any:
-    from kubegpu.labeller import _OPTIONS
-
+def _labels_flag(name: str) -> EnvOption:
     names = {f"--{name}"} if len(name) > 1 else {f"-{name}"}
-    matches = [o for o in _OPTIONS if names & {o.flag, o.short, *o.aliases}]
+    matches = [o for o in env_options(labels) if names & set(o.opts)]
     assert len(matches) == 1, f"{names} is not exactly one kubegpu labels flag"
     return matches[0]
 
@@ -448,10 +442,7 @@ def test_gfd_sleep_intervals_are_read_as_go_durations(text: str, seconds: float)
 def test_what_gfd_refuses_as_a_sleep_interval_is_refused(
     text: str, capsys: pytest.CaptureFixture[str]
 ) -> None:
-    from kubegpu.labeller import labels_main
-
-    args = build_parser().parse_args(["labels", f"--sleep-interval={text}"])
-    assert labels_main(args, environ={}) == 2
+    assert labels_main([f"--sleep-interval={text}"], environ={}) == 2
     err = capsys.readouterr().err.strip()
     assert len(err.splitlines()) == 1 and "--sleep-interval" in err
 
@@ -470,9 +461,7 @@ def test_what_gfd_refuses_as_a_sleep_interval_is_refused(
 def test_what_gfd_refuses_is_refused_by_labels(
     argv: list[str], env: dict[str, str], named: str, capsys: pytest.CaptureFixture[str]
 ) -> None:
-    from kubegpu.labeller import labels_main
-
-    assert labels_main(build_parser().parse_args(["labels", *argv]), environ=env) == 2
+    assert labels_main(argv, environ=env) == 2
     err = capsys.readouterr().err.strip()
     assert len(err.splitlines()) == 1 and named in err
 

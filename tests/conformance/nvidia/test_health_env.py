@@ -11,7 +11,8 @@ from typing import Any
 import pytest
 import yaml
 
-from kubegpu.cli import UsageError, check_serve
+from kubegpu.cli.options import UsageError
+from kubegpu.cli.serve import check_serve
 from kubegpu.config.v1 import HealthFlags
 from kubegpu.health import health_flags_from_env
 from tests.conformance.origin import DATA, NVIDIA_DP

@@ -615,10 +615,10 @@ def test_labeller_picks_the_named_config_as_gfds_config_manager(
 ) -> None:
     """NVIDIA's config-manager picks GFD's config from the node label with these settings;
     kubegpu's labeller reads the same settings itself (no sidecar) from the same ConfigMap."""
-    from kubegpu.labeller import _named_configs
+    from kubegpu.labeller import named_configs
 
     # What `kubegpu labels` uses for a setting the chart leaves to the binary (null values).
-    binary = _named_configs({"config_dir": "/available-configs"}, None)
+    binary = named_configs({"config_dir": "/available-configs"}, None)
     assert binary is not None
     defaults = {
         "NODE_LABEL": binary.label,

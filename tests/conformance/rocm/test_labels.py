@@ -104,20 +104,14 @@ def test_every_label_kind_without_flags(tmp_path: Path) -> None:
 @cites("cmd/k8s-node-labeller/main_test.go")
 def test_kubegpu_labels_on_an_amd_node(tmp_path: Path) -> None:
     """`kubegpu labels --oneshot` with BACKEND=amd writes ROCm's labels for the node."""
-    import argparse
-
-    from kubegpu.labeller import labels_main, register_cli
+    from kubegpu.cli.labels import labels_main
 
     case = LABELS["mi210"]
     node = build_node(case["tree"], tmp_path, product_name=case["product_name"])
     out = tmp_path / "features"
-    parser = argparse.ArgumentParser(prog="kubegpu")
-    register_cli(parser.add_subparsers(dest="command", required=True))
-    args = parser.parse_args(
-        ["labels", "--oneshot", "-o", str(out), "--no-timestamp", "--sysfs-root", str(node.root)]
-    )
+    argv = ["--oneshot", "-o", str(out), "--no-timestamp", "--sysfs-root", str(node.root)]
     env = {"BACKEND": "amd", "GFD_MACHINE_TYPE_FILE": str(tmp_path / "none")}
-    assert labels_main(args, environ=env) == 0
+    assert labels_main(argv, environ=env) == 0
     written = dict(line.split("=", 1) for line in out.read_text().splitlines())
     assert {k: written.get(k) for k in case["labels"]} == case["labels"]
     assert not any(k.startswith("nvidia.com/gpu.product") for k in written)

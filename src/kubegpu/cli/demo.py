@@ -1,0 +1,25 @@
+"""`kubegpu demo`: a simulated node, the plugin and the kubelet emulator, end to end."""
+
+from __future__ import annotations
+
+import click
+
+from kubegpu.cli.options import Command
+
+
+def _demo(simulate: str, keep_dir: bool) -> int:
+    from kubegpu.demo import run_demo
+
+    return run_demo(preset=simulate, keep=keep_dir)
+
+
+demo = Command(
+    "demo",
+    params=[
+        click.Option(["--simulate"], default="h100-8", show_default=True, help="simulated preset"),
+        click.Option(["--keep-dir"], is_flag=True, help="keep the temp directory"),
+    ],
+    callback=_demo,
+    help="A simulated node, the plugin and the kubelet emulator, end to end.",
+    short_help="simulated node + plugin + kubelet emulator, end to end",
+)

@@ -1,0 +1,383 @@
+"""`kubegpu labels`: GPU Feature Discovery's job, with GFD's flags and env vars.
+
+The options are GFD's (`cmd/gpu-feature-discovery/main.go`), with its env var names in
+its precedence order (`GFD_MIG_STRATEGY` before `MIG_STRATEGY`), plus the named-config
+settings `kubegpu serve` takes, so the labeller says what the plugin advertises. The
+labelling itself is `kubegpu.labeller`; this module picks the sink and runs the loop.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import os
+import sys
+from collections.abc import Callable, Mapping, Sequence
+from pathlib import Path
+from typing import TYPE_CHECKING, Any
+
+import click
+
+from kubegpu.cli.options import (
+    GO_DURATION,
+    PATH,
+    TEXT,
+    Command,
+    Parsed,
+    UsageError,
+    backend_option,
+    bool_option,
+    check_label_key,
+    choice,
+    config_keys,
+    container_driver_root_option,
+    driver_root_option,
+    environment,
+    files_root,
+    list_option,
+    one_line,
+    option,
+    parse,
+    simulate_option,
+)
+from kubegpu.errors import ConfigError, KubegpuError
+
+if TYPE_CHECKING:
+    from kubegpu.config import Config, GfdFlags
+    from kubegpu.config.source import NamedConfigs, NodeLabels
+    from kubegpu.labeller import KubeApi, LabelSink
+
+SERVICE_ACCOUNT_NAMESPACE = "/var/run/secrets/kubernetes.io/serviceaccount/namespace"
+#: GFD's accepted device discovery strategies (cmd/gpu-feature-discovery validateFlags).
+DISCOVERY_STRATEGIES = ("auto", "nvml", "tegra", "vfio")
+
+LABELS_OPTIONS: list[click.Parameter] = [
+    bool_option(
+        "--oneshot",
+        envvar="GFD_ONESHOT",
+        config_key="flags.gfd.oneshot",
+        show_default="false",
+        help="label once and exit",
+    ),
+    bool_option(
+        "--no-timestamp",
+        envvar="GFD_NO_TIMESTAMP",
+        config_key="flags.gfd.noTimestamp",
+        show_default="false",
+        help="leave out nvidia.com/gfd.timestamp (labels then change only when the GPUs do)",
+    ),
+    option(
+        "--sleep-interval",
+        envvar="GFD_SLEEP_INTERVAL",
+        type=GO_DURATION,
+        config_key="flags.gfd.sleepInterval",
+        show_default="60s",
+        help="time between labellings (a Go duration); 'infinite' labels once and keeps running",
+    ),
+    option(
+        "--output-file",
+        "--output",
+        "-o",
+        envvar="GFD_OUTPUT_FILE",
+        type=PATH,
+        config_key="flags.gfd.outputFile",
+        show_default="/etc/kubernetes/node-feature-discovery/features.d/gfd",
+        help="NFD features.d file to write; '-' for stdout",
+    ),
+    option(
+        "--machine-type-file",
+        envvar="GFD_MACHINE_TYPE_FILE",
+        type=PATH,
+        config_key="flags.gfd.machineTypeFile",
+        show_default="/sys/class/dmi/id/product_name",
+        help="file with the machine type for nvidia.com/gpu.machine",
+    ),
+    bool_option(
+        "--use-node-feature-api",
+        envvar=("GFD_USE_NODE_FEATURE_API", "USE_NODE_FEATURE_API"),
+        config_key="flags.gfd.useNodeFeatureAPI",
+        show_default="false",
+        help="publish an NFD NodeFeature object instead of a file",
+    ),
+    bool_option(
+        "--node-patch",
+        envvar="GFD_NODE_PATCH",
+        show_default="false",
+        help="patch the Node's labels directly (no NFD needed)",
+    ),
+    option(
+        "--mig-strategy",
+        envvar=("GFD_MIG_STRATEGY", "MIG_STRATEGY"),
+        type=Parsed("strategy", choice("none", "single", "mixed")),
+        config_key="flags.migStrategy",
+        show_default="none",
+        help="none, single or mixed",
+    ),
+    bool_option(
+        "--fail-on-init-error",
+        envvar=("GFD_FAIL_ON_INIT_ERROR", "FAIL_ON_INIT_ERROR"),
+        config_key="flags.failOnInitError",
+        show_default="true",
+        help="exit when no GPU can be read (false: keep labelling without GPU labels)",
+    ),
+    option(
+        "--config-file",
+        envvar=("GFD_CONFIG_FILE", "CONFIG_FILE"),
+        type=PATH,
+        help="kubegpu/NVIDIA v1 config file",
+    ),
+    option(
+        "--device-discovery-strategy",
+        envvar="DEVICE_DISCOVERY_STRATEGY",
+        type=Parsed("strategy", choice(*DISCOVERY_STRATEGIES)),
+        show_default="auto",
+        help="GFD's auto, nvml, tegra or vfio; checked only: --backend picks kubegpu's backend",
+    ),
+    option(
+        "--mps-root",
+        envvar="MPS_ROOT",
+        type=PATH,
+        config_key="flags.mpsRoot",
+        help="MPS control daemon directory (the config needs it when sharing.mps is set)",
+    ),
+    simulate_option(
+        help="use the simulated backend: a preset name (t4-1, h100-8, ...) or a YAML path"
+    ),
+    option(
+        "--node-name",
+        envvar="NODE_NAME",
+        type=TEXT,
+        help="this node's name (NodeFeature, patch, the named-config label)",
+    ),
+    option(
+        "--config-dir",
+        envvar="CONFIG_FILE_SRCDIR",
+        type=PATH,
+        help="directory of named configs; the node label picks one, as for `kubegpu serve`",
+    ),
+    option(
+        "--default-config",
+        envvar="DEFAULT_CONFIG",
+        type=TEXT,
+        help="named config used when the node has no label",
+    ),
+    list_option(
+        "--fallback-strategies",
+        envvar="FALLBACK_STRATEGIES",
+        show_default="named,single",
+        help="named, single, empty (comma list) when the node has no label",
+    ),
+    option(
+        "--node-label",
+        envvar="NODE_LABEL",
+        type=Parsed("key", check_label_key),
+        show_default="nvidia.com/device-plugin.config",
+        help="node label that picks a named config",
+    ),
+    option(
+        "--namespace",
+        envvar="NAMESPACE",
+        type=TEXT,
+        show_default="POD_NAMESPACE, the pod's own",
+        help="namespace of the NodeFeature object",
+    ),
+    option(
+        "--pod-name",
+        envvar="POD_NAME",
+        type=TEXT,
+        help="this pod's name, to make its DaemonSet own the NodeFeature object",
+    ),
+    backend_option(),
+    driver_root_option(),
+    # GFD's names for it; `kubegpu serve` and the others take both as well.
+    container_driver_root_option("--driver-root-ctr-path", "--container-driver-root"),
+    option(
+        "--sysfs-root",
+        envvar="KUBEGPU_SYSFS_ROOT",
+        type=PATH,
+        show_default="/",
+        help="root under which sys/bus/pci is read (for gpu.present and gpu.mode)",
+    ),
+]
+
+
+@click.pass_context
+def _labels(ctx: click.Context, /, **values: Any) -> int:
+    return run_labels(values, environ=environment(ctx))
+
+
+labels = Command(
+    "labels",
+    params=LABELS_OPTIONS,
+    callback=_labels,
+    help="Label this node with its GPUs, in GPU Feature Discovery's label names. "
+    "Precedence: flag, environment variable, config file, default.",
+    short_help="label the node with its GPUs (GPU Feature Discovery compatible)",
+)
+#: The dotted config key each labels option overrides, by value name.
+LABELS_KEYS = config_keys(labels)
+
+
+def labels_main(
+    argv: Sequence[str],
+    *,
+    environ: Mapping[str, str] | None = None,
+    api_factory: Callable[[], KubeApi] | None = None,
+    node_labels: NodeLabels | None = None,
+) -> int:
+    """`kubegpu labels ARGV` in `environ`: 0 on success, 1 on a runtime failure, 2 on bad
+    flags or config. `api_factory` and `node_labels` replace the Kubernetes API (tests)."""
+    env = os.environ if environ is None else environ
+    try:
+        values = parse(labels, argv, env)
+    except click.ClickException as exc:
+        print(one_line(exc), file=sys.stderr)
+        return 2
+    return run_labels(values, environ=env, api_factory=api_factory, node_labels=node_labels)
+
+
+def run_labels(
+    values: Mapping[str, Any],
+    *,
+    environ: Mapping[str, str],
+    api_factory: Callable[[], KubeApi] | None = None,
+    node_labels: NodeLabels | None = None,
+) -> int:
+    """Label with parsed `values` (from `parse` or click).
+
+    With `--config-dir` the config is the named one `kubegpu serve` picks for this node
+    (node label, then fallbacks), followed live, so the replica and `-SHARED` labels say
+    what the device plugin advertises.
+    """
+    from kubegpu.config import flag_overrides
+    from kubegpu.labeller import KubernetesApi, named_configs
+
+    try:
+        overrides = flag_overrides(values, LABELS_KEYS)
+        named = named_configs(values, node_labels)
+    except ConfigError as exc:
+        print(f"kubegpu labels: {exc}", file=sys.stderr)
+        return 2
+    try:
+        return asyncio.run(_label(values, overrides, named, environ, api_factory or KubernetesApi))
+    except (UsageError, ConfigError) as exc:
+        print(f"kubegpu labels: {exc}", file=sys.stderr)
+        return 2
+    except KubegpuError as exc:
+        print(f"kubegpu labels: {exc}", file=sys.stderr)
+        return 1
+
+
+async def _label(
+    values: Mapping[str, Any],
+    overrides: Mapping[str, Any],
+    named: NamedConfigs | None,
+    env: Mapping[str, str],
+    api_factory: Callable[[], KubeApi],
+) -> int:
+    from kubegpu.config.source import ConfigSource
+    from kubegpu.labeller import (
+        LiveConfig,
+        config_loader,
+        discoverer,
+        parse_duration,
+        read_machine_type,
+        run_until_signalled,
+    )
+
+    live: LiveConfig | None = None
+    load_config: Callable[[], Config]
+    if named is not None:
+        config_file = values.get("config_file")
+        live = LiveConfig(
+            ConfigSource(
+                config_file=Path(config_file) if config_file else None,
+                overrides=overrides,
+                named=named,
+            )
+        )
+        load_config = live
+        cfg = await live.start()
+    else:
+        load_config = config_loader(values.get("config_file"), overrides)
+        cfg = load_config()
+    try:
+        gfd = cfg.flags.gfd
+        try:
+            interval = None if gfd.oneshot else parse_duration(gfd.sleep_interval)
+        except ValueError as exc:  # only a config file can get here: flags were checked
+            raise UsageError(f"flags.gfd.sleepInterval: {exc}") from exc
+        sink = _make_sink(values, gfd, values.get("node_name"), env, api_factory)
+        machine_file = gfd.machine_type_file
+        sysfs_root = values.get("sysfs_root") or "/"
+        driver_root = files_root(
+            values, cfg.flags.nvidia_driver_root, cfg.flags.plugin.container_driver_root
+        )
+        await run_until_signalled(
+            discoverer(
+                values.get("backend") or "auto",
+                simulate=values.get("simulate"),
+                driver_root=driver_root,
+                sysfs_root=sysfs_root,
+            ),
+            load_config,
+            sink,
+            interval=interval,
+            machine_type=lambda: read_machine_type(machine_file),
+            timestamps=not gfd.no_timestamp,
+            sysfs_root=sysfs_root,
+        )
+    finally:
+        if live is not None:
+            await live.close()
+    return 0
+
+
+def _make_sink(
+    values: Mapping[str, Any],
+    gfd: GfdFlags,
+    node_name: str | None,
+    environ: Mapping[str, str],
+    api_factory: Callable[[], KubeApi],
+) -> LabelSink:
+    from kubegpu.labeller import (
+        FeatureFileSink,
+        NodeFeatureSink,
+        NodePatchSink,
+        PublishError,
+        owner_references,
+    )
+
+    if gfd.use_node_feature_api and values.get("node_patch"):
+        raise UsageError("--node-patch: cannot be combined with --use-node-feature-api")
+    if not (gfd.use_node_feature_api or values.get("node_patch")):
+        return FeatureFileSink(gfd.output_file)
+    flag = "--use-node-feature-api" if gfd.use_node_feature_api else "--node-patch"
+    if not node_name:
+        raise UsageError(f"--node-name: required with {flag} (set NODE_NAME from spec.nodeName)")
+    if gfd.use_node_feature_api:
+        namespace = values.get("namespace") or _namespace(environ)
+        if not namespace:
+            raise UsageError(
+                "--use-node-feature-api: no namespace; set POD_NAMESPACE "
+                "(downward API metadata.namespace)"
+            )
+        api = api_factory()
+        try:
+            owners = owner_references(api, namespace, values.get("pod_name"))
+        except PublishError as exc:  # as GFD: label anyway, just without owners
+            from kubegpu.labeller.loop import log
+
+            log.warning("NodeFeature will have no owner (garbage collection off): %s", exc)
+            owners = []
+        return NodeFeatureSink(api, node_name, namespace, owners)
+    return NodePatchSink(api_factory(), node_name)
+
+
+def _namespace(environ: Mapping[str, str]) -> str | None:
+    for var in ("POD_NAMESPACE", "KUBERNETES_NAMESPACE"):
+        if environ.get(var):
+            return environ[var]
+    try:
+        return Path(SERVICE_ACCOUNT_NAMESPACE).read_text(encoding="utf-8").strip() or None
+    except OSError:
+        return None

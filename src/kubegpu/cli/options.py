@@ -1,0 +1,394 @@
+"""Option declarations shared by every `kubegpu` command, on click.
+
+Each option is declared once, with the env var names NVIDIA's plugin and GFD read
+(`envvar=`, the first one set wins) and shown in `--help` with its default. Values are
+read as NVIDIA's Go flags read them: `parse_bool` and `parse_go_int` from
+`kubegpu.gosyntax`, a bare boolean flag is true, a boolean env var set to `""` is false,
+any other env var set to `""` is unset. A bad value is one `UsageError` line naming the
+flag, or the env var it came from, and what to do.
+
+`parse` runs a command's options over an argv and an explicit environment (the seam the
+tests and `labels_main` use); `kubegpu.cli.main` runs the same options over `os.environ`.
+"""
+
+from __future__ import annotations
+
+import os
+import re
+from collections.abc import Callable, Mapping, Sequence
+from pathlib import Path
+from typing import Any
+
+import click
+
+from kubegpu.errors import KubegpuError
+from kubegpu.gosyntax import parse_bool, parse_go_int
+
+#: The kubelet's device-plugin directory and its socket (as `kubegpu.api` has them; kept
+#: here so that importing the CLI pulls in neither grpc nor asyncio).
+DEVICE_PLUGIN_PATH = "/var/lib/kubelet/device-plugins/"
+KUBELET_SOCKET = "kubelet.sock"
+#: sun_path holds 108 bytes with its NUL; the kubelet's own socket must fit in the directory.
+MAX_SOCKET_PATH = 107
+#: Where the environment to read is kept in `click.Context.meta` (os.environ when absent).
+ENV_KEY = "kubegpu.environ"
+_USED_KEY = "kubegpu.envvar."
+BACKENDS = ("auto", "nvml", "amd", "simulated")
+
+
+class UsageError(KubegpuError):
+    """Bad command-line or environment input (exit 2)."""
+
+
+# -- value parsers: each raises ValueError saying what is wrong and what to do -----------
+
+
+def parse_list(text: str) -> list[str]:
+    items = [t.strip() for t in text.split(",") if t.strip()]
+    if not items:
+        raise ValueError("expected a comma-separated list")
+    return items
+
+
+def parse_int_list(text: str) -> list[int]:
+    """NVIDIA's IntSliceFlag: comma-separated integers, each trimmed."""
+    return [parse_go_int(part.strip()) for part in text.split(",")]
+
+
+def parse_port(text: str) -> int:
+    try:
+        value = int(text)
+    except ValueError:
+        raise ValueError(f"invalid port {text!r}; use 1-65535, or 0 for off") from None
+    if not 0 <= value <= 65535:
+        raise ValueError(f"port {value} is out of range; use 1-65535, or 0 for off")
+    return value
+
+
+def parse_go_duration_text(text: str) -> str:
+    """GFD's `--sleep-interval`: Go's time.ParseDuration (`60s`, `1h30m`, a bare `0`) or
+    `infinite`, kept as written (the config file's key takes the same text)."""
+    from kubegpu.config.names import parse_go_duration
+
+    try:
+        parse_go_duration(text)
+    except ValueError:
+        raise ValueError(
+            f"invalid duration {text!r}; use e.g. 60s, 5m, 1h30m, 0 or infinite"
+        ) from None
+    return text
+
+
+def choice(*choices: str) -> Callable[[str], str]:
+    def parse(text: str) -> str:
+        if text not in choices:
+            raise ValueError(f"invalid choice {text!r} (choose from {', '.join(choices)})")
+        return text
+
+    return parse
+
+
+_LABEL_NAME = re.compile(r"[A-Za-z0-9]([-A-Za-z0-9_.]{0,61}[A-Za-z0-9])?")
+_DNS_SUBDOMAIN = re.compile(r"[a-z0-9]([-a-z0-9]*[a-z0-9])?(\.[a-z0-9]([-a-z0-9]*[a-z0-9])?)*")
+
+
+def check_plugin_path(value: str) -> str:
+    if not value:
+        raise ValueError("empty; give the kubelet's directory, /var/lib/kubelet/device-plugins")
+    if not value.startswith("/"):
+        raise ValueError(f"{value!r} is relative; give an absolute path")
+    longest = len(os.fsencode(Path(value) / KUBELET_SOCKET))
+    if longest > MAX_SOCKET_PATH:
+        raise ValueError(
+            f"{value!r} is too long: its socket paths would exceed the {MAX_SOCKET_PATH}-byte "
+            f"unix limit; use a shorter directory"
+        )
+    return value
+
+
+def check_simulate(value: str) -> str:
+    if not value:
+        raise ValueError("empty; name a preset or a node description YAML file")
+    return value
+
+
+def check_absolute(value: str) -> str:
+    if not value.startswith("/"):
+        raise ValueError(f"{value!r} is not an absolute path; give one (e.g. /run/nvidia/mps)")
+    return value
+
+
+def check_label_key(value: str) -> str:
+    """A Kubernetes label key: `[prefix/]name`, prefix a DNS subdomain."""
+    prefix, _, name = value.rpartition("/")
+    if (
+        not _LABEL_NAME.fullmatch(name)
+        or (prefix and (len(prefix) > 253 or not _DNS_SUBDOMAIN.fullmatch(prefix)))
+        or ("/" in value and not prefix)
+    ):
+        raise ValueError(
+            f"{value!r} is not a Kubernetes label key ([prefix/]name, e.g. "
+            f"nvidia.com/device-plugin.config)"
+        )
+    return value
+
+
+def parse_imex_channels(text: str) -> list[int]:
+    value = parse_int_list(text)
+    if value not in ([], [0]):
+        raise ValueError(
+            f"{value} is not a supported channel list; only IMEX channel 0 exists, use 0"
+        )
+    return value
+
+
+def check_kubelet_socket(value: str) -> str:
+    """kubegpu finds the kubelet's socket in the device-plugin directory, where the kubelet
+    also looks for the plugins' sockets; only the directory can move."""
+    if not value:
+        raise ValueError(
+            "empty: kubegpu always registers with the kubelet; drop the setting, or give "
+            "<device-plugin dir>/kubelet.sock"
+        )
+    if not value.startswith("/") or Path(value).name != KUBELET_SOCKET:
+        raise ValueError(
+            f"{value!r} must be an absolute path ending in /{KUBELET_SOCKET}; to move the "
+            f"device-plugin directory use --device-plugin-path"
+        )
+    return value
+
+
+# -- click types and the option class ---------------------------------------------------
+
+
+class Parsed(click.ParamType[Any]):
+    """A click type from a parse function that raises ValueError (one line, with a fix)."""
+
+    def __init__(self, name: str, parse: Callable[[str], Any], *, whole_env: bool = False) -> None:
+        self.name = name
+        self._parse = parse
+        # A list option's env var is one comma list, not click's whitespace-split values.
+        self._whole_env = whole_env
+
+    def convert(self, value: Any, param: click.Parameter | None, ctx: click.Context | None) -> Any:
+        if not isinstance(value, str):
+            return value  # a default, already typed
+        try:
+            return self._parse(value)
+        except ValueError as exc:
+            self.fail(str(exc), param, ctx)
+
+    def split_envvar_value(self, rv: str) -> Sequence[str]:
+        return [rv] if self._whole_env else super().split_envvar_value(rv)
+
+
+GO_BOOL = Parsed("boolean", parse_bool)
+TEXT = Parsed("text", str)
+PATH = Parsed("path", str)
+LIST = Parsed("list", parse_list, whole_env=True)
+PORT = Parsed("port", parse_port)
+GO_DURATION = Parsed("duration", parse_go_duration_text)
+
+
+class EnvOption(click.Option):
+    """An option read from the flag, else NVIDIA's env vars (first set wins), else default.
+
+    `config_key` is the dotted config-file key the value overrides (None: a daemon-only
+    setting); see `kubegpu.config.flag_overrides`.
+    """
+
+    def __init__(
+        self,
+        decls: Sequence[str],
+        *,
+        envvar: str | Sequence[str],
+        config_key: str | None = None,
+        **attrs: Any,
+    ) -> None:
+        attrs.setdefault("show_default", True)
+        attrs.setdefault("show_envvar", True)
+        attrs.setdefault("default", None)
+        envs = [envvar] if isinstance(envvar, str) else list(envvar)
+        super().__init__(list(decls), envvar=envs, **attrs)
+        self.config_key = config_key
+
+    @property
+    def envs(self) -> tuple[str, ...]:
+        """Every env var read, in precedence order (the first one set wins)."""
+        return tuple(self.envvar or ())
+
+    @property
+    def is_go_bool(self) -> bool:
+        return self.type is GO_BOOL
+
+    def resolve_envvar_value(self, ctx: click.Context) -> str | None:
+        env = environment(ctx)
+        for name in self.envs:
+            text = env.get(name)
+            # Empty is unset (a templated manifest's `value: ""`), except for a boolean,
+            # which NVIDIA's urfave/cli reads as false.
+            if text is None or (text == "" and not self.is_go_bool):
+                continue
+            ctx.meta[_USED_KEY + (self.name or "")] = name
+            return "false" if text == "" else text
+        return None
+
+    def handle_parse_result(
+        self, ctx: click.Context, opts: Mapping[str, Any], args: list[str]
+    ) -> tuple[Any, list[str]]:
+        try:
+            return super().handle_parse_result(ctx, opts, args)
+        except click.BadParameter as exc:
+            raise click.UsageError(f"{self.source(ctx)}: {exc.message}", ctx) from exc
+
+    def source(self, ctx: click.Context) -> str:
+        """What set the value: the flag's names, or `environment variable NAME`."""
+        if ctx.get_parameter_source(self.name or "") is click.core.ParameterSource.ENVIRONMENT:
+            return f"environment variable {ctx.meta.get(_USED_KEY + (self.name or ''))}"
+        return "/".join(self.opts)
+
+
+def option(*decls: str, envvar: str | Sequence[str], **attrs: Any) -> EnvOption:
+    """One option: `--help` shows its env vars and default."""
+    return EnvOption(decls, envvar=envvar, **attrs)
+
+
+def bool_option(*decls: str, envvar: str | Sequence[str], **attrs: Any) -> EnvOption:
+    """A Go boolean: `--flag` alone is true, `--flag=false` as with urfave/cli."""
+    return option(*decls, envvar=envvar, type=GO_BOOL, flag_value="true", is_flag=False, **attrs)
+
+
+def list_option(
+    *decls: str, envvar: str | Sequence[str], type: Parsed = LIST, **attrs: Any
+) -> EnvOption:
+    """A comma list that adds up when repeated, as urfave/cli slice flags do."""
+    return option(*decls, envvar=envvar, type=type, multiple=True, callback=_flatten, **attrs)
+
+
+def _flatten(ctx: click.Context, param: click.Parameter, value: Any) -> list[Any] | None:
+    items = [item for part in value or () for item in part]
+    return items or None
+
+
+def environment(ctx: click.Context) -> Mapping[str, str]:
+    """The environment this invocation reads (tests pass their own through `parse`)."""
+    env: Mapping[str, str] | None = ctx.meta.get(ENV_KEY)
+    return os.environ if env is None else env
+
+
+def env_options(command: click.Command) -> list[EnvOption]:
+    return [p for p in command.params if isinstance(p, EnvOption)]
+
+
+def parse(command: click.Command, argv: Sequence[str], env: Mapping[str, str]) -> dict[str, Any]:
+    """The values `command` gets from `argv` and `env`; `click.UsageError` when bad."""
+    return dict(_context(command, argv, env).params)
+
+
+def given(command: click.Command, argv: Sequence[str], env: Mapping[str, str]) -> set[str]:
+    """The names of the values `argv` or `env` set (not left to their default)."""
+    ctx = _context(command, argv, env)
+    given_by = (click.core.ParameterSource.COMMANDLINE, click.core.ParameterSource.ENVIRONMENT)
+    return {name for name in ctx.params if ctx.get_parameter_source(name) in given_by}
+
+
+def _context(command: click.Command, argv: Sequence[str], env: Mapping[str, str]) -> click.Context:
+    root = click.Context(command, info_name="kubegpu")
+    root.meta[ENV_KEY] = env
+    return command.make_context(command.name, list(argv), parent=root)
+
+
+def one_line(exc: click.ClickException) -> str:
+    """A click error as one line naming the command: `kubegpu serve: error: ...`."""
+    ctx = getattr(exc, "ctx", None)
+    where = ctx.command_path if ctx is not None else "kubegpu"
+    return f"{where}: error: {' '.join(exc.format_message().split())}"
+
+
+class OneLineMixin:
+    """Usage lines as argparse wrote them (`usage: kubegpu ...`)."""
+
+    def format_usage(self, ctx: click.Context, formatter: click.HelpFormatter) -> None:
+        pieces = self.collect_usage_pieces(ctx)  # type: ignore[attr-defined]
+        formatter.write_usage(ctx.command_path, " ".join(pieces), prefix="usage: ")
+
+
+class Command(OneLineMixin, click.Command):
+    pass
+
+
+class Group(OneLineMixin, click.Group):
+    pass
+
+
+# -- options several commands share: one declaration, one meaning ----------------------
+
+
+def driver_root_option() -> EnvOption:
+    """The host's driver root, in every command: NVIDIA's `--nvidia-driver-root`
+    (`--driver-root`). Its files are read where it is mounted (`--container-driver-root`)."""
+    return option(
+        "--nvidia-driver-root",
+        "--driver-root",
+        "driver_root",
+        envvar="NVIDIA_DRIVER_ROOT",
+        type=PATH,
+        config_key="flags.nvidiaDriverRoot",
+        show_default="/",
+        help="root of the driver installation on the host",
+    )
+
+
+def container_driver_root_option(*decls: str) -> EnvOption:
+    """Where the host's driver root is mounted in this container (NVIDIA's names)."""
+    return option(
+        *decls,
+        "container_driver_root",
+        envvar=("DRIVER_ROOT_CTR_PATH", "CONTAINER_DRIVER_ROOT"),
+        type=PATH,
+        config_key="flags.plugin.containerDriverRoot",
+        show_default="/driver-root",
+        help="where the host's driver root is mounted in this container",
+    )
+
+
+def simulate_option(**attrs: Any) -> EnvOption:
+    attrs.setdefault("help", "serve a simulated node: a preset name or a YAML file")
+    return option(
+        "--simulate", envvar="SIMULATE", type=Parsed("preset|file", check_simulate), **attrs
+    )
+
+
+def backend_option() -> EnvOption:
+    return option(
+        "--backend",
+        envvar="BACKEND",
+        type=Parsed("backend", choice(*BACKENDS)),
+        default="auto",
+        help="GPU backend: " + ", ".join(BACKENDS),
+    )
+
+
+def config_keys(command: click.Command) -> dict[str, str]:
+    """Each option's config-file key, by value name (for `kubegpu.config.flag_overrides`)."""
+    return {o.name: o.config_key for o in env_options(command) if o.name and o.config_key}
+
+
+def files_root(
+    values: Mapping[str, Any], host: str | None = None, container: str | None = None
+) -> str:
+    """Where this process reads the driver's files: `--container-driver-root` when given
+    (the user says where the host's root is mounted), else as `serve` picks it from
+    `--nvidia-driver-root` (`host`, `container`: the config's values, for unset flags)."""
+    from kubegpu.config.settings import driver_files_root
+
+    if values.get("container_driver_root"):
+        return str(values["container_driver_root"])
+    return driver_files_root(values.get("driver_root") or host or "/", container or "/driver-root")
+
+
+def check_simulate_backend(simulate: str | None, backend: str, what: str) -> None:
+    if simulate is not None and backend not in ("auto", "simulated"):
+        raise UsageError(
+            f"--simulate (SIMULATE) {what} but --backend (BACKEND) is {backend!r}; drop one of them"
+        )

@@ -1,0 +1,426 @@
+"""`kubegpu serve`: the device plugin daemon, with NVIDIA's flags and env vars.
+
+Every option has the env var twin NVIDIA's plugin reads (`--mig-strategy` <->
+`MIG_STRATEGY`), so DaemonSets written for NVIDIA's plugin keep working. A flag beats its
+env var, which beats the config file (`kubegpu.config.flag_overrides`), which beats the
+default. Bad values exit 2 with one line naming the flag or variable.
+"""
+
+from __future__ import annotations
+
+import logging
+import signal
+from collections.abc import Mapping
+from pathlib import Path
+from typing import Any
+
+import click
+
+from kubegpu.cli.options import (
+    DEVICE_PLUGIN_PATH,
+    PATH,
+    PORT,
+    TEXT,
+    Command,
+    Parsed,
+    UsageError,
+    backend_option,
+    bool_option,
+    check_absolute,
+    check_kubelet_socket,
+    check_label_key,
+    check_plugin_path,
+    check_simulate_backend,
+    choice,
+    config_keys,
+    container_driver_root_option,
+    driver_root_option,
+    environment,
+    list_option,
+    option,
+    parse_imex_channels,
+    simulate_option,
+)
+from kubegpu.errors import ConfigError, KubegpuError
+
+log = logging.getLogger("kubegpu")
+
+__all__ = ["SERVE_KEYS", "check_serve", "plugin_dir", "run_serve", "serve", "serve_notices"]
+
+
+def _float(text: str) -> float:
+    try:
+        return float(text)
+    except ValueError:
+        raise ValueError(f"invalid number {text!r}; give seconds, e.g. 60") from None
+
+
+SERVE_OPTIONS: list[click.Parameter] = [
+    option("--config-file", envvar="CONFIG_FILE", type=PATH, help="a v1 config file (NVIDIA's)"),
+    option(
+        "--mig-strategy",
+        envvar="MIG_STRATEGY",
+        type=Parsed("strategy", choice("none", "single", "mixed")),
+        config_key="flags.migStrategy",
+        show_default="none",
+        help="how MIG devices are advertised: none, single or mixed",
+    ),
+    bool_option(
+        "--fail-on-init-error",
+        envvar="FAIL_ON_INIT_ERROR",
+        config_key="flags.failOnInitError",
+        show_default="true",
+        help="exit 1 when no GPU/NVML is found (false: stay up, advertise nothing)",
+    ),
+    driver_root_option(),
+    option(
+        "--dev-root",
+        "--nvidia-dev-root",
+        envvar="NVIDIA_DEV_ROOT",
+        type=PATH,
+        config_key="flags.nvidiaDevRoot",
+        show_default="the driver root",
+        help="root of the host's /dev nodes",
+    ),
+    bool_option(
+        "--pass-device-specs",
+        envvar="PASS_DEVICE_SPECS",
+        config_key="flags.plugin.passDeviceSpecs",
+        show_default="false",
+        help="add /dev device nodes to Allocate answers (runtimes without the NVIDIA hook)",
+    ),
+    list_option(
+        "--device-list-strategy",
+        envvar="DEVICE_LIST_STRATEGY",
+        config_key="flags.plugin.deviceListStrategy",
+        show_default="envvar",
+        help="envvar, volume-mounts, cdi-annotations, cdi-cri (comma list)",
+    ),
+    option(
+        "--device-id-strategy",
+        envvar="DEVICE_ID_STRATEGY",
+        type=Parsed("strategy", choice("uuid", "index")),
+        config_key="flags.plugin.deviceIDStrategy",
+        show_default="uuid",
+        help="how GPUs are named to the runtime: uuid or index",
+    ),
+    option(
+        "--cdi-annotation-prefix",
+        envvar="CDI_ANNOTATION_PREFIX",
+        type=TEXT,
+        config_key="flags.plugin.cdiAnnotationPrefix",
+        show_default="cdi.k8s.io/",
+        help="prefix of CDI annotations",
+    ),
+    option(
+        "--nvidia-ctk-path",
+        "--nvidia-cdi-hook-path",
+        envvar=("NVIDIA_CDI_HOOK_PATH", "NVIDIA_CTK_PATH"),
+        type=PATH,
+        config_key="flags.plugin.nvidiaCTKPath",
+        show_default="/usr/bin/nvidia-ctk",
+        help="path of nvidia-ctk (or nvidia-cdi-hook) on the host, for CDI hooks",
+    ),
+    container_driver_root_option("--container-driver-root", "--driver-root-ctr-path"),
+    option(
+        "--shared-devices-allocation-policy",
+        envvar="SHARED_DEVICES_ALLOCATION_POLICY",
+        type=Parsed("policy", choice("distributed", "packed")),
+        config_key="flags.plugin.sharedDevicesAllocationPolicy",
+        show_default="distributed",
+        help="how replicas of shared GPUs are picked for a multi-replica request",
+    ),
+    list_option(
+        "--imex-channel-ids",
+        envvar="IMEX_CHANNEL_IDS",
+        type=Parsed("ints", parse_imex_channels, whole_env=True),
+        config_key="imex.channelIDs",
+        help="IMEX channels to inject (comma list of Go integers; only 0 exists)",
+    ),
+    bool_option(
+        "--imex-required",
+        envvar="IMEX_REQUIRED",
+        config_key="imex.required",
+        show_default="false",
+        help="the IMEX channels must exist when the plugin starts",
+    ),
+    list_option(
+        "--cdi-feature-flags",
+        envvar="CDI_FEATURE_FLAGS",
+        help="NVIDIA's CDI generator options (comma list); accepted, not applied by kubegpu",
+    ),
+    list_option(
+        "--cdi-disable-hooks",
+        envvar="CDI_DISABLE_HOOKS",
+        help="OCI hooks to leave out of CDI specs (comma list, or all); serve writes none",
+    ),
+    option(
+        "--mps-root",
+        envvar="MPS_ROOT",
+        type=Parsed("path", check_absolute),
+        config_key="flags.mpsRoot",
+        help="host directory for MPS pipes and logs (absolute)",
+    ),
+    bool_option(
+        "--gds-enabled",
+        envvar="GDS_ENABLED",
+        config_key="flags.gdsEnabled",
+        show_default="false",
+        help="ask the runtime for GPUDirect Storage",
+    ),
+    bool_option(
+        "--mofed-enabled",
+        envvar="MOFED_ENABLED",
+        config_key="flags.mofedEnabled",
+        show_default="false",
+        help="ask the runtime for MOFED",
+    ),
+    bool_option(
+        "--gdrcopy-enabled",
+        envvar="GDRCOPY_ENABLED",
+        config_key="flags.gdrcopyEnabled",
+        show_default="false",
+        help="ask the runtime for GDRCopy",
+    ),
+    option(
+        "--device-discovery-strategy",
+        envvar="DEVICE_DISCOVERY_STRATEGY",
+        type=Parsed("strategy", choice("auto", "nvml", "tegra")),
+        config_key="flags.deviceDiscoveryStrategy",
+        show_default="auto",
+        help="auto, nvml or tegra",
+    ),
+    option(
+        "--health-recovery-seconds",
+        envvar="HEALTH_RECOVERY_SECONDS",
+        type=Parsed("seconds", _float),
+        config_key="flags.health.recoverySeconds",
+        help="a GPU whose checks pass this long is healthy again (0: never)",
+    ),
+    option(
+        "--device-plugin-path",
+        envvar="DEVICE_PLUGIN_PATH",
+        type=Parsed("path", check_plugin_path),
+        default=DEVICE_PLUGIN_PATH,
+        help="the kubelet's device-plugin directory",
+    ),
+    option(
+        "--kubelet-socket",
+        envvar="KUBELET_SOCKET",
+        type=Parsed("path", check_kubelet_socket),
+        show_default=DEVICE_PLUGIN_PATH + "kubelet.sock",
+        help="the kubelet's registration socket; its directory is the device-plugin directory",
+    ),
+    backend_option(),
+    simulate_option(),
+    option(
+        "--config-dir",
+        envvar="CONFIG_FILE_SRCDIR",
+        type=PATH,
+        help="directory of named configs (the chart's config.map)",
+    ),
+    option(
+        "--default-config",
+        envvar="DEFAULT_CONFIG",
+        type=TEXT,
+        help="named config used when the node has no label",
+    ),
+    list_option(
+        "--fallback-strategies",
+        envvar="FALLBACK_STRATEGIES",
+        show_default="named,single",
+        help="named, single, empty (comma list)",
+    ),
+    option(
+        "--node-name",
+        envvar="NODE_NAME",
+        type=TEXT,
+        help="this node's name (for the config label and events)",
+    ),
+    option(
+        "--node-label",
+        envvar="NODE_LABEL",
+        type=Parsed("key", check_label_key),
+        default="nvidia.com/device-plugin.config",
+        help="node label that picks a named config",
+    ),
+    option(
+        "--metrics-port",
+        envvar="METRICS_PORT",
+        type=PORT,
+        default=0,
+        help="Prometheus /metrics port (0: off)",
+    ),
+    option(
+        "--metrics-address",
+        envvar="METRICS_ADDRESS",
+        type=TEXT,
+        show_default="POD_IP, else 127.0.0.1",
+        help="address for /metrics",
+    ),
+    option(
+        "--health-port",
+        envvar="HEALTH_PORT",
+        type=PORT,
+        default=0,
+        help="port for /healthz and /readyz (0: off)",
+    ),
+    option(
+        "--health-address",
+        envvar="HEALTH_ADDRESS",
+        type=TEXT,
+        default="0.0.0.0",
+        help="address for probes",
+    ),
+    bool_option(
+        "--with-labels",
+        envvar="WITH_LABELS",
+        default=False,
+        help="also write GPU Feature Discovery labels (to flags.gfd.outputFile)",
+    ),
+    option(
+        "--log-level",
+        envvar="LOG_LEVEL",
+        type=Parsed("level", choice("debug", "info", "warning", "error")),
+        default="info",
+        help="debug, info, warning, error",
+    ),
+]
+
+
+@click.pass_context
+def _serve(ctx: click.Context, /, **values: Any) -> int:
+    return run_serve(values, environment(ctx))
+
+
+serve = Command(
+    "serve",
+    params=SERVE_OPTIONS,
+    callback=_serve,
+    help="Run the device plugin daemon. Precedence: flag, environment variable, "
+    "config file, default.",
+    short_help="run the device plugin daemon",
+)
+#: The dotted config key each serve option overrides, by value name.
+SERVE_KEYS = config_keys(serve)
+
+
+def run_serve(values: Mapping[str, Any], env: Mapping[str, str]) -> int:
+    """Run the daemon until SIGTERM/SIGINT; `UsageError` for settings that cannot work."""
+    import asyncio
+
+    from kubegpu.cli import setup_logging
+    from kubegpu.config import flag_overrides
+    from kubegpu.config.source import KubernetesNodeLabels, NamedConfigs
+    from kubegpu.daemon import Daemon, DaemonSettings
+    from kubegpu.events import NodeEvents
+
+    check_serve(values, env)
+    setup_logging(values["log_level"])
+    named = None
+    if values["config_dir"]:
+        node = values["node_name"]
+        named = NamedConfigs(
+            directory=Path(values["config_dir"]),
+            default=values["default_config"],
+            fallback_strategies=tuple(values["fallback_strategies"] or ("named", "single")),
+            node_name=node,
+            label=values["node_label"],
+            labels=KubernetesNodeLabels() if node else None,
+        )
+    for notice in serve_notices(values):
+        log.warning("%s", notice)
+    settings = DaemonSettings(
+        plugin_dir=plugin_dir(values),
+        backend=values["backend"],
+        simulate=values["simulate"],
+        config_file=Path(values["config_file"]) if values["config_file"] else None,
+        overrides=flag_overrides(values, SERVE_KEYS),
+        named=named,
+        health_env={k: v for k, v in env.items() if k.startswith("DP_")},
+        metrics_port=values["metrics_port"],
+        metrics_address=values["metrics_address"] or env.get("POD_IP") or "127.0.0.1",
+        health_port=values["health_port"],
+        health_address=values["health_address"],
+        with_labels=values["with_labels"],
+    )
+
+    async def main() -> None:
+        stop = asyncio.Event()
+        loop = asyncio.get_running_loop()
+        # Signals first, before anything that can wait: handlers only set flags, and the
+        # daemon abandons whatever it is doing when `stop` is set.
+        for sig in (signal.SIGTERM, signal.SIGINT):
+            loop.add_signal_handler(sig, stop.set)
+        events = NodeEvents.from_environment(env, lazy=True)
+        daemon = Daemon(settings, events=events)
+        loop.add_signal_handler(signal.SIGHUP, daemon.poke_config)
+        await daemon.run(stop)
+
+    try:
+        asyncio.run(main())
+    except BaseExceptionGroup as group:
+        # A root task's own error (one line) rather than the task group's traceback.
+        first = _first_leaf(group)
+        if isinstance(first, KubegpuError):
+            raise first from group
+        raise
+    log.info("stopped cleanly")
+    return 0
+
+
+def _first_leaf(group: BaseExceptionGroup[BaseException]) -> BaseException:
+    first = group.exceptions[0]
+    return _first_leaf(first) if isinstance(first, BaseExceptionGroup) else first
+
+
+def serve_notices(values: Mapping[str, Any]) -> list[str]:
+    """Settings NVIDIA's plugin takes that kubegpu accepts but does not act on."""
+    notices = []
+    if values.get("cdi_feature_flags"):
+        notices.append(
+            f"--cdi-feature-flags (CDI_FEATURE_FLAGS) {','.join(values['cdi_feature_flags'])}: "
+            f"options of NVIDIA's CDI generator, not used by kubegpu's CDI specs; ignored"
+        )
+    return notices
+
+
+def plugin_dir(values: Mapping[str, Any]) -> Path:
+    """The device-plugin directory: `--device-plugin-path`, or the directory of NVIDIA's
+    `--kubelet-socket` when only that moved it."""
+    chosen = Path(values.get("device_plugin_path") or DEVICE_PLUGIN_PATH)
+    socket = values.get("kubelet_socket")
+    if socket is None:
+        return chosen
+    from_socket = Path(socket).parent
+    if chosen == from_socket:
+        return chosen
+    if chosen != Path(DEVICE_PLUGIN_PATH):
+        raise UsageError(
+            f"--kubelet-socket (KUBELET_SOCKET) {socket} is not in --device-plugin-path "
+            f"(DEVICE_PLUGIN_PATH) {chosen}; the kubelet keeps both in "
+            f"one directory: drop one of them"
+        )
+    try:
+        check_plugin_path(str(from_socket))
+    except ValueError as exc:
+        raise UsageError(f"--kubelet-socket (KUBELET_SOCKET): {exc}") from exc
+    return from_socket
+
+
+def check_serve(values: Mapping[str, Any], env: Mapping[str, str]) -> None:
+    """Combinations that cannot mean anything; `UsageError` names both sides."""
+    from kubegpu.config.v1 import HealthFlags
+    from kubegpu.health import health_flags_from_env
+
+    plugin_dir(values)
+    if values["config_file"] and values["config_dir"]:
+        raise UsageError(
+            "--config-file (CONFIG_FILE) and --config-dir (CONFIG_FILE_SRCDIR) both given; "
+            "use one: a single file, or a directory of named configs"
+        )
+    check_simulate_backend(values["simulate"], values["backend"], "serves a simulated node")
+    try:
+        health_flags_from_env(env, HealthFlags())
+    except ConfigError as exc:
+        raise UsageError(f"environment variable {exc}") from exc

@@ -1,0 +1,60 @@
+"""GPU Feature Discovery's job: label the node with its GPUs, again and again.
+
+- `kubegpu.labeller.loop`: `run_labeller` (compute with `kubegpu.labels`, publish,
+  sleep), the config it reads on each pass (`config_loader`, `LiveConfig`,
+  `named_configs`) and the backend it opens on each pass (`discoverer`);
+- `kubegpu.labeller.sinks`: where labels go (features.d file, NodeFeature, Node patch);
+- `kubegpu.labeller.kubeapi`: the Kubernetes calls the sinks make (`KubeApi`).
+
+The `kubegpu labels` command (GFD's flags and env vars) is `kubegpu.cli.labels`.
+"""
+
+from kubegpu.labeller.kubeapi import FakeKubeApi, KubeApi, KubernetesApi
+from kubegpu.labeller.loop import (
+    VENDOR_LABELS,
+    LiveConfig,
+    VendorLabels,
+    config_loader,
+    discoverer,
+    named_configs,
+    parse_duration,
+    read_machine_type,
+    run_labeller,
+    run_until_signalled,
+)
+from kubegpu.labeller.sinks import (
+    MANAGED_ANNOTATION,
+    FeatureFileSink,
+    LabelSink,
+    NodeFeatureSink,
+    NodePatchSink,
+    PublishError,
+    format_features,
+    owner_references,
+    write_atomically,
+)
+
+__all__ = [
+    "MANAGED_ANNOTATION",
+    "VENDOR_LABELS",
+    "FakeKubeApi",
+    "FeatureFileSink",
+    "KubeApi",
+    "KubernetesApi",
+    "LabelSink",
+    "LiveConfig",
+    "NodeFeatureSink",
+    "NodePatchSink",
+    "PublishError",
+    "VendorLabels",
+    "config_loader",
+    "discoverer",
+    "format_features",
+    "named_configs",
+    "owner_references",
+    "parse_duration",
+    "read_machine_type",
+    "run_labeller",
+    "run_until_signalled",
+    "write_atomically",
+]

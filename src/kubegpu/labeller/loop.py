@@ -1,0 +1,299 @@
+"""The labelling loop: compute the node's labels, publish them, repeat.
+
+`run_labeller` labels now and then every interval (GFD's `--sleep-interval`) until
+stopped, with the config read on each pass: a plain file re-read (`config_loader`), or
+the named config the node label picks, followed live (`LiveConfig`, as `kubegpu serve`
+follows it). The backend is opened and closed on each pass (`discoverer`), as GFD does.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import logging
+import math
+import re
+import time
+from collections.abc import AsyncIterator, Callable, Mapping, Sequence
+from pathlib import Path
+from typing import Any
+
+from kubegpu.config import Config, load_file, resolve
+from kubegpu.config.source import (
+    DEFAULT_NODE_LABEL,
+    ConfigSource,
+    ConfigUpdate,
+    KubernetesNodeLabels,
+    NamedConfigs,
+    NodeLabels,
+)
+from kubegpu.devices.model import Inventory
+from kubegpu.errors import ConfigError, InitError, KubegpuError
+from kubegpu.labeller.sinks import LabelSink
+from kubegpu.labels import gpu_labels, pci_classes, pci_configs, pci_present
+from kubegpu.labels_amd import amd_labels
+from kubegpu.supervisor import spawn
+
+log = logging.getLogger("kubegpu.labeller")
+
+#: Labels of one vendor's GPUs from the same snapshot and config (pure, no I/O).
+VendorLabels = Callable[[Inventory, Config], Mapping[str, str]]
+#: Vendors labelled besides NVIDIA (GFD's labels are built in, since they need the
+#: labeller's sysfs reads). Another vendor's label module adds its function here.
+VENDOR_LABELS: tuple[VendorLabels, ...] = (
+    # AMD GPUs get ROCm's node labeller labels (none without AMD GPUs).
+    lambda inventory, _config: amd_labels(inventory),
+)
+
+
+async def run_labeller(
+    discover: Callable[[], Inventory],
+    config: Callable[[], Config],
+    sink: LabelSink,
+    *,
+    interval: float | None,
+    machine_type: Callable[[], str | None] = lambda: None,
+    timestamps: bool = True,
+    sysfs_root: str | None = "/",
+    clock: Callable[[], float] = time.time,
+    stop: asyncio.Event | None = None,
+    vendor_labels: Sequence[VendorLabels] = VENDOR_LABELS,
+) -> int:
+    """Label now, then every `interval` seconds until `stop` is set; returns publishes done.
+
+    `interval` None labels once and returns (`--oneshot`); `math.inf` labels once and
+    then waits for `stop` (`--sleep-interval=infinite`). A failure on the first pass
+    propagates (the pod restarts and says why); later failures are logged and retried
+    on the next pass, so an API server blip does not kill a healthy labeller.
+    `sysfs_root` None skips the PCI scan (no `gpu.present` from the bus, no PCI class).
+    """
+    stop = stop or asyncio.Event()
+    published = 0
+    # GFD stamps the time its labelling loop started, not each pass: the label changes
+    # only on a restart, so NFD does not rewrite the Node every interval.
+    started = int(clock()) if timestamps else None
+    while True:
+        try:
+            labels = await asyncio.to_thread(
+                _compute, discover, config, machine_type, started, sysfs_root, vendor_labels
+            )
+            await sink.publish(labels)
+            published += 1
+            log.info("published %d labels", len(labels))
+        except KubegpuError as exc:
+            if published == 0 or interval is None:
+                raise
+            log.error("labelling failed, retrying in %ss: %s", interval, exc)
+        if interval is None:
+            return published
+        timeout = None if math.isinf(interval) else interval
+        try:
+            await asyncio.wait_for(stop.wait(), timeout)
+        except TimeoutError:
+            continue
+        return published
+
+
+def _compute(
+    discover: Callable[[], Inventory],
+    config: Callable[[], Config],
+    machine_type: Callable[[], str | None],
+    timestamp: int | None,
+    sysfs_root: str | None,
+    vendor_labels: Sequence[VendorLabels] = (),
+) -> dict[str, str]:
+    cfg = config()
+    try:
+        inventory = discover()
+    except InitError as exc:
+        if cfg.flags.fail_on_init_error:
+            raise
+        # GFD's behaviour with --fail-on-init-error=false: keep running, label what we know.
+        log.warning("no GPUs could be read (%s); labelling without them", exc)
+        inventory = Inventory(gpus=())
+    labels = gpu_labels(
+        inventory,
+        cfg,
+        machine_type=machine_type(),
+        timestamp=timestamp,
+        present=pci_present(sysfs_root) if sysfs_root is not None else None,
+        pci_classes=pci_classes(sysfs_root) if sysfs_root is not None else None,
+        pci_configs=pci_configs(sysfs_root) if sysfs_root is not None else None,
+    )
+    for vendor in vendor_labels:
+        labels.update(vendor(inventory, cfg))
+    return labels
+
+
+def read_machine_type(path: str) -> str:
+    """The DMI product name, trimmed; `unknown` when no file is set or it is unreadable.
+
+    As GFD: an empty file gives an empty value (labels sanitise it later).
+    """
+    if not path:
+        return "unknown"
+    try:
+        return Path(path).read_text(encoding="utf-8", errors="replace").strip()
+    except OSError as exc:
+        log.warning("cannot read machine type from %s: %s", path, exc.strerror)
+        return "unknown"
+
+
+_DURATION_PART = re.compile(r"(\d+(?:\.\d+)?)(ns|us|µs|ms|s|m|h)")
+_UNIT_SECONDS = {
+    "ns": 1e-9,
+    "us": 1e-6,
+    "µs": 1e-6,
+    "ms": 1e-3,
+    "s": 1.0,
+    "m": 60.0,
+    "h": 3600.0,
+}
+
+
+def parse_duration(text: str) -> float:
+    """Go-style duration (`60s`, `1m30s`, `500ms`) or `infinite`, in seconds."""
+    value = text.strip().lower()
+    if value in ("infinite", "inf"):
+        return math.inf
+    pos, total = 0, 0.0
+    for match in _DURATION_PART.finditer(value):
+        if match.start() != pos:
+            break
+        total += float(match[1]) * _UNIT_SECONDS[match[2]]
+        pos = match.end()
+    # 0s is valid (NVIDIA's GFD relabels without pause); a bare number is not (no unit).
+    if not value or pos != len(value) or total < 0:
+        raise ValueError(f"invalid duration {text!r}; use e.g. 60s, 5m, 1h30m or infinite")
+    return total
+
+
+def config_loader(path: str | None, overrides: Mapping[str, Any]) -> Callable[[], Config]:
+    """Re-read the config file on every pass (ConfigMap updates), keeping the last good one."""
+    last: list[Config] = []
+
+    def load() -> Config:
+        try:
+            base = load_file(path) if path else None
+            cfg = resolve(base, overrides)
+        except ConfigError:
+            if not last:
+                raise
+            log.exception("config became invalid; keeping the previous one")
+            return last[0]
+        last[:] = [cfg]
+        return cfg
+
+    return load
+
+
+def named_configs(values: Mapping[str, Any], node_labels: NodeLabels | None) -> NamedConfigs | None:
+    """The same named-config selection `kubegpu serve` makes, from the same settings
+    (`config_dir`, `node_name`, `default_config`, `fallback_strategies`, `node_label`)."""
+    directory = values.get("config_dir")
+    if not directory:
+        return None
+    node = values.get("node_name")
+    if node_labels is None and node:
+        node_labels = KubernetesNodeLabels()
+    fallbacks = values.get("fallback_strategies")
+    return NamedConfigs(
+        directory=Path(directory),
+        default=values.get("default_config"),
+        fallback_strategies=tuple(fallbacks) if fallbacks is not None else ("named", "single"),
+        node_name=node,
+        label=values.get("node_label") or DEFAULT_NODE_LABEL,
+        labels=node_labels if node else None,
+    )
+
+
+class LiveConfig:
+    """The config a `ConfigSource` says is in force now; a callable for `run_labeller`.
+
+    Reloads and label changes arrive in the background; a reload that fails keeps the
+    last good config (and logs why), as the device plugin does.
+    """
+
+    def __init__(self, source: ConfigSource) -> None:
+        self._source = source
+        self._updates: AsyncIterator[ConfigUpdate] | None = None
+        self._task: asyncio.Task[None] | None = None
+        self._current: Config | None = None
+        self._changed = asyncio.Event()
+
+    async def start(self) -> Config:
+        """The first config; raises its `ConfigError` when there is none to start with."""
+        self._updates = aiter(self._source.updates())
+        first = await anext(self._updates)
+        if first.config is None:
+            await self.close()
+            raise first.error or ConfigError(f"{first.origin}: no config")
+        log.info("config: %s", first.origin)
+        self._current = first.config
+        self._task = spawn("labeller-config", self._follow(self._updates))
+        return first.config
+
+    async def _follow(self, updates: AsyncIterator[ConfigUpdate]) -> None:
+        async for update in updates:
+            if update.config is None:
+                log.error("config reload failed, keeping the previous one: %s", update.error)
+                continue
+            log.info("config: %s", update.origin)
+            self._current = update.config
+            self._changed.set()
+
+    async def changed(self) -> Config:
+        """Wait for the next config change (a reload or the node label); the new config."""
+        self._changed.clear()
+        await self._changed.wait()
+        return self()
+
+    def __call__(self) -> Config:
+        if self._current is None:
+            raise ConfigError("labeller config read before it was loaded")
+        return self._current
+
+    async def close(self) -> None:
+        if self._task is not None:
+            self._task.cancel()
+            with contextlib.suppress(asyncio.CancelledError):
+                await self._task
+        closer = getattr(self._updates, "aclose", None)
+        if closer is not None:
+            await closer()
+
+
+def discoverer(
+    kind: str, *, simulate: str | None, driver_root: str, sysfs_root: str
+) -> Callable[[], Inventory]:
+    """Open the backend on each pass and close it again, as GFD does: no NVML handle is
+    held between passes, so driver upgrades and MIG reconfigurations are picked up."""
+    from kubegpu.devices import open_backend
+
+    def discover() -> Inventory:
+        backend = open_backend(
+            kind, simulate=simulate, driver_root=driver_root, sysfs_root=sysfs_root
+        )
+        try:
+            return backend.discover()
+        finally:
+            backend.close()
+
+    return discover
+
+
+async def run_until_signalled(
+    discover: Callable[[], Inventory],
+    config: Callable[[], Config],
+    sink: LabelSink,
+    **kwargs: Any,
+) -> int:
+    """`run_labeller` with SIGTERM/SIGINT setting the stop flag (handlers only set it)."""
+    import signal
+
+    stop = asyncio.Event()
+    loop = asyncio.get_running_loop()
+    for sig in (signal.SIGTERM, signal.SIGINT):
+        with contextlib.suppress(NotImplementedError, RuntimeError):  # not the main thread
+            loop.add_signal_handler(sig, stop.set)
+    return await run_labeller(discover, config, sink, stop=stop, **kwargs)

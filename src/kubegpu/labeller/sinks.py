@@ -1,0 +1,223 @@
+"""Where node labels go: an NFD features.d file, an NFD `NodeFeature`, or the Node.
+
+- `FeatureFileSink`: an NFD `features.d` file (GFD's default; NFD's worker turns it into
+  node labels). Written atomically so NFD never reads half a file.
+- `NodeFeatureSink`: an NFD `NodeFeature` object (`--use-node-feature-api`), owned by
+  the labeller's DaemonSet (`owner_references`) as GFD's is.
+- `NodePatchSink`: patches the Node directly (`--node-patch`) for clusters without NFD.
+  It records the keys it set in an annotation so that it can later remove exactly
+  those, and never touches labels someone else owns.
+
+Kubernetes access goes through `kubegpu.labeller.kubeapi.KubeApi`.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import copy
+import json
+import logging
+import os
+import sys
+import tempfile
+from collections.abc import Mapping
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import TYPE_CHECKING, Any, Protocol
+
+from kubegpu.errors import KubegpuError
+from kubegpu.labels_amd import rocm_owned_keys
+
+if TYPE_CHECKING:
+    from kubegpu.labeller.kubeapi import KubeApi
+
+log = logging.getLogger("kubegpu.labeller")
+
+#: Node annotation listing (JSON array) the label keys `NodePatchSink` set last time.
+MANAGED_ANNOTATION = "kubegpu.io/managed-labels"
+NFD_GROUP = "nfd.k8s-sigs.io"
+NFD_VERSION = "v1alpha1"
+NFD_PLURAL = "nodefeatures"
+NFD_NODE_NAME_LABEL = "nfd.node.kubernetes.io/node-name"
+NODE_FEATURE_PREFIX = "nvidia-features-for-"
+
+
+class PublishError(KubegpuError):
+    """Labels could not be delivered (file not writable, API call refused)."""
+
+
+class LabelSink(Protocol):
+    """Where labels go. `publish` replaces the previous set (labels not given disappear)."""
+
+    async def publish(self, labels: Mapping[str, str]) -> None: ...
+
+
+def format_features(labels: Mapping[str, str]) -> str:
+    """NFD's features.d format: `key=value` lines, sorted so that diffs are readable."""
+    return "".join(f"{key}={labels[key]}\n" for key in sorted(labels))
+
+
+@dataclass
+class FeatureFileSink:
+    """An NFD features.d file; `path` "-" or "" writes to stdout (GFD: empty = stdout)."""
+
+    path: str
+
+    async def publish(self, labels: Mapping[str, str]) -> None:
+        text = format_features(labels)
+        if self.path in ("", "-"):
+            sys.stdout.write(text)
+            sys.stdout.flush()
+            return
+        await asyncio.to_thread(write_atomically, Path(self.path), text)
+
+
+def write_atomically(path: Path, text: str) -> None:
+    """Temp file in the same directory + `os.replace`: readers see old or new, never half."""
+    try:
+        path.parent.mkdir(parents=True, exist_ok=True)
+        fd, tmp = tempfile.mkstemp(prefix=f".{path.name}.", dir=path.parent)
+        try:
+            with os.fdopen(fd, "w", encoding="utf-8") as out:
+                out.write(text)
+                out.flush()
+                os.fsync(out.fileno())
+            Path(tmp).chmod(0o644)
+            Path(tmp).replace(path)
+        except BaseException:
+            Path(tmp).unlink(missing_ok=True)
+            raise
+    except OSError as exc:
+        raise PublishError(
+            f"cannot write labels to {path} ({exc.strerror}); is the NFD features.d "
+            "directory mounted read-write?"
+        ) from exc
+
+
+def owner_references(api: KubeApi, namespace: str, pod_name: str | None) -> list[dict[str, Any]]:
+    """The labeller's DaemonSet (as controller) and Pod, to own the NodeFeature object.
+
+    As GFD: Kubernetes then deletes the object with the DaemonSet, so an uninstall leaves
+    no stale GPU labels behind. No pod name, or a pod no DaemonSet owns: no owners.
+    Raises `PublishError` when the pod cannot be read.
+    """
+    if not pod_name:
+        return []
+    pod = api.get_pod_metadata(namespace, pod_name)
+    daemonset = next(
+        (o for o in pod.get("ownerReferences") or [] if o.get("kind") == "DaemonSet"), None
+    )
+    if daemonset is None:
+        return []
+    return [
+        {
+            "apiVersion": daemonset.get("apiVersion"),
+            "kind": "DaemonSet",
+            "name": daemonset.get("name"),
+            "uid": daemonset.get("uid"),
+            "controller": True,
+        },
+        {"apiVersion": "v1", "kind": "Pod", "name": pod.get("name"), "uid": pod.get("uid")},
+    ]
+
+
+@dataclass
+class NodeFeatureSink:
+    """One `NodeFeature` object per node, `nvidia-features-for-<node>`, as GFD names it."""
+
+    api: KubeApi
+    node_name: str
+    namespace: str
+    #: From `owner_references`; empty leaves the object unowned.
+    owners: list[dict[str, Any]] = field(default_factory=list)
+
+    @property
+    def object_name(self) -> str:
+        return NODE_FEATURE_PREFIX + self.node_name
+
+    def body(self, labels: Mapping[str, str]) -> dict[str, Any]:
+        return {
+            "apiVersion": f"{NFD_GROUP}/{NFD_VERSION}",
+            "kind": "NodeFeature",
+            "metadata": {
+                "name": self.object_name,
+                "namespace": self.namespace,
+                "labels": {NFD_NODE_NAME_LABEL: self.node_name},
+                **({"ownerReferences": copy.deepcopy(self.owners)} if self.owners else {}),
+            },
+            "spec": {"labels": dict(labels)},
+        }
+
+    async def publish(self, labels: Mapping[str, str]) -> None:
+        await asyncio.to_thread(self._publish, labels)
+
+    def _publish(self, labels: Mapping[str, str]) -> None:
+        current = self.api.get_node_feature(self.namespace, self.object_name)
+        wanted = self.body(labels)
+        if current is None:
+            self.api.create_node_feature(self.namespace, wanted)
+            return
+        meta = current.get("metadata", {})
+        same_labels = meta.get("labels", {}).get(NFD_NODE_NAME_LABEL) == self.node_name
+        same_owners = (meta.get("ownerReferences") or []) == self.owners
+        same_spec = current.get("spec", {}).get("labels") == wanted["spec"]["labels"]
+        if same_labels and same_owners and same_spec:
+            return  # unchanged: no write, no NFD churn
+        updated = copy.deepcopy(current)
+        updated.setdefault("metadata", {}).setdefault("labels", {})[NFD_NODE_NAME_LABEL] = (
+            self.node_name
+        )
+        # The owners are this labeller's, as GFD sets them on every update.
+        if self.owners:
+            updated["metadata"]["ownerReferences"] = copy.deepcopy(self.owners)
+        else:
+            updated["metadata"].pop("ownerReferences", None)
+        # Keep `spec.features` (NFD's) and anything else; replace only our labels.
+        updated.setdefault("spec", {})["labels"] = dict(labels)
+        self.api.replace_node_feature(self.namespace, updated)
+
+
+@dataclass
+class NodePatchSink:
+    """Labels patched straight onto the Node; only keys this sink set are ever removed."""
+
+    api: KubeApi
+    node_name: str
+
+    async def publish(self, labels: Mapping[str, str]) -> None:
+        await asyncio.to_thread(self._publish, labels)
+
+    def patch_for(self, metadata: Mapping[str, Any], labels: Mapping[str, str]) -> dict[str, Any]:
+        """The merge patch from the Node's current metadata to `labels`; {} if nothing to do."""
+        current: Mapping[str, str] = metadata.get("labels") or {}
+        annotations: Mapping[str, str] = metadata.get("annotations") or {}
+        previous = _managed_keys(annotations.get(MANAGED_ANNOTATION))
+        changes: dict[str, str | None] = {
+            key: value for key, value in labels.items() if current.get(key) != value
+        }
+        # ROCm's labeller's keys are replaced too, so switching from it leaves none stale.
+        previous |= rocm_owned_keys(current)
+        changes |= {key: None for key in previous - set(labels) if key in current}
+        managed = json.dumps(sorted(labels), separators=(",", ":"))
+        patch: dict[str, Any] = {}
+        if changes:
+            patch.setdefault("metadata", {})["labels"] = changes
+        if annotations.get(MANAGED_ANNOTATION) != managed:
+            patch.setdefault("metadata", {})["annotations"] = {MANAGED_ANNOTATION: managed}
+        return patch
+
+    def _publish(self, labels: Mapping[str, str]) -> None:
+        patch = self.patch_for(self.api.get_node_metadata(self.node_name), labels)
+        if patch:
+            self.api.merge_patch_node(self.node_name, patch)
+
+
+def _managed_keys(annotation: str | None) -> set[str]:
+    if not annotation:
+        return set()
+    try:
+        keys = json.loads(annotation)
+    except ValueError:
+        log.warning("ignoring unreadable %s annotation %r", MANAGED_ANNOTATION, annotation)
+        return set()
+    return {k for k in keys if isinstance(k, str)} if isinstance(keys, list) else set()

@@ -1,0 +1,301 @@
+"""`kubegpu labels`: GFD's flags and env vars, the sink they pick, the named config."""
+
+from __future__ import annotations
+
+from collections.abc import Callable, Mapping
+from pathlib import Path
+from typing import Any
+
+import click
+import pytest
+
+import kubegpu.devices
+from kubegpu.cli import kubegpu as kubegpu_command
+from kubegpu.cli.labels import labels, labels_main
+from kubegpu.config import Config
+from kubegpu.devices.model import Gpu, HealthEvent, Inventory, StopFlag
+from kubegpu.labeller import (
+    FakeKubeApi,
+)
+
+FIXTURES = Path(__file__).parent.parent / "fixtures"
+T4 = Gpu(
+    index=0,
+    uuid="GPU-t4",
+    minor=0,
+    product="Tesla T4",
+    memory_mib=15360,
+    pci_bus_id="0000:00:1e.0",
+    numa_node=0,
+    compute_capability=(7, 5),
+    brand="Tesla",
+)
+NODE = Inventory(gpus=(T4,), driver_version="550.54.15", cuda_driver_version=(12, 4))
+
+
+def config() -> Config:
+    return Config()
+
+
+class RecordingSink:
+    def __init__(self, on_publish: Callable[[int], None] = lambda n: None) -> None:
+        self.published: list[dict[str, str]] = []
+        self.on_publish = on_publish
+
+    async def publish(self, labels: Mapping[str, str]) -> None:
+        self.published.append(dict(labels))
+        self.on_publish(len(self.published))
+
+
+# --- CLI -----------------------------------------------------------------------------
+
+
+class FakeBackend:
+    name = "fake"
+
+    def discover(self) -> Inventory:
+        return NODE
+
+    def probe(self, uuid: str) -> str | None:
+        return None
+
+    def watch(self, stop: StopFlag, emit: Callable[[HealthEvent], None]) -> None:
+        pass
+
+    def close(self) -> None:
+        pass
+
+
+@pytest.fixture
+def fake_backend(monkeypatch: pytest.MonkeyPatch) -> list[dict[str, Any]]:
+    opened: list[dict[str, Any]] = []
+
+    def open_backend(kind: str = "auto", **kwargs: Any) -> FakeBackend:
+        opened.append({"kind": kind, **kwargs})
+        return FakeBackend()
+
+    monkeypatch.setattr(kubegpu.devices, "open_backend", open_backend)
+    return opened
+
+
+def run_cli(argv: list[str], env: Mapping[str, str] | None = None, **kw: Any) -> int:
+    # `kubegpu labels` is the command `labels_main` runs.
+    assert kubegpu_command.get_command(click.Context(kubegpu_command), "labels") is labels
+    return labels_main(argv, environ=dict(env or {}), **kw)
+
+
+def test_cli_oneshot_writes_features_file(
+    tmp_path: Path, fake_backend: list[dict[str, Any]]
+) -> None:
+    out = tmp_path / "gfd"
+    rc = run_cli(
+        ["--oneshot", "-o", str(out), "--no-timestamp", "--sysfs-root", str(FIXTURES / "pci-none")],
+        {"GFD_MACHINE_TYPE_FILE": str(tmp_path / "none"), "MIG_STRATEGY": "single"},
+    )
+    assert rc == 0
+    lines = out.read_text().splitlines()
+    assert "nvidia.com/gpu.product=Tesla-T4" in lines
+    assert "nvidia.com/gpu.machine=unknown" in lines
+    assert "nvidia.com/mig.strategy=single" in lines  # from the env var
+    assert not any(line.startswith("nvidia.com/gfd.timestamp=") for line in lines)
+    assert fake_backend[0]["kind"] == "auto"
+    assert run_cli(["--oneshot", "-o", str(out), "--backend", "nvml"]) == 0
+    assert fake_backend[1]["kind"] == "nvml"
+
+
+def test_cli_flag_beats_env_and_env_beats_config_file(
+    tmp_path: Path, fake_backend: list[dict[str, Any]]
+) -> None:
+    cfg = tmp_path / "config.yaml"
+    cfg.write_text("version: v1\nflags:\n  migStrategy: mixed\n  gfd:\n    oneshot: true\n")
+    out = tmp_path / "gfd"
+    common = ["--config-file", str(cfg), "-o", str(out), "--sysfs-root", str(tmp_path)]
+    assert run_cli(common) == 0
+    assert "nvidia.com/mig.strategy=mixed" in out.read_text()
+    assert run_cli(common, {"MIG_STRATEGY": "single"}) == 0
+    assert "nvidia.com/mig.strategy=single" in out.read_text()
+    assert run_cli([*common, "--mig-strategy", "none"], {"MIG_STRATEGY": "single"}) == 0
+    assert "nvidia.com/mig.strategy" not in out.read_text()
+
+
+def test_cli_node_patch_uses_the_api(tmp_path: Path, fake_backend: list[dict[str, Any]]) -> None:
+    api = FakeKubeApi()
+    api.add_node("gpu-1")
+    rc = run_cli(
+        ["--oneshot", "--node-patch", "--sysfs-root", str(tmp_path)],
+        {"NODE_NAME": "gpu-1"},
+        api_factory=lambda: api,
+    )
+    assert rc == 0
+    assert api.nodes["gpu-1"]["labels"]["nvidia.com/gpu.count"] == "1"
+
+
+def test_cli_node_feature_api_needs_a_namespace_env(
+    tmp_path: Path, fake_backend: list[dict[str, Any]]
+) -> None:
+    api = FakeKubeApi()
+    rc = run_cli(
+        ["--oneshot", "--sysfs-root", str(tmp_path)],
+        {"NODE_NAME": "gpu-1", "GFD_USE_NODE_FEATURE_API": "true", "POD_NAMESPACE": "gpu"},
+        api_factory=lambda: api,
+    )
+    assert rc == 0
+    assert ("gpu", "nvidia-features-for-gpu-1") in api.node_features
+
+
+def test_cli_node_feature_takes_gfds_namespace_and_pod_name_env(
+    tmp_path: Path, fake_backend: list[dict[str, Any]]
+) -> None:
+    api = FakeKubeApi()
+    owner = {"apiVersion": "apps/v1", "kind": "DaemonSet", "name": "gfd", "uid": "ds-1"}
+    api.pods[("gpu-operator", "gfd-abcde")] = {
+        "name": "gfd-abcde",
+        "uid": "pod-1",
+        "ownerReferences": [owner],
+    }
+    env = {
+        "NODE_NAME": "gpu-1",
+        "GFD_USE_NODE_FEATURE_API": "true",
+        "NAMESPACE": "gpu-operator",  # GFD's env var; wins over the pod's own namespace
+        "POD_NAMESPACE": "elsewhere",
+        "POD_NAME": "gfd-abcde",
+    }
+    rc = run_cli(["--oneshot", "--sysfs-root", str(tmp_path)], env, api_factory=lambda: api)
+    assert rc == 0
+    obj = api.node_features[("gpu-operator", "nvidia-features-for-gpu-1")]
+    owners = obj["metadata"]["ownerReferences"]
+    assert [(o["kind"], o["uid"]) for o in owners] == [("DaemonSet", "ds-1"), ("Pod", "pod-1")]
+
+
+def test_cli_node_feature_without_a_readable_pod_labels_unowned(
+    tmp_path: Path, fake_backend: list[dict[str, Any]]
+) -> None:
+    api = FakeKubeApi()
+    env = {
+        "NODE_NAME": "gpu-1",
+        "GFD_USE_NODE_FEATURE_API": "true",
+        "POD_NAMESPACE": "gpu",
+        "POD_NAME": "gone",
+    }
+    rc = run_cli(["--oneshot", "--sysfs-root", str(tmp_path)], env, api_factory=lambda: api)
+    assert rc == 0
+    assert (
+        "ownerReferences" not in api.node_features[("gpu", "nvidia-features-for-gpu-1")]["metadata"]
+    )
+
+
+@pytest.mark.parametrize(
+    ("argv", "env", "named"),
+    [
+        (["--sleep-interval", "soon"], {}, "--sleep-interval"),
+        ([], {"GFD_SLEEP_INTERVAL": "10parsecs"}, "GFD_SLEEP_INTERVAL"),
+        (["--mig-strategy", "half"], {}, "--mig-strategy"),
+        ([], {"MIG_STRATEGY": "half"}, "MIG_STRATEGY"),
+        (["--oneshot=maybe"], {}, "--oneshot"),
+        ([], {"FAIL_ON_INIT_ERROR": "sometimes"}, "FAIL_ON_INIT_ERROR"),
+        (["--node-patch"], {}, "--node-name"),
+        (["--use-node-feature-api"], {"NODE_NAME": "n"}, "--use-node-feature-api"),
+        (["--node-patch", "--use-node-feature-api"], {"NODE_NAME": "n"}, "--node-patch"),
+    ],
+)
+def test_cli_bad_values_exit_2_with_one_line_naming_the_flag(
+    argv: list[str],
+    env: dict[str, str],
+    named: str,
+    capsys: pytest.CaptureFixture[str],
+    fake_backend: list[dict[str, Any]],
+) -> None:
+    # The namespace fallback reads the service-account file; none exists in tests.
+    assert run_cli(argv, env, api_factory=FakeKubeApi) == 2
+    err = capsys.readouterr().err
+    assert err.count("\n") == 1
+    assert named in err
+
+
+def test_cli_bad_config_file_exit_2(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    cfg = tmp_path / "bad.yaml"
+    cfg.write_text("version: v1\nflags:\n  migStrategy: sideways\n")
+    assert run_cli(["--config-file", str(cfg)]) == 2
+    assert "migStrategy" in capsys.readouterr().err
+
+
+def test_cli_simulate_t4_preset(tmp_path: Path) -> None:
+    out = tmp_path / "gfd"
+    rc = run_cli(["--oneshot", "--simulate", "t4-1", "-o", str(out), "--sysfs-root", str(tmp_path)])
+    assert rc == 0
+    labels = dict(line.split("=", 1) for line in out.read_text().splitlines())
+    assert labels["nvidia.com/gpu.count"] == "1"
+    assert labels["nvidia.com/gpu.product"].endswith("T4")
+    assert labels["nvidia.com/gpu.family"] == "turing"
+
+
+# --- the named config (issue 8): the labeller picks what `serve` picks -------------------
+
+SHARE_4 = """version: v1
+sharing:
+  timeSlicing:
+    resources:
+      - name: nvidia.com/gpu
+        replicas: 4
+"""
+PLAIN = "version: v1\n"
+
+
+def named_dir(tmp_path: Path) -> Path:
+    configs = tmp_path / "available-configs"
+    configs.mkdir()
+    (configs / "shared").write_text(SHARE_4)
+    (configs / "plain").write_text(PLAIN)
+    return configs
+
+
+def test_cli_uses_the_named_config_the_node_label_picks(
+    tmp_path: Path, fake_backend: list[dict[str, Any]]
+) -> None:
+    from kubegpu.config.source import FakeNodeLabels
+
+    out = tmp_path / "gfd"
+    node_labels = FakeNodeLabels("shared")
+    env = {
+        "CONFIG_FILE_SRCDIR": str(named_dir(tmp_path)),
+        "DEFAULT_CONFIG": "plain",
+        "NODE_NAME": "gpu-node-1",
+    }
+    argv = ["--oneshot", "-o", str(out), "--no-timestamp", "--sysfs-root", str(tmp_path)]
+    assert run_cli(argv, env, node_labels=node_labels) == 0
+    labels = dict(line.split("=", 1) for line in out.read_text().splitlines())
+    assert labels["nvidia.com/gpu.replicas"] == "4"
+    assert labels["nvidia.com/gpu.product"] == "Tesla-T4-SHARED"
+    assert labels["nvidia.com/gpu.sharing-strategy"] == "time-slicing"
+    assert node_labels.watched == [("gpu-node-1", "nvidia.com/device-plugin.config")]
+
+
+def test_cli_named_config_falls_back_to_the_default_without_a_label(
+    tmp_path: Path, fake_backend: list[dict[str, Any]]
+) -> None:
+    from kubegpu.config.source import FakeNodeLabels
+
+    out = tmp_path / "gfd"
+    env = {
+        "CONFIG_FILE_SRCDIR": str(named_dir(tmp_path)),
+        "DEFAULT_CONFIG": "plain",
+        "NODE_NAME": "gpu-node-1",
+    }
+    argv = ["--oneshot", "-o", str(out), "--no-timestamp", "--sysfs-root", str(tmp_path)]
+    assert run_cli(argv, env, node_labels=FakeNodeLabels(None)) == 0
+    labels = dict(line.split("=", 1) for line in out.read_text().splitlines())
+    assert labels["nvidia.com/gpu.replicas"] == "1"
+    assert labels["nvidia.com/gpu.product"] == "Tesla-T4"
+
+
+def test_cli_named_config_that_does_not_exist_is_one_line_exit_2(
+    tmp_path: Path, fake_backend: list[dict[str, Any]], capsys: pytest.CaptureFixture[str]
+) -> None:
+    from kubegpu.config.source import FakeNodeLabels
+
+    env = {"CONFIG_FILE_SRCDIR": str(named_dir(tmp_path)), "NODE_NAME": "gpu-node-1"}
+    argv = ["--oneshot", "-o", str(tmp_path / "gfd"), "--sysfs-root", str(tmp_path)]
+    assert run_cli(argv, env, node_labels=FakeNodeLabels("typo")) == 2
+    err = capsys.readouterr().err.strip()
+    assert len(err.splitlines()) == 1
+    assert "'typo'" in err and "plain, shared" in err

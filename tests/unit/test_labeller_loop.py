@@ -1,0 +1,246 @@
+"""The labelling loop: label, publish, sleep, retry; the live named config; vendors."""
+
+from __future__ import annotations
+
+import asyncio
+import math
+from collections.abc import Callable, Mapping
+from pathlib import Path
+
+import pytest
+
+from kubegpu.config import Config, parse_config
+from kubegpu.devices.model import Gpu, Inventory
+from kubegpu.errors import InitError
+from kubegpu.labeller import (
+    PublishError,
+    parse_duration,
+    read_machine_type,
+    run_labeller,
+)
+
+FIXTURES = Path(__file__).parent.parent / "fixtures"
+T4 = Gpu(
+    index=0,
+    uuid="GPU-t4",
+    minor=0,
+    product="Tesla T4",
+    memory_mib=15360,
+    pci_bus_id="0000:00:1e.0",
+    numa_node=0,
+    compute_capability=(7, 5),
+    brand="Tesla",
+)
+NODE = Inventory(gpus=(T4,), driver_version="550.54.15", cuda_driver_version=(12, 4))
+
+
+def config() -> Config:
+    return Config()
+
+
+class RecordingSink:
+    def __init__(self, on_publish: Callable[[int], None] = lambda n: None) -> None:
+        self.published: list[dict[str, str]] = []
+        self.on_publish = on_publish
+
+    async def publish(self, labels: Mapping[str, str]) -> None:
+        self.published.append(dict(labels))
+        self.on_publish(len(self.published))
+
+
+async def test_oneshot_publishes_once_with_present_and_mode_from_sysfs() -> None:
+    sink = RecordingSink()
+    done = await run_labeller(
+        lambda: NODE,
+        config,
+        sink,
+        interval=None,
+        machine_type=lambda: "g4dn.xlarge",
+        clock=lambda: 42.7,
+        sysfs_root=str(FIXTURES / "pci-nvidia"),
+    )
+    assert done == 1
+    (labels,) = sink.published
+    assert labels["nvidia.com/gpu.product"] == "Tesla-T4"
+    assert labels["nvidia.com/gpu.present"] == "true"
+    assert labels["nvidia.com/gpu.mode"] == "compute"  # class 0x030200 at 0000:00:1e.0
+    assert labels["nvidia.com/gpu.machine"] == "g4dn.xlarge"
+    assert labels["nvidia.com/gfd.timestamp"] == "42"
+
+
+async def test_loop_relabels_until_stopped_and_picks_up_changes() -> None:
+    stop = asyncio.Event()
+    inventories = iter([NODE, Inventory(gpus=())])
+
+    def on_publish(n: int) -> None:
+        if n == 2:
+            stop.set()
+
+    sink = RecordingSink(on_publish)
+    done = await run_labeller(
+        lambda: next(inventories),
+        config,
+        sink,
+        interval=0.01,
+        timestamps=False,
+        sysfs_root=str(FIXTURES / "pci-none"),
+        stop=stop,
+    )
+    assert done == 2
+    assert sink.published[0]["nvidia.com/gpu.count"] == "1"
+    # GPUs gone: only what the PCI bus says (no NVIDIA function, so no vGPU either).
+    assert sink.published[1] == {"nvidia.com/vgpu.present": "false"}
+
+
+async def test_infinite_interval_labels_once_then_waits_for_stop() -> None:
+    stop = asyncio.Event()
+    sink = RecordingSink(lambda n: stop.set())
+    done = await asyncio.wait_for(
+        run_labeller(lambda: NODE, config, sink, interval=math.inf, sysfs_root=None, stop=stop),
+        5,
+    )
+    assert done == 1
+
+
+async def test_first_failure_propagates_later_ones_are_retried() -> None:
+    class Flaky:
+        def __init__(self) -> None:
+            self.attempts = 0
+
+        async def publish(self, labels: Mapping[str, str]) -> None:
+            self.attempts += 1
+            if self.attempts == 2:
+                raise PublishError("API down")
+            if self.attempts == 3:
+                stop.set()
+
+    with pytest.raises(PublishError):
+        await run_labeller(
+            lambda: NODE,
+            config,
+            FakeFailingSink(),
+            interval=0.01,
+            sysfs_root=None,
+        )
+    stop = asyncio.Event()
+    flaky = Flaky()
+    assert await run_labeller(
+        lambda: NODE, config, flaky, interval=0.01, sysfs_root=None, stop=stop
+    )
+    assert flaky.attempts == 3
+
+
+class FakeFailingSink:
+    async def publish(self, labels: Mapping[str, str]) -> None:
+        raise PublishError("nope")
+
+
+async def test_init_error_is_fatal_unless_fail_on_init_error_is_false() -> None:
+    def broken() -> Inventory:
+        raise InitError("no NVML")
+
+    with pytest.raises(InitError):
+        await run_labeller(broken, config, RecordingSink(), interval=None, sysfs_root=None)
+
+    lenient = parse_config("version: v1\nflags:\n  failOnInitError: false\n")
+    sink = RecordingSink()
+    await run_labeller(
+        broken,
+        lambda: lenient,
+        sink,
+        interval=None,
+        timestamps=False,
+        sysfs_root=str(FIXTURES / "pci-nvidia"),
+    )
+    assert sink.published == [{"nvidia.com/gpu.present": "true"}]
+
+
+# --- helpers -------------------------------------------------------------------------
+
+
+@pytest.mark.parametrize(
+    ("text", "seconds"),
+    [
+        ("60s", 60.0),
+        ("1m30s", 90.0),
+        ("500ms", 0.5),
+        ("1h", 3600.0),
+        ("infinite", math.inf),
+        ("0s", 0.0),
+    ],
+)
+def test_durations(text: str, seconds: float) -> None:
+    assert parse_duration(text) == seconds
+
+
+@pytest.mark.parametrize("text", ["", "60", "abc", "5x", "s60"])
+def test_bad_durations(text: str) -> None:
+    with pytest.raises(ValueError, match="duration"):
+        parse_duration(text)
+
+
+def test_machine_type_file(tmp_path: Path) -> None:
+    f = tmp_path / "product_name"
+    f.write_text("Standard PC (Q35 + ICH9, 2009)\n")
+    assert read_machine_type(str(f)) == "Standard PC (Q35 + ICH9, 2009)"
+    assert read_machine_type(str(tmp_path / "missing")) == "unknown"
+
+
+SHARE_4 = """version: v1
+sharing:
+  timeSlicing:
+    resources:
+      - name: nvidia.com/gpu
+        replicas: 4
+"""
+
+
+def named_dir(tmp_path: Path) -> Path:
+    configs = tmp_path / "available-configs"
+    configs.mkdir()
+    (configs / "shared").write_text(SHARE_4)
+    (configs / "plain").write_text("version: v1\n")
+    return configs
+
+
+async def test_live_config_follows_a_node_label_change(tmp_path: Path) -> None:
+    from kubegpu.config.source import ConfigSource, FakeNodeLabels, NamedConfigs
+    from kubegpu.labeller import LiveConfig
+
+    node_labels = FakeNodeLabels("shared")
+    named = NamedConfigs(directory=named_dir(tmp_path), node_name="gpu-node-1", labels=node_labels)
+    live = LiveConfig(ConfigSource(config_file=None, overrides={}, named=named))
+    first = await live.start()
+    try:
+        assert first.sharing.time_slicing is not None
+        assert live() is first
+        waiting = asyncio.ensure_future(live.changed())
+        await asyncio.sleep(0)  # let it start waiting before the label moves
+        node_labels.set("plain")
+        now = await asyncio.wait_for(waiting, timeout=10)
+        assert now.sharing.time_slicing is None
+        assert live() is now
+    finally:
+        await live.close()
+
+
+async def test_other_vendors_label_functions_run_on_the_same_snapshot() -> None:
+    seen: list[Inventory] = []
+
+    def amd(inventory: Inventory, cfg: Config) -> dict[str, str]:
+        seen.append(inventory)
+        return {"amd.com/gpu.count": "0"}
+
+    sink = RecordingSink()
+    await run_labeller(
+        lambda: NODE,
+        config,
+        sink,
+        interval=None,
+        timestamps=False,
+        sysfs_root=None,
+        vendor_labels=(amd,),
+    )
+    assert seen == [NODE]
+    assert sink.published[0]["amd.com/gpu.count"] == "0"
+    assert sink.published[0]["nvidia.com/gpu.count"] == "1"

@@ -1,0 +1,99 @@
+"""Label delivery: the features.d file, the NodeFeature object, the Node patch."""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+import pytest
+
+from kubegpu.labeller import (
+    MANAGED_ANNOTATION,
+    FakeKubeApi,
+    FeatureFileSink,
+    NodeFeatureSink,
+    NodePatchSink,
+    PublishError,
+    format_features,
+)
+
+
+def test_features_file_format_is_sorted_key_value_lines() -> None:
+    assert format_features({"b": "2", "a": "1"}) == "a=1\nb=2\n"
+
+
+async def test_feature_file_sink_replaces_file_atomically(tmp_path: Path) -> None:
+    target = tmp_path / "features.d" / "gfd"
+    sink = FeatureFileSink(str(target))
+    await sink.publish({"nvidia.com/gpu.count": "1"})
+    await sink.publish({"nvidia.com/gpu.count": "2", "nvidia.com/gpu.present": "true"})
+    assert target.read_text() == "nvidia.com/gpu.count=2\nnvidia.com/gpu.present=true\n"
+    assert sorted(p.name for p in target.parent.iterdir()) == ["gfd"]  # no temp files left
+    assert target.stat().st_mode & 0o777 == 0o644
+
+
+async def test_feature_file_sink_unwritable_dir_says_what_to_fix(tmp_path: Path) -> None:
+    blocker = tmp_path / "file"
+    blocker.write_text("")
+    with pytest.raises(PublishError, match=r"features\.d"):
+        await FeatureFileSink(str(blocker / "gfd")).publish({"a": "b"})
+
+
+async def test_node_patch_sets_and_later_removes_only_its_own_labels() -> None:
+    api = FakeKubeApi()
+    api.add_node("n1", {"kubernetes.io/hostname": "n1", "nvidia.com/custom": "mine"})
+    sink = NodePatchSink(api, "n1")
+    await sink.publish({"nvidia.com/gpu.count": "2", "nvidia.com/gpu.product": "Tesla-T4"})
+    labels = api.nodes["n1"]["labels"]
+    assert labels["nvidia.com/gpu.count"] == "2"
+    assert json.loads(api.nodes["n1"]["annotations"][MANAGED_ANNOTATION]) == [
+        "nvidia.com/gpu.count",
+        "nvidia.com/gpu.product",
+    ]
+
+    await sink.publish({"nvidia.com/gpu.count": "1"})
+    labels = api.nodes["n1"]["labels"]
+    assert "nvidia.com/gpu.product" not in labels  # ours, gone from the set: removed
+    assert labels["nvidia.com/custom"] == "mine"  # never ours: untouched
+    assert labels["kubernetes.io/hostname"] == "n1"
+    assert labels["nvidia.com/gpu.count"] == "1"
+
+
+async def test_node_patch_skips_the_write_when_nothing_changed() -> None:
+    api = FakeKubeApi()
+    api.add_node("n1")
+    sink = NodePatchSink(api, "n1")
+    await sink.publish({"a.io/x": "1"})
+    await sink.publish({"a.io/x": "1"})
+    assert api.calls == ["get node/n1", "patch node/n1", "get node/n1"]
+
+
+def test_node_patch_is_a_minimal_merge_patch() -> None:
+    sink = NodePatchSink(FakeKubeApi(), "n1")
+    meta = {
+        "labels": {"a.io/keep": "1", "a.io/old": "x", "a.io/foreign": "y"},
+        "annotations": {MANAGED_ANNOTATION: '["a.io/keep","a.io/old"]'},
+    }
+    patch = sink.patch_for(meta, {"a.io/keep": "1", "a.io/new": "2"})
+    assert patch["metadata"]["labels"] == {"a.io/new": "2", "a.io/old": None}
+    assert patch["metadata"]["annotations"] == {MANAGED_ANNOTATION: '["a.io/keep","a.io/new"]'}
+
+
+async def test_node_feature_object_created_then_updated_keeping_features() -> None:
+    api = FakeKubeApi()
+    sink = NodeFeatureSink(api, "gpu-1", "kube-system")
+    await sink.publish({"nvidia.com/gpu.count": "1"})
+    obj = api.node_features[("kube-system", "nvidia-features-for-gpu-1")]
+    assert obj["apiVersion"] == "nfd.k8s-sigs.io/v1alpha1"
+    assert obj["kind"] == "NodeFeature"
+    assert obj["metadata"]["labels"] == {"nfd.node.kubernetes.io/node-name": "gpu-1"}
+    assert obj["spec"] == {"labels": {"nvidia.com/gpu.count": "1"}}
+
+    obj["spec"]["features"] = {"flags": {}}  # NFD's part must survive our updates
+    await sink.publish({"nvidia.com/gpu.count": "2"})
+    obj = api.node_features[("kube-system", "nvidia-features-for-gpu-1")]
+    assert obj["spec"] == {"labels": {"nvidia.com/gpu.count": "2"}, "features": {"flags": {}}}
+
+    api.calls.clear()
+    await sink.publish({"nvidia.com/gpu.count": "2"})
+    assert api.calls == ["get nodefeature/kube-system/nvidia-features-for-gpu-1"]
