@@ -217,14 +217,14 @@ def test_info_mistakes_exit_2_with_one_line(
     ],
 )
 def test_go_integers(text: str, expected: int) -> None:
-    from kubegpu.cli import parse_go_int
+    from kubegpu.gosyntax import parse_go_int
 
     assert parse_go_int(text) == expected
 
 
 @pytest.mark.parametrize("text", ["", "-", "--1", "0x", "08", "1.0", " 1", "one", "+-1"])
 def test_not_go_integers(text: str) -> None:
-    from kubegpu.cli import parse_go_int
+    from kubegpu.gosyntax import parse_go_int
 
     with pytest.raises(ValueError, match="invalid integer"):
         parse_go_int(text)
