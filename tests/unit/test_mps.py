@@ -18,6 +18,8 @@ from kubegpu.errors import ConfigError
 from kubegpu.mps import CONTAINER_PIPE_DIR, MpsDaemon, MpsError
 
 FAKE = str(Path(__file__).parent.parent / "fixtures" / "fake-mps-control")
+# The stand-in runs once per MPS command: start it on this interpreter, not a pyenv shim.
+pytestmark = pytest.mark.usefixtures("python3_on_path")
 RESOURCE = "nvidia.com/gpu.shared"
 
 
