@@ -18,13 +18,15 @@ venv: $(STAMP)
 demo: $(STAMP)
 	$(BIN)/kubegpu demo
 
+# The whole suite with the coverage gate: at least 90 % of src/kubegpu, `kubegpu serve` and
+# the NVML probe processes included (pyproject [tool.coverage]).
 test: $(STAMP)
-	$(BIN)/python -m pytest -q
+	$(BIN)/python -m pytest -q --cov=kubegpu --cov-report=term --cov-fail-under=90
 
 lint: $(STAMP)
 	$(BIN)/ruff check src tests benchmarks deployments/render-static.py
 	$(BIN)/ruff format --check src tests benchmarks deployments/render-static.py
-	$(BIN)/mypy
+	$(BIN)/mypy  # src/kubegpu, tests and benchmarks, all --strict (pyproject [tool.mypy])
 	$(BIN)/mypy --strict deployments/render-static.py
 	$(BIN)/lint-imports
 
@@ -48,4 +50,4 @@ image-offline: $(STAMP)
 	deployments/container/build-offline.sh
 
 clean:
-	rm -rf $(VENV) build dist .mypy_cache .ruff_cache .pytest_cache
+	rm -rf $(VENV) build dist .mypy_cache .ruff_cache .pytest_cache .coverage .coverage.* htmlcov

@@ -15,6 +15,10 @@ import pytest
 from kubegpu.kubelet import KubeletEmulator
 from tests.integration.test_serve import GPU, SHARED, run_to_end, serve_cmd, start
 
+# Each test runs `kubegpu serve` as a process: interpreter start and imports, then the run,
+# seconds under coverage on a loaded 2-core runner. Its own waits bound each step (10-20 s).
+pytestmark = pytest.mark.timeout(60)
+
 ALIAS_BOMB = "".join(
     f"l{n}: &l{n} [{', '.join([f'*l{n - 1}'] * 9) if n else ', '.join(['lol'] * 9)}]\n"
     for n in range(9)

@@ -394,7 +394,8 @@ async def test_invalid_utf8_id_gets_a_status_and_plugin_keeps_serving(socket_dir
         serving(socket_dir, spec) as (_, stub),
         grpc.aio.insecure_channel(address) as channel,
     ):
-        call = channel.unary_unary("/v1beta1.DevicePlugin/Allocate")
+        # No serializers: the raw bytes go out as they are and the answer comes back as bytes.
+        call = channel.unary_unary("/v1beta1.DevicePlugin/Allocate", None, None)
         # Twice around a good call: the guard is built on the first call, then reused.
         for attempt in range(2):
             with pytest.raises(grpc.aio.AioRpcError) as info:
@@ -433,7 +434,7 @@ def threaded_server() -> Iterator[tuple[ResourceSpec, str]]:
 
 def _sync_call(target: str, method: str, request: Any) -> tuple[grpc.StatusCode, Any]:
     with grpc.insecure_channel(target) as channel:
-        stub = pb_grpc.DevicePluginStub(channel)
+        stub = device_plugin_stub(channel)
         try:
             return grpc.StatusCode.OK, getattr(stub, method)(request, timeout=10)
         except grpc.RpcError as exc:

@@ -15,6 +15,10 @@ import pytest
 
 from kubegpu.kubelet import KubeletEmulator
 
+# Each test runs `kubegpu serve` as a process: interpreter start and imports, then the run,
+# seconds under coverage on a loaded 2-core runner. Its own waits bound each step (10-20 s).
+pytestmark = pytest.mark.timeout(60)
+
 GPU = "nvidia.com/gpu"
 SHARED = """version: v1
 sharing:

@@ -6,6 +6,8 @@ import asyncio
 import json
 from pathlib import Path
 
+import pytest
+
 from kubegpu.cdi import cdi_device_name
 from tests.integration.test_plugin import GPU, running_node
 from tests.integration.waiting import eventually
@@ -95,6 +97,7 @@ async def test_fail_requests_greater_than_one_rejects_admission(socket_dir: Path
         assert (await k.allocate(GPU, 1, pod="modest")).device_ids
 
 
+@pytest.mark.usefixtures("python3_on_path")  # fake-mps-control starts once per command
 async def test_mps_resource_waits_for_its_daemon_and_allocates_pipes(socket_dir: Path) -> None:
     config = socket_dir / "config.yaml"
     mps_root = socket_dir / "mps"

@@ -15,9 +15,12 @@ import pytest
 from kubegpu.allocation import MountSpec
 from kubegpu.devices.model import Gpu
 from kubegpu.errors import ConfigError
-from kubegpu.mps import CONTAINER_PIPE_DIR, MpsDaemon, MpsError, container_edits
+from kubegpu.mps import MpsDaemon, MpsError, container_edits
+from kubegpu.nvidia_paths import MPS_CONTAINER_PIPE_DIR as CONTAINER_PIPE_DIR
 
 FAKE = str(Path(__file__).parent.parent / "fixtures" / "fake-mps-control")
+# The stand-in runs once per MPS command: start it on this interpreter, not a pyenv shim.
+pytestmark = pytest.mark.usefixtures("python3_on_path")
 RESOURCE = "nvidia.com/gpu.shared"
 
 

@@ -102,7 +102,8 @@ def test_runs_of_twins_pick_the_earliest_optimal_set(
     """Whether the count-vector path or the search answers: the brute-force optimum, and
     among equal scores the lexicographically smallest set."""
     weights, base, need = case
-    best_score, best = -1, ()
+    best_score = -1
+    best: tuple[int, ...] = ()
     for combo in itertools.combinations(range(len(base)), need):  # lexicographic order
         score = sum(base[i] for i in combo)
         score += sum(weights[a][b] for a, b in itertools.combinations(combo, 2))

@@ -22,7 +22,7 @@ def registration_stub(channel: grpc.aio.Channel) -> pb_grpc.RegistrationStub:
     return pb_grpc.RegistrationStub(channel)
 
 
-def device_plugin_stub(channel: grpc.aio.Channel) -> pb_grpc.DevicePluginStub:
+def device_plugin_stub(channel: grpc.Channel | grpc.aio.Channel) -> pb_grpc.DevicePluginStub:
     return pb_grpc.DevicePluginStub(channel)
 
 

@@ -13,6 +13,7 @@ from __future__ import annotations
 
 import json
 import re
+from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
@@ -104,14 +105,15 @@ def test_flags_unmarshal(case: dict[str, Any]) -> None:
         return
     flags = _load(raw).flags
     for key, want in case["expect"].items():
-        got: Any = {
+        probes: dict[str, Callable[[], Any]] = {
             "sleep_interval_ns": lambda: parse_go_duration(flags.gfd.sleep_interval),
             "sleep_interval": lambda: flags.gfd.sleep_interval,
             "device_list_strategy": lambda: [s.value for s in flags.plugin.device_list_strategy],
             "mig_strategy": lambda: flags.mig_strategy.value,
             "fail_on_init_error": lambda: flags.fail_on_init_error,
             "use_node_feature_api": lambda: flags.gfd.use_node_feature_api,
-        }[key]()
+        }
+        got = probes[key]()
         assert got == want, f"{_cite(case['id'])}: {key}"
 
 

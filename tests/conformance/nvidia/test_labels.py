@@ -93,7 +93,7 @@ def mock_gpu(index: int, spec: str | Mapping[str, Any]) -> Gpu:
         memory_mib=kind["totalMemoryMiB"],
         pci_bus_id=bus_id(index),
         numa_node=None,
-        compute_capability=tuple(kind["cudaComputeCapability"]),  # type: ignore[arg-type]
+        compute_capability=tuple(kind["cudaComputeCapability"]),
         mig_capable=kind["migCapable"],
         mig_enabled=kind["migEnabled"],
         mig_devices=tuple(mock_mig(index, n, m) for n, m in enumerate(migs)),
@@ -109,7 +109,7 @@ def mock_node(devices: list[Any]) -> Inventory:
     return Inventory(
         gpus=tuple(mock_gpu(i, d) for i, d in enumerate(devices)),
         driver_version=manager["driverVersion"],
-        cuda_driver_version=tuple(manager["cudaDriverVersion"]),  # type: ignore[arg-type]
+        cuda_driver_version=tuple(manager["cudaDriverVersion"]),
         backend="mock",
     )
 

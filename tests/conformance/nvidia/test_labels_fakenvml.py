@@ -23,6 +23,10 @@ import kubegpu
 from tests.conformance.nvidia.test_labels import check_result, label_map
 from tests.conformance.origin import NVIDIA_DP
 
+# Building the simulated NVML with gcc (the session's first test here) and one interpreter per
+# layout, on a loaded 2-core CI runner, take far longer than the suite's default.
+pytestmark = pytest.mark.timeout(300)
+
 FAKENVML = Path(__file__).resolve().parents[3].parent / "shared" / "fakenvml"
 A100 = {
     "name": "NVIDIA A100-SXM4-40GB",

@@ -19,6 +19,9 @@ from kubegpu.topology import amd_pair_weight, preferred_allocation
 from tests.conformance.rocm.cases import cites, load
 from tests.conformance.rocm.sysfs import Node, build_node
 
+# The first test to use an archived ROCm tree unpacks it (4,000 files from xz, seconds).
+pytestmark = pytest.mark.timeout(30)
+
 DATA = load("besteffort-allocation.yaml")["topologies"]
 CASES = [
     pytest.param(tree, case, id=f"{tree}: {case['name']}")

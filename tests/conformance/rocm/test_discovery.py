@@ -12,6 +12,9 @@ from kubegpu.devices.amd import AmdBackend, firmware_info, kfd_render_minors
 from tests.conformance.rocm.cases import cites, load
 from tests.conformance.rocm.sysfs import KFD, TESTDATA, build_node
 
+# The first test to use an archived ROCm tree unpacks it (4,000 files from xz, seconds).
+pytestmark = pytest.mark.timeout(30)
+
 TOPOLOGY = load("topology.yaml")
 
 

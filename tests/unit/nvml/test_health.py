@@ -37,13 +37,30 @@ def test_probe_mig_uuid() -> None:
 # -- watch ----------------------------------------------------------------------------------
 
 
+class InstantBackoff(threading.Event):
+    """A stop flag whose timed waits (the watch's back-off) return at once, recorded.
+
+    The back-off is a length of time, not a behaviour worth waiting for in real time.
+    """
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.waits: list[float | None] = []
+
+    def wait(self, timeout: float | None = None) -> bool:
+        if timeout is None:
+            return super().wait()
+        self.waits.append(timeout)
+        return self.is_set()
+
+
 class Watcher:
     """Runs backend.watch in a thread and collects events; waits on a condition."""
 
     def __init__(self, backend: NvmlBackend) -> None:
         self.events: list[HealthEvent] = []
         self._cond = threading.Condition()
-        self.stop = threading.Event()
+        self.stop = InstantBackoff()
         self.thread = threading.Thread(target=backend.watch, args=(self.stop, self._emit))
 
     def _emit(self, event: HealthEvent) -> None:
@@ -116,10 +133,11 @@ def test_failing_wait_reports_probe_failures_and_recovers(
     watcher.wait_for(lambda events: len(events) >= 2)
     assert {e.kind for e in watcher.events} == {HealthEventKind.PROBE_FAILED}
     assert "Unknown Error" in watcher.events[0].detail
-    # After the back-off the set is registered again and events flow.
+    # After the back-off (its first step, 1 s) the set is registered again and events flow.
     _wait_registered(fake, 2)
     fake.emit_xid(0, 94)
     watcher.wait_for(lambda events: any(e.xid == 94 for e in events))
+    assert watcher.stop.waits == [1.0]
 
 
 def test_not_supported_gpu_is_skipped(fake: FakeNvml, caplog: pytest.LogCaptureFixture) -> None:
