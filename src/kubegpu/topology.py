@@ -22,7 +22,7 @@ from __future__ import annotations
 import itertools
 import logging
 import math
-from collections.abc import Mapping, Sequence
+from collections.abc import Collection, Iterable, Mapping, Sequence
 from dataclasses import dataclass
 
 from kubegpu.config import AllocationPolicy
@@ -35,22 +35,29 @@ log = logging.getLogger(__name__)
 
 def preferred_allocation(
     spec: ResourceSpec,
-    available: Sequence[str],
-    must_include: Sequence[str],
+    available: Iterable[str],
+    must_include: Iterable[str],
     size: int,
     policy: AllocationPolicy = AllocationPolicy.DISTRIBUTED,
 ) -> list[DeviceID]:
     """The preferred `size` IDs out of `available` ∪ `must_include`."""
-    pool_ids = list(dict.fromkeys([*must_include, *available]))
-    unknown = [i for i in pool_ids if i not in spec.by_id]
-    if unknown:
+    required = list(dict.fromkeys(must_include))
+    # The pool as an ordered set: a dict of the offered IDs is taken as is (the server
+    # builds one), so a request over thousands of IDs is hashed once, not once per layer.
+    pool_ids = (
+        available
+        if not required and isinstance(available, dict)
+        else dict.fromkeys(itertools.chain(required, available))
+    )
+    by_id = spec.by_id
+    if not pool_ids.keys() <= by_id.keys():
+        unknown = [i for i in pool_ids if i not in by_id]
         raise AllocationError(
             f"{spec.name}: unknown device ID(s) {', '.join(map(repr, unknown[:5]))} in the "
             f"preferred-allocation request"
         )
     if size <= 0:
         raise AllocationError(f"{spec.name}: allocation_size must be at least 1, got {size}")
-    required = list(dict.fromkeys(must_include))
     if len(required) > size:
         raise AllocationError(
             f"{spec.name}: {len(required)} must-include devices exceed allocation_size {size}"
@@ -59,16 +66,16 @@ def preferred_allocation(
         raise AllocationError(
             f"{spec.name}: allocation_size {size} exceeds the {len(pool_ids)} devices offered"
         )
-    chosen = [spec.by_id[i] for i in required]
+    chosen = [by_id[i] for i in required]
     need = size - len(chosen)
     if not need:
         return [d.id for d in chosen]
-    taken = set(required)
-    rest = [spec.by_id[i] for i in pool_ids if i not in taken]
     if spec.sharing is not SharingKind.NONE:
-        # Replicas: grouped per unit in one pass, no sort of the (possibly huge) pool.
-        chosen += _replicas(spec, chosen, rest, need, policy)
+        # Replicas: counted per unit in C-level passes, no sort of the (possibly huge) pool.
+        chosen += _replicas(spec, chosen, pool_ids.keys(), need, policy)
         return [d.id for d in chosen]
+    taken = set(required)
+    rest = [by_id[i] for i in pool_ids if i not in taken]
     # Healthy devices first: the kubelet offers only healthy ones, but be safe.
     pool = sorted(rest, key=lambda d: (d.health is not Health.HEALTHY, _order(d)))
     if spec.vendor is Vendor.AMD:
@@ -681,54 +688,130 @@ def _best_amd(
     return best
 
 
+@dataclass(frozen=True)
+class ReplicaIndex:
+    """A shared spec's replica IDs by unit, built once per spec, so that a request over
+    thousands of IDs costs a few C-level passes (counting, lookups), not Python per ID.
+
+    Units are the rows of the spec's `PairTerms`.
+    """
+
+    #: Replica ID -> its unit's row.
+    row_of: Mapping[str, int]
+    #: Per row, its replica IDs by replica number (the order replicas are handed out in).
+    ids: tuple[tuple[str, ...], ...]
+    #: Per row, 1 when the unit is unhealthy (taken only after every healthy unit).
+    unhealthy: tuple[int, ...]
+    #: Per row, its place in (GPU index, GPU instance, compute instance) order.
+    rank: tuple[int, ...]
+
+
+def replica_index(spec: ResourceSpec) -> ReplicaIndex:
+    """The replica index of a shared `spec`, cached with its pair terms (same bound)."""
+    hit = _replica_cache.get(id(spec))
+    if hit is not None and hit[0] is spec:
+        return hit[1]
+    terms = spec_terms(spec)
+    rows = len(terms.index)
+    by_row: list[list[AdvertisedDevice]] = [[] for _ in range(rows)]
+    for d in spec.devices:
+        by_row[terms.index[d.unit.uuid]].append(d)
+    for devices in by_row:
+        devices.sort(key=lambda d: d.replica if d.replica is not None else -1)
+    first = [devices[0] for devices in by_row]
+    ranked = sorted(range(rows), key=lambda r: _order(first[r])[:3])
+    rank = [0] * rows
+    for place_, r in enumerate(ranked):
+        rank[r] = place_
+    index = ReplicaIndex(
+        row_of={d.id: terms.index[d.unit.uuid] for d in spec.devices},
+        ids=tuple(tuple(d.id for d in devices) for devices in by_row),
+        unhealthy=tuple(int(d.health is not Health.HEALTHY) for d in first),
+        rank=tuple(rank),
+    )
+    if len(_replica_cache) >= TERMS_CACHE_SIZE:
+        del _replica_cache[next(iter(_replica_cache))]
+    _replica_cache[id(spec)] = (spec, index)
+    return index
+
+
+_replica_cache: dict[int, tuple[ResourceSpec, ReplicaIndex]] = {}
+
+# Replica choice keys, packed into one integer per unit so that each step is one C-level
+# `min` (fields, most significant first; each fits its width with room to spare):
+# distributed: replicas in this request, used, unhealthy, -gain, rank;
+# packed: -used, unhealthy, -gain, rank.
+_RANK = 1 << 20
+_GAIN = 1 << 50
+_TAIL = 2 * _GAIN * _RANK  # one unit of "used"
+_USED = 1 << 40
+_GONE = 1 << 400  # a unit with no free replica left
+
+
 def _replicas(
     spec: ResourceSpec,
     chosen: list[AdvertisedDevice],
-    pool: list[AdvertisedDevice],
+    free: Collection[str],
     need: int,
     policy: AllocationPolicy,
 ) -> list[AdvertisedDevice]:
     """Replicas by `policy`; among equally used units, the one that talks best (under
     `objective`) with the units already in the request, then the lowest index.
 
-    One pass groups the pool by unit; only the replica lists of units actually picked from
-    are ordered, so a request costs O(pool + need x units), not a sort of every ID.
+    `free` holds the offered IDs (it may hold `chosen` ones too; they are skipped). Free
+    replicas are counted per unit in one C-level pass and handed out by replica number
+    from the spec's index, so a request costs no sort and no Python loop over the pool.
     """
-    free: dict[str, list[AdvertisedDevice]] = {}
-    for d in pool:
-        free.setdefault(d.unit.uuid, []).append(d)
-    in_request: dict[str, int] = {}
+    index = replica_index(spec)
+    link = spec_terms(spec).link
+    taken = {d.id for d in chosen}
+    # Free replicas per unit: one C-level membership pass over the spec's IDs.
+    contains = free.__contains__
+    count = [sum(map(contains, ids)) for ids in index.ids]
+    in_request: dict[int, int] = {}
     for d in chosen:
-        in_request[d.unit.uuid] = in_request.get(d.unit.uuid, 0) + 1
-    first = {u: lst[0] for u, lst in free.items()}
-    order = {u: (d.health is not Health.HEALTHY, _order(d)[:3]) for u, d in first.items()}
-    units = {u: d.unit for u, d in first.items()}
-    ordered: set[str] = set()
-    # What each unit adds, under the objective, with the units already in the request.
-    gain = {u: sum(link_weight(unit, d.unit) for d in chosen) for u, unit in units.items()}
-
-    picked: list[AdvertisedDevice] = []
-    for _ in range(need):
-        candidates = [u for u, lst in free.items() if lst]
-
-        def used(uuid: str) -> int:
-            # Replicas of this unit already taken by other containers, plus by this request.
-            return spec.replicas - len(free[uuid]) + in_request.get(uuid, 0)
-
-        if policy is AllocationPolicy.PACKED:
-            target = min(candidates, key=lambda u: (-used(u), order[u][0], -gain[u], order[u]))
+        r = index.row_of[d.id]
+        in_request[r] = in_request.get(r, 0) + 1
+        if d.id in free:
+            count[r] -= 1
+    rows = len(index.ids)
+    gain = [0] * rows
+    for d in chosen:  # per chosen replica, as each one adds its pair weight
+        gain = [g + w for g, w in zip(gain, link[index.row_of[d.id]], strict=True)]
+    packed = policy is AllocationPolicy.PACKED
+    key = [_GONE] * rows
+    for r, left in enumerate(count):
+        if left <= 0:
+            continue
+        used = spec.replicas - left + in_request.get(r, 0)
+        tail = (index.unhealthy[r] * _GAIN + _GAIN - 1 - gain[r]) * _RANK + index.rank[r]
+        if packed:
+            key[r] = (_USED - used) * _TAIL + tail
         else:
-            target = min(
-                candidates,
-                key=lambda u: (in_request.get(u, 0), used(u), order[u][0], -gain[u], order[u]),
-            )
-        if target not in ordered:
-            free[target].sort(key=lambda d: d.replica if d.replica is not None else -1)
-            ordered.add(target)
-        picked.append(free[target].pop(0))
-        if target not in in_request:
-            # A new unit in the request: the others gain its pair weight once.
-            for u, unit in units.items():
-                gain[u] += link_weight(unit, units[target])
+            key[r] = ((in_request.get(r, 0) << 32) + used) * _TAIL + tail
+    # Replicas are handed out by replica number: next[r] is where r's scan resumes.
+    next_ = [0] * rows
+    picked: list[AdvertisedDevice] = []
+    by_id = spec.by_id
+    for _ in range(need):
+        target = key.index(min(key))
+        ids = index.ids[target]
+        j = next_[target]
+        while ids[j] not in free or ids[j] in taken:
+            j += 1
+        next_[target] = j + 1
+        picked.append(by_id[ids[j]])
+        # Picking one replica: one fewer free and one more in the request, both count as used.
+        count[target] -= 1
+        if count[target] == 0:
+            key[target] = _GONE
+        elif packed:
+            key[target] -= 2 * _TAIL
+        else:
+            key[target] += (1 << 32) * _TAIL + 2 * _TAIL
+        if not in_request.get(target):
+            # A new unit in the request: every unit gains its pair weight with it once.
+            row = link[target]
+            key = [k if k >= _GONE else k - w * _RANK for k, w in zip(key, row, strict=True)]
         in_request[target] = in_request.get(target, 0) + 1
     return picked
