@@ -105,6 +105,9 @@ SEARCH_WORK = 65536
 #: Candidates in runs of twins (see `best_subset`) are chosen by counts per run when there
 #: are at most this many count vectors (runs of lengths l_i: the product of l_i + 1).
 RUN_VECTORS_LIMIT = 100
+#: Offered runs that all weigh the same to each other are solved by a dynamic programme
+#: over groups of alike runs when groups x units needed is at most this (a few ms at most).
+RUN_DP_LIMIT = 4096
 
 #: Per-link, per-direction NVLink bandwidth in GB/s by NVLink version (1: P100 ... 5: B200).
 NVLINK_GBPS = {1: 20, 2: 25, 3: 25, 4: 25, 5: 50}
@@ -537,6 +540,139 @@ def table_place(
     return Placement(picked, score, score, nodes)
 
 
+def twin_runs(terms: PairTerms) -> tuple[int, ...]:
+    """Per row of `terms`, the run of twins it belongs to (cached per terms object).
+
+    Rows i - 1 and i are twins when they weigh the same to every other row (both terms),
+    as the GPUs of one NVSwitch board on one NUMA node do; a chain of twins weighs the
+    same inside too, so a run is interchangeable units.
+    """
+    hit = _runs_cache.get(id(terms))
+    if hit is not None and hit[0] is terms:
+        return hit[1]
+    run_of = [0]
+    for i in range(1, len(terms.index)):
+        twin = all(
+            m[i][: i - 1] == m[i - 1][: i - 1] and m[i][i + 1 :] == m[i - 1][i + 1 :]
+            for m in (terms.link, terms.numa)
+        )
+        run_of.append(run_of[-1] if twin else run_of[-1] + 1)
+    if len(_runs_cache) >= TERMS_CACHE_SIZE:
+        del _runs_cache[next(iter(_runs_cache))]
+    _runs_cache[id(terms)] = (terms, tuple(run_of))
+    return tuple(run_of)
+
+
+_runs_cache: dict[int, tuple[PairTerms, tuple[int, ...]]] = {}
+
+
+def _place_by_uniform_runs(
+    terms: PairTerms, fixed: Sequence[int], rows: Sequence[int], need: int
+) -> Placement | None:
+    """The exact optimum when the offered rows (ascending) fall in runs of twins that all
+    weigh the same to each other (boards of one node, each on its own NUMA node), and
+    each run weighs at least that much inside; else None.
+
+    Then a set's score depends only on how many it takes from each run, and the pairs
+    across runs add `a x (N^2 - sum c_r^2) / 2` for N = sum c_r: what each run adds is its
+    own function of c_r, convex when the run is at least as close inside as across. Of
+    consecutive alike runs (same length, gain and inside weight), filling the first ones
+    whole is then best (a convex sum is largest at the extremes); alike runs are solved at
+    once and the few groups by a small dynamic programme over how many each takes. Ties go
+    to the most from earlier runs, each taking a prefix: the lexicographically smallest
+    optimal set, as the search keeps. No matrix over the offered units is built.
+    """
+    run_of = twin_runs(terms)
+    link, numa = terms.link, terms.numa
+    k = len(fixed) + need
+    scale = k * (k - 1) // 2 + 1
+    # Offered runs: (first row, how many offered), in row order.
+    runs: list[list[int]] = []
+    last = -1
+    for r in rows:
+        if run_of[r] == last:
+            runs[-1][1] += 1
+        else:
+            runs.append([r, 1])
+            last = run_of[r]
+    if len(runs) < 2:
+        return None  # one run: the search's own twin shortcut answers at once
+    first = runs[0][0]
+    across = link[first][runs[1][0]] * scale + numa[first][runs[1][0]]
+    for (a, _), (b, _) in itertools.combinations(runs, 2):
+        if link[a][b] * scale + numa[a][b] != across:
+            return None
+    # Per run: gain (what each unit adds with the fixed ones) and inside weight.
+    gain = [sum(link[f][a] * scale + numa[f][a] for f in fixed) for a, _ in runs]
+    # Inside weight of each run (a run of one offered unit never pairs inside).
+    inside = [link[a][a + 1] * scale + numa[a][a + 1] if n > 1 else 0 for a, n in runs]
+    if any(w < across for (_, length), w in zip(runs, inside, strict=True) if length > 1):
+        return None  # not convex: leave it to the search
+    # Groups of consecutive alike runs: [first run, how many runs].
+    groups: list[list[int]] = []
+    for i, (_, length) in enumerate(runs):
+        if (
+            groups
+            and i > 0
+            and (length, gain[i], inside[i]) == (runs[i - 1][1], gain[i - 1], inside[i - 1])
+        ):
+            groups[-1][1] += 1
+        else:
+            groups.append([i, 1])
+    if len(groups) * need > RUN_DP_LIMIT:
+        return None
+
+    def h(i: int, c: int) -> int:
+        """Twice what c units of run i add, without the across pairs' shared term."""
+        return 2 * c * gain[i] + c * (c - 1) * inside[i] - across * c * c
+
+    def value(g: int, x: int) -> int:
+        i = groups[g][0]
+        length = runs[i][1]
+        return (x // length) * h(i, length) + h(i, x % length)
+
+    cap = [count * runs[i][1] for i, count in groups]
+    room = list(itertools.accumulate(reversed(cap), initial=0))[::-1]  # room[g]: groups g..
+    # best[g][m]: the most groups g.. can add taking m units (None: cannot take m).
+    best: list[list[int | None]] = [[None] * (need + 1) for _ in range(len(groups) + 1)]
+    best[len(groups)][0] = 0
+    for g in range(len(groups) - 1, -1, -1):
+        nxt = best[g + 1]
+        for m in range(min(need, room[g]) + 1):
+            top: int | None = None
+            for x in range(max(0, m - room[g + 1]), min(cap[g], m) + 1):
+                rest = nxt[m - x]
+                if rest is not None:
+                    v = value(g, x) + rest
+                    if top is None or v > top:
+                        top = v
+            best[g][m] = top
+    total = best[0][need]
+    if total is None:
+        return None
+    # Forward, each group takes the most it can while staying optimal; inside a group
+    # whole runs first, then a prefix of the next.
+    picked: list[int] = []
+    offset = list(itertools.accumulate((length for _, length in runs), initial=0))
+    m = need
+    for g, (i, count) in enumerate(groups):
+        nxt = best[g + 1]
+        x = next(
+            x
+            for x in range(min(cap[g], m), -1, -1)
+            if (rest := nxt[m - x]) is not None and value(g, x) + rest == best[g][m]
+        )
+        m -= x
+        length = runs[i][1]
+        for j in range(i, i + count):
+            take = min(length, x)
+            picked += range(offset[j], offset[j] + take)
+            x -= take
+    double = 2 * sum(link[a][b] * scale + numa[a][b] for a, b in itertools.combinations(fixed, 2))
+    score = (double + total + across * need * need) // 2
+    return Placement(tuple(picked), score, score, len(groups))
+
+
 def place(
     fixed: Sequence[Unit],
     candidates: Sequence[Unit],
@@ -559,14 +695,19 @@ def place(
         terms = pair_terms([*fixed, *candidates])
     rows = [terms.index[c.uuid] for c in candidates]
     frows = [terms.index[f.uuid] for f in fixed]
-    if (
-        table
-        and len(terms.index) <= TABLE_LIMIT
-        and all(a < b for a, b in itertools.pairwise(rows))  # table ties: row order
+    # Both shortcuts read sets in the terms' row order: ties go to the earliest rows, as
+    # the search gives them to the earliest candidates, only when the two orders agree.
+    in_row_order = (
+        all(a < b for a, b in itertools.pairwise(rows))
         and len(set(frows)) == len(frows)
         and not set(frows).intersection(rows)
-    ):
+    )
+    if in_row_order and table and len(terms.index) <= TABLE_LIMIT:
         return table_place(subset_table(terms), frows, rows, need)
+    if in_row_order:
+        by_runs = _place_by_uniform_runs(terms, frows, rows, need)
+        if by_runs is not None:
+            return by_runs
     pairs = (len(fixed) + need) * (len(fixed) + need - 1) // 2
     scale = pairs + 1  # as `pair_score`: the NUMA term never outweighs one unit of link
     link, numa = terms.link, terms.numa

@@ -139,3 +139,45 @@ def test_table_refuses_more_units_than_its_limit() -> None:
     assert len(terms.index) <= TABLE_LIMIT
     with pytest.raises(ValueError, match=f"at most {TABLE_LIMIT} units"):
         subset_table(too_big)
+
+
+@st.composite
+def uniform_runs(draw: st.DrawFn) -> Case:
+    """Runs of twins (boards) that all weigh the same to each other and at least as much
+    inside, with must-include rows among them and a request over the others."""
+    lengths = draw(st.lists(st.integers(1, 4), min_size=2, max_size=4))
+    run_of = [r for r, length in enumerate(lengths) for _ in range(length)]
+    n = len(run_of)
+    across_link = draw(st.sampled_from([0, 10, 2000]))
+    across_numa = draw(st.integers(0, 1))
+    inside = [
+        (across_link + draw(st.sampled_from([0, 0, 40, 2000])), draw(st.integers(across_numa, 1)))
+        for _ in lengths
+    ]
+    link = [[0] * n for _ in range(n)]
+    numa = [[0] * n for _ in range(n)]
+    for a, b in itertools.combinations(range(n), 2):
+        same = run_of[a] == run_of[b]
+        link[a][b] = link[b][a] = inside[run_of[a]][0] if same else across_link
+        numa[a][b] = numa[b][a] = inside[run_of[a]][1] if same else across_numa
+    rows = list(range(n))
+    fixed = sorted(draw(st.lists(st.sampled_from(rows), max_size=2, unique=True)))
+    rest = [r for r in rows if r not in fixed]
+    if not rest:
+        fixed, rest = fixed[:-1], fixed[-1:]
+    offered = sorted(draw(st.lists(st.sampled_from(rest), min_size=1, unique=True)))
+    return _terms(link, numa), fixed, offered, draw(st.integers(1, len(offered)))
+
+
+@given(case=uniform_runs())
+@settings(max_examples=300, deadline=None)
+def test_uniform_runs_pick_the_first_brute_force_optimum(case: Case) -> None:
+    """Nodes of alike boards beyond the table (64 GPUs) are solved per run: the same set
+    as brute force keeps, here on small ones where brute force can check it."""
+    terms, fixed, offered, need = case
+    found = topology._place_by_uniform_runs(terms, fixed, offered, need)
+    score, picked = _brute_force(terms, fixed, offered, need)
+    if found is None:  # declined: the offered units fall in one run
+        assert len({topology.twin_runs(terms)[r] for r in offered}) == 1
+        return
+    assert (found.picked, found.score, found.optimal) == (picked, score, True)
