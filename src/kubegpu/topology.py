@@ -75,14 +75,32 @@ def preferred_allocation(
         chosen += _replicas(spec, chosen, pool_ids.keys(), need, policy)
         return [d.id for d in chosen]
     taken = set(required)
-    rest = [by_id[i] for i in pool_ids if i not in taken]
-    # Healthy devices first: the kubelet offers only healthy ones, but be safe.
-    pool = sorted(rest, key=lambda d: (d.health is not Health.HEALTHY, _order(d)))
+    # Healthy devices first, then by (GPU, GPU instance, compute instance): the kubelet
+    # offers only healthy ones, but be safe. The order is the spec's, computed once.
+    rank = device_rank(spec)
+    pool = [by_id[i] for i in sorted(pool_ids, key=rank.__getitem__) if i not in taken]
     if spec.vendor is Vendor.AMD:
         chosen += _best_amd(chosen, pool, need)
     else:
         chosen += _best_units(chosen, pool, need, spec_terms(spec))
     return [d.id for d in chosen]
+
+
+def device_rank(spec: ResourceSpec) -> Mapping[str, int]:
+    """Each device ID's place in (unhealthy last, `_order`) order: one integer sort key per
+    ID, computed once per spec (cached beside its pair terms, same bound)."""
+    hit = _rank_cache.get(id(spec))
+    if hit is not None and hit[0] is spec:
+        return hit[1]
+    ordered = sorted(spec.devices, key=lambda d: (d.health is not Health.HEALTHY, _order(d)))
+    rank: dict[str, int] = {d.id: k for k, d in enumerate(ordered)}
+    if len(_rank_cache) >= TERMS_CACHE_SIZE:
+        del _rank_cache[next(iter(_rank_cache))]
+    _rank_cache[id(spec)] = (spec, rank)
+    return rank
+
+
+_rank_cache: dict[int, tuple[ResourceSpec, dict[str, int]]] = {}
 
 
 def _order(d: AdvertisedDevice) -> tuple[int, int, int, int]:
