@@ -22,7 +22,8 @@ from __future__ import annotations
 import itertools
 import logging
 import math
-from collections.abc import Collection, Iterable, Mapping, Sequence
+from collections.abc import Iterable, KeysView, Mapping, Sequence
+from collections.abc import Set as AbstractSet
 from dataclasses import dataclass
 
 from kubegpu.config import AllocationPolicy
@@ -42,16 +43,20 @@ def preferred_allocation(
 ) -> list[DeviceID]:
     """The preferred `size` IDs out of `available` ∪ `must_include`."""
     required = list(dict.fromkeys(must_include))
-    # The pool as an ordered set: a dict of the offered IDs is taken as is (the server
-    # builds one), so a request over thousands of IDs is hashed once, not once per layer.
-    pool_ids = (
-        available
-        if not required and isinstance(available, dict)
-        else dict.fromkeys(itertools.chain(required, available))
-    )
+    # The pool as a set: a set or dict of the offered IDs is taken as is (the server builds
+    # one), so a request over thousands of IDs is hashed once, not once per layer.
+    pool_ids: AbstractSet[str]
+    if required or not isinstance(available, set | frozenset | dict):
+        pool_ids = dict.fromkeys(itertools.chain(required, available)).keys()
+    elif isinstance(available, dict):
+        pool_ids = available.keys()
+    else:
+        pool_ids = available
     by_id = spec.by_id
-    if not pool_ids.keys() <= by_id.keys():
+    if not pool_ids <= by_id.keys():
         unknown = [i for i in pool_ids if i not in by_id]
+        if not isinstance(pool_ids, KeysView):
+            unknown.sort()  # a set has no order of its own; the message must not vary
         raise AllocationError(
             f"{spec.name}: unknown device ID(s) {', '.join(map(repr, unknown[:5]))} in the "
             f"preferred-allocation request"
@@ -72,7 +77,7 @@ def preferred_allocation(
         return [d.id for d in chosen]
     if spec.sharing is not SharingKind.NONE:
         # Replicas: counted per unit in C-level passes, no sort of the (possibly huge) pool.
-        chosen += _replicas(spec, chosen, pool_ids.keys(), need, policy)
+        chosen += _replicas(spec, chosen, pool_ids, need, policy)
         return [d.id for d in chosen]
     taken = set(required)
     # Healthy devices first, then by (GPU, GPU instance, compute instance): the kubelet
@@ -859,6 +864,8 @@ class ReplicaIndex:
     row_of: Mapping[str, int]
     #: Per row, its replica IDs by replica number (the order replicas are handed out in).
     ids: tuple[tuple[str, ...], ...]
+    #: Per row, the same IDs as a set (free replicas are counted by intersection).
+    id_sets: tuple[frozenset[str], ...]
     #: Per row, 1 when the unit is unhealthy (taken only after every healthy unit).
     unhealthy: tuple[int, ...]
     #: Per row, its place in (GPU index, GPU instance, compute instance) order.
@@ -885,6 +892,7 @@ def replica_index(spec: ResourceSpec) -> ReplicaIndex:
     index = ReplicaIndex(
         row_of={d.id: terms.index[d.unit.uuid] for d in spec.devices},
         ids=tuple(tuple(d.id for d in devices) for devices in by_row),
+        id_sets=tuple(frozenset(d.id for d in devices) for devices in by_row),
         unhealthy=tuple(int(d.health is not Health.HEALTHY) for d in first),
         rank=tuple(rank),
     )
@@ -910,7 +918,7 @@ _GONE = 1 << 400  # a unit with no free replica left
 def _replicas(
     spec: ResourceSpec,
     chosen: list[AdvertisedDevice],
-    free: Collection[str],
+    free: AbstractSet[str],
     need: int,
     policy: AllocationPolicy,
 ) -> list[AdvertisedDevice]:
@@ -924,9 +932,8 @@ def _replicas(
     index = replica_index(spec)
     link = spec_terms(spec).link
     taken = {d.id for d in chosen}
-    # Free replicas per unit: one C-level membership pass over the spec's IDs.
-    contains = free.__contains__
-    count = [sum(map(contains, ids)) for ids in index.ids]
+    # Free replicas per unit: set intersections, each a C-level pass over one unit's IDs.
+    count = [len(free & ids) for ids in index.id_sets]
     in_request: dict[int, int] = {}
     for d in chosen:
         r = index.row_of[d.id]

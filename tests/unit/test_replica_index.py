@@ -108,6 +108,6 @@ def test_replicas_follow_the_policy_rules(
     spec, free, must, size, policy = case
     expected = _reference(spec, free, must, size, policy)
     assert preferred_allocation(spec, free, must, size, policy) == expected
-    # The server hands the offered IDs over as a dict (an ordered set): the same pick.
-    offered = dict.fromkeys(free)
-    assert preferred_allocation(spec, offered, must, size, policy) == expected
+    # The server hands the offered IDs over as a set (a dict is taken as is too): the same.
+    assert preferred_allocation(spec, set(free), must, size, policy) == expected
+    assert preferred_allocation(spec, dict.fromkeys(free), must, size, policy) == expected

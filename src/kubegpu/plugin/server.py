@@ -261,19 +261,20 @@ def _prefer(
     refusing the whole call would fail the pod, so vanished IDs are dropped (logged) and
     the hint is built from the rest. The kubelet makes the final choice anyway.
     """
-    # Ordered sets of the offered IDs, each hashed once: a request can carry thousands.
-    available = dict.fromkeys(req.available_deviceIDs)
+    # The offered IDs as a set, each hashed once: a request can carry thousands.
+    available = set(req.available_deviceIDs)
     must_include = dict.fromkeys(req.must_include_deviceIDs)
     known = spec.by_id.keys()
-    if not (available.keys() <= known and must_include.keys() <= known):
-        gone = [i for i in {**must_include, **available} if i not in known]
+    if not (available <= known and must_include.keys() <= known):
+        order = dict.fromkeys([*req.must_include_deviceIDs, *req.available_deviceIDs])
+        gone = [i for i in order if i not in known]
         log.info(
             "GetPreferredAllocation for %s: ignoring %d ID(s) no longer advertised: %s",
             spec.name,
             len(gone),
             describe_ids(gone),
         )
-        available = {i: None for i in available if i in known}
+        available = {i for i in available if i in known}
         must_include = {i: None for i in must_include if i in known}
     size = req.allocation_size
     if size <= 0:
