@@ -17,6 +17,11 @@
   node, the rest a random subset of at least the size): p50/p99 per size over every call,
   the worst, and the same with each request's best of 3 calls (the CPU weather of a shared
   machine taken out); the first call per fabric builds its subset table, timed apart.
+- **Over the socket** (`--socket` alone; also in `make bench`): `kubegpu serve` on a
+  simulated node (h100-8; hgx-h100-2x8; a random 16-GPU fabric; 8 boards = 64 GPUs; 64
+  GPUs x 48 replicas) answers GetPreferredAllocation of every device, in alternating
+  blocks with a bare grpc.aio server (benchmarks/reply_server.py) that answers the same
+  request bytes with the same reply bytes: p50/p99 and the ratio of the p50s.
 """
 
 from __future__ import annotations

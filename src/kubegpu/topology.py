@@ -3,9 +3,11 @@
 Whole GPUs and MIG slices are chosen to maximise one objective (docs/placement.md): the
 sum over chosen pairs of a bandwidth-proportional pair weight (NVLink: links x per-link
 GB/s of its version; else a PCIe level far below one NVLink; two units of one GPU above
-any fabric), with same-NUMA pairs as a tie-break that can never outweigh a link. Up to
-`EXACT_LIMIT` candidates the optimum is exact (branch and bound over a precomputed weight
-matrix); beyond, a budgeted search reports how far from optimal it may be. Replicas of
+any fabric), with same-NUMA pairs as a tie-break that can never outweigh a link. Resources
+of up to `TABLE_LIMIT` units are answered from a table of every subset's score (built once
+per topology); beyond, runs of alike boards are solved by counts per run, and otherwise up
+to `EXACT_LIMIT` candidates the optimum is exact by branch and bound; beyond that, a
+budgeted search reports how far from optimal it may be. Replicas of
 shared GPUs follow `sharedDevicesAllocationPolicy` (`distributed` spreads a request over
 the least-used GPUs, `packed` fills one GPU before the next); the objective breaks ties.
 
