@@ -419,6 +419,7 @@ async def bench_placement() -> Figures:
     return {
         **figures,
         "placement_min_optimal_pct": min(r["optimal_pct"] for r in quality_rows),
+        "placement_random_16_worst_p99_ms": figures["placement_random_16"]["worst_size_p99_ms"],
         "placement_socket": socket,
         "placement_socket_worst_over_floor_p50": max(f["over_floor_p50"] for f in socket.values()),
     }
