@@ -663,7 +663,8 @@ def _place_by_uniform_runs(
     best[len(groups)][0] = 0
     for g in range(len(groups) - 1, -1, -1):
         nxt = best[g + 1]
-        for m in range(min(need, room[g]) + 1):
+        # The first group is only ever asked for all `need`; the others for every count.
+        for m in [need] if g == 0 else range(min(need, room[g]) + 1):
             top: int | None = None
             for x in range(max(0, m - room[g + 1]), min(cap[g], m) + 1):
                 rest = nxt[m - x]
