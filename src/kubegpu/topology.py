@@ -294,6 +294,13 @@ def best_subset(
 
     best_score = -1
     best: tuple[int, ...] = ()
+    if budget is None and need > 1:
+        # A greedy set first: the search then cuts every node that cannot reach its score,
+        # yet still finds the first (lexicographically smallest) set that does, since the
+        # bar is one below it: equal scores are not cut.
+        greedy = _greedy(weights, base, need)
+        best_score = fixed_score + sum(base[i] for i in greedy)
+        best_score += sum(weights[a][b] for a, b in itertools.combinations(greedy, 2)) - 1
     nodes = 0
     root2 = 2 * fixed_score + bound2(0, base, need)
     stopped = False
