@@ -12,19 +12,39 @@
   on the same fragmented offers, sizes 2 to 8.
 - **Cost**: `preferred_allocation` in-process, p50/p99 over 300 calls, at 8 GPUs, 16 GPUs
   (two boards), 64 GPUs (eight NVSwitch boards) and 64 GPUs x 48 replicas.
+- **Random 16-GPU fabrics** (no symmetry, the hard case for an exact search): `FABRICS`
+  seeded fabrics x request sizes 2 to 15 x `SWEEP_CALLS` offers each (a third the whole
+  node, the rest a random subset of at least the size): p50/p99 per size over every call,
+  the worst, and the same with each request's best of 3 calls (the CPU weather of a shared
+  machine taken out); the first call per fabric builds its subset table, timed apart.
+- **Over the socket** (`--socket` alone; also in `make bench`): `kubegpu serve` on a
+  simulated node (h100-8; hgx-h100-2x8; a random 16-GPU fabric; 8 boards = 64 GPUs; 64
+  GPUs x 48 replicas) answers GetPreferredAllocation of every device, in alternating
+  blocks with a bare grpc.aio server (benchmarks/reply_server.py) that answers the same
+  request bytes with the same reply bytes: p50/p99 and the ratio of the p50s.
 """
 
 from __future__ import annotations
 
+import asyncio
 import dataclasses
 import itertools
 import json
+import math
 import random
 import sys
 import time
 from collections.abc import Sequence
+from pathlib import Path
 from typing import Any
 
+import grpc
+import yaml
+
+from benchmarks import harness
+from benchmarks.harness import RESOURCE
+from benchmarks.reply_server import METHOD as REPLY_METHOD
+from kubegpu.api import device_plugin_stub, pb
 from kubegpu.config import AllocationPolicy, parse_config
 from kubegpu.devices import Inventory, LinkKind
 from kubegpu.devices.simulated import SimulatedBackend, parse_node
@@ -41,6 +61,8 @@ Figures = dict[str, Any]
 SEED = 10
 OFFERS = 200
 CALLS = 300
+FABRICS = 20
+SWEEP_CALLS = 40
 PCIE_GBPS = {
     LinkKind.SINGLE_SWITCH: 24,
     LinkKind.MULTI_SWITCH: 22,
@@ -142,21 +164,30 @@ def quality(name: str, inv: Inventory, rng: random.Random) -> Figures:
     }
 
 
-def boards(count: int) -> Inventory:
-    """`count` HGX H100 boards of 8 GPUs, one NVSwitch domain and NUMA node per board."""
+def boards_node(count: int) -> dict[str, Any]:
+    """`count` HGX H100 boards of 8 GPUs, one NVSwitch domain and NUMA node per board, as a
+    simulated-node description (docs/simulated-node.md)."""
     gpus = [{"numa_node": b % 8, "nvswitch": f"board{b}"} for b in range(count) for _ in range(8)]
-    return SimulatedBackend(parse_node({"gpus": gpus}, f"{count}x8", "bench")).discover()
+    return {"gpus": gpus}
 
 
-def random_fabric(count: int, seed: int) -> Inventory:
+def boards(count: int) -> Inventory:
+    return SimulatedBackend(parse_node(boards_node(count), f"{count}x8", "bench")).discover()
+
+
+def random_node(count: int, seed: int) -> dict[str, Any]:
     """`count` GPUs with seeded random direct NVLinks (half the pairs, 1-4 lanes) and NUMA:
-    no symmetry for the search to use, the hard case for branch and bound."""
+    no symmetry for a search to use, the hard case for branch and bound."""
     rng = random.Random(seed)
     gpus: list[dict[str, Any]] = []
     for i in range(count):
         lanes = {j: rng.randint(1, 4) for j in range(i + 1, count) if rng.random() < 0.5}
         gpus.append({"numa_node": rng.randint(0, 1), "nvlinks": lanes})
-    return SimulatedBackend(parse_node({"gpus": gpus}, "random", "bench")).discover()
+    return {"gpus": gpus}
+
+
+def random_fabric(count: int, seed: int) -> Inventory:
+    return SimulatedBackend(parse_node(random_node(count, seed), "random", "bench")).discover()
 
 
 def _latency(
@@ -200,11 +231,183 @@ def cost() -> dict[str, Figures]:
     return found
 
 
+def _pct(samples: list[int], q: float) -> float:
+    """The q-th percentile of nanosecond samples, in ms (nearest rank)."""
+    ordered = sorted(samples)
+    return round(ordered[max(0, math.ceil(len(ordered) * q / 100) - 1)] / 1e6, 3)
+
+
+def random_sweep(fabrics: int = FABRICS, calls: int = SWEEP_CALLS) -> Figures:
+    """Every request size on many random 16-GPU fabrics (see the module docstring)."""
+    rng = random.Random(SEED)
+    single: dict[int, list[int]] = {k: [] for k in range(2, 16)}
+    best3: dict[int, list[int]] = {k: [] for k in range(2, 16)}
+    builds: list[int] = []
+    for seed in range(fabrics):
+        spec = _spec(random_fabric(16, 1000 + seed))
+        ids: list[str] = [d.id for d in spec.devices]
+        start = time.perf_counter_ns()
+        preferred_allocation(spec, ids, [], 8)  # builds the pair terms and subset table
+        builds.append(time.perf_counter_ns() - start)
+        for size in range(2, 16):
+            for call in range(calls):
+                free = ids if call % 3 == 0 else rng.sample(ids, rng.randint(size, 16))
+                took = []
+                for _ in range(3):
+                    start = time.perf_counter_ns()
+                    preferred_allocation(spec, free, [], size)
+                    took.append(time.perf_counter_ns() - start)
+                single[size].append(took[0])
+                best3[size].append(min(took))
+    per_size = {
+        size: {
+            "p50_ms": _pct(single[size], 50),
+            "p99_ms": _pct(single[size], 99),
+            "best_of_3_p99_ms": _pct(best3[size], 99),
+        }
+        for size in single
+    }
+    every = [t for ts in single.values() for t in ts]
+    every3 = [t for ts in best3.values() for t in ts]
+    return {
+        "fabrics": fabrics,
+        "requests": len(every),
+        "p50_ms": _pct(every, 50),
+        "p99_ms": _pct(every, 99),
+        "worst_size_p99_ms": max(f["p99_ms"] for f in per_size.values()),
+        "best_of_3_p99_ms": _pct(every3, 99),
+        "worst_size_best_of_3_p99_ms": max(f["best_of_3_p99_ms"] for f in per_size.values()),
+        "max_ms": round(max(every) / 1e6, 3),
+        "table_build_p50_ms": _pct(builds, 50),
+        "table_build_max_ms": round(max(builds) / 1e6, 3),
+        "per_size": per_size,
+    }
+
+
+#: Over the socket: warm-up calls, then rounds of alternating blocks (plugin, floor).
+SOCKET_WARMUP = 100
+SOCKET_ROUNDS = 4
+SOCKET_BLOCK = 150
+REPLICAS = 48
+
+
+def socket_cases() -> list[tuple[str, str | dict[str, Any], int | None, int]]:
+    """(label, preset or node description, time-slicing replicas, allocation size)."""
+    return [
+        ("8 GPUs (h100-8), 4", "h100-8", None, 4),
+        ("16 GPUs (hgx-h100-2x8), 6", "hgx-h100-2x8", None, 6),
+        ("16 GPUs (random NVLink fabric), 8", random_node(16, SEED), None, 8),
+        ("64 GPUs (8 boards), 32", boards_node(8), None, 32),
+        (f"64 GPUs x {REPLICAS} replicas, 8", boards_node(8), REPLICAS, 8),
+    ]
+
+
+async def _registered(kubelet: Any, count: int, plugin: Any) -> None:
+    """Until the kubelet reads `count` healthy devices; fails fast if `serve` exits."""
+    waiting = asyncio.ensure_future(
+        kubelet.wait_for_resource(RESOURCE, capacity=count, allocatable=count, timeout=60)
+    )
+    exited = asyncio.ensure_future(plugin.proc.wait())
+    try:
+        await asyncio.wait({waiting, exited}, return_when=asyncio.FIRST_COMPLETED)
+    finally:
+        exited.cancel()
+    if not waiting.done():
+        waiting.cancel()
+        raise RuntimeError(f"kubegpu serve exited before registering:\n{plugin.tail()}")
+    waiting.result()
+
+
+async def _socket_case(
+    work: Path, label: str, node: str | dict[str, Any], replicas: int | None, size: int
+) -> Figures:
+    """GetPreferredAllocation of `size` out of every device, on `kubegpu serve` over its
+    socket, beside the bare reply server answering the same bytes (alternating blocks, so
+    both see the same CPU weather)."""
+    slug = "".join(c if c.isalnum() else "-" for c in label)
+    case = work / slug
+    case.mkdir()
+    if isinstance(node, dict):
+        (case / "node.yaml").write_text(yaml.safe_dump(node))
+        node = str(case / "node.yaml")
+    extra: list[str] = []
+    if replicas is not None:
+        (case / "config.yaml").write_text(
+            "version: v1\nsharing:\n  timeSlicing:\n    resources:\n"
+            f"    - name: {RESOURCE}\n      replicas: {replicas}\n"
+        )
+        extra = ["--config-file", str(case / "config.yaml")]
+    spec_ids = _spec(SimulatedBackend.load(node).discover()).devices
+    count = len(spec_ids) * (replicas or 1)
+    async with (
+        harness.emulator(case / "dp") as kubelet,
+        harness.serve(case / "dp", case / "serve.log", *extra, simulate=node) as plugin,
+    ):
+        await _registered(kubelet, count, plugin)
+        endpoint = kubelet.plugin_dir / kubelet.registrations[-1].endpoint
+        request = pb.PreferredAllocationRequest(
+            container_requests=[
+                pb.ContainerPreferredAllocationRequest(
+                    available_deviceIDs=sorted(kubelet.devices(RESOURCE)), allocation_size=size
+                )
+            ]
+        )
+        payload = request.SerializeToString()
+        async with grpc.aio.insecure_channel(f"unix://{endpoint}") as channel:
+            stub = device_plugin_stub(channel)
+            answer = await stub.GetPreferredAllocation(request)
+            picked = answer.container_responses[0].deviceIDs
+            if len(picked) != size:
+                raise RuntimeError(f"{label}: {len(picked)} IDs picked, asked for {size}")
+            (case / "reply.bin").write_bytes(answer.SerializeToString())
+            async with (
+                harness.module_server(
+                    "benchmarks.reply_server",
+                    case / "floor.sock",
+                    case / "floor.log",
+                    str(case / "reply.bin"),
+                ),
+                grpc.aio.insecure_channel(f"unix://{case / 'floor.sock'}") as floor_channel,
+            ):
+                floor = floor_channel.unary_unary(REPLY_METHOD, None, None)
+                calls = {
+                    "plugin": lambda: stub.GetPreferredAllocation(request),
+                    "floor": lambda: floor(payload),
+                }
+                samples: dict[str, list[int]] = {name: [] for name in calls}
+                for call in calls.values():
+                    await harness.timed_calls(call, SOCKET_WARMUP)
+                for _ in range(SOCKET_ROUNDS):
+                    for name, call in calls.items():
+                        samples[name] += await harness.timed_calls(call, SOCKET_BLOCK)
+    p50 = harness.percentile(samples["plugin"], 50)
+    floor_p50 = harness.percentile(samples["floor"], 50)
+    return {
+        "ids": count,
+        "request_bytes": len(payload),
+        "p50_ms": round(p50, 3),
+        "p99_ms": round(harness.percentile(samples["plugin"], 99), 3),
+        "floor_p50_ms": round(floor_p50, 3),
+        "floor_p99_ms": round(harness.percentile(samples["floor"], 99), 3),
+        "over_floor_p50": round(p50 / floor_p50, 2),
+    }
+
+
+async def bench_preferred_socket() -> Figures:
+    """Every `socket_cases` row over a real socket (see `_socket_case`)."""
+    found: Figures = {}
+    with harness.temp_dir("kgbpref-") as work:
+        for label, node, replicas, size in socket_cases():
+            found[label] = await _socket_case(work, label, node, replicas, size)
+    return found
+
+
 def run() -> Figures:
     rng = random.Random(SEED)
     return {
         "placement_quality": [quality(n, inv, rng) for n, inv in topologies().items()],
         "placement_latency": cost(),
+        "placement_random_16": random_sweep(),
     }
 
 
@@ -212,13 +415,24 @@ async def bench_placement() -> Figures:
     """The `make bench` section (synchronous work; nothing else runs meanwhile)."""
     figures = run()
     quality_rows = figures["placement_quality"]
+    socket = await bench_preferred_socket()
     return {
         **figures,
         "placement_min_optimal_pct": min(r["optimal_pct"] for r in quality_rows),
+        "placement_random_16_worst_p99_ms": figures["placement_random_16"]["worst_size_p99_ms"],
+        "placement_socket": socket,
+        "placement_socket_worst_over_floor_p50": max(f["over_floor_p50"] for f in socket.values()),
     }
 
 
 def main() -> int:
+    if sys.argv[1:] == ["--socket"]:
+        for name, f in asyncio.run(bench_preferred_socket()).items():
+            print(
+                f"{name:38} {f['ids']:>5} IDs  p50 {f['p50_ms']:.3f} ms  p99 {f['p99_ms']:.3f} ms"
+                f"  floor p50 {f['floor_p50_ms']:.3f} ms  {f['over_floor_p50']:.2f}x"
+            )
+        return 0
     figures = run()
     head = ("topology", "gpus", "reqs", "%opt", "worst", "busbw", "first-fit")
     print(f"{head[0]:28} " + " ".join(f"{h:>6}" for h in head[1:]))
@@ -230,6 +444,14 @@ def main() -> int:
     print()
     for name, f in figures["placement_latency"].items():
         print(f"{name:55} p50 {f['p50_ms']:.3f} ms  p99 {f['p99_ms']:.3f} ms")
+    sweep = figures["placement_random_16"]
+    print(
+        f"random 16-GPU fabrics: {sweep['fabrics']} fabrics x sizes 2-15, "
+        f"{sweep['requests']} requests: p50 {sweep['p50_ms']:.3f} ms, p99 {sweep['p99_ms']:.3f} "
+        f"ms (worst size {sweep['worst_size_p99_ms']:.3f}), best-of-3 p99 "
+        f"{sweep['best_of_3_p99_ms']:.3f} ms (worst size {sweep['worst_size_best_of_3_p99_ms']:.3f}"
+        f"), max {sweep['max_ms']:.3f} ms; table build p50 {sweep['table_build_p50_ms']:.1f} ms"
+    )
     print(json.dumps(figures, separators=(", ", ": ")))
     return 0
 

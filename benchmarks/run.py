@@ -697,6 +697,18 @@ TARGETS: list[tuple[str, str, str, Callable[[Figures], bool] | None]] = [
         "100 % on every topology ≤ 16 GPUs",
         lambda f: f["placement_min_optimal_pct"] == 100,
     ),
+    (
+        "placement_random_16_worst_p99_ms",
+        "ms",
+        "≤ 1 ms, every size (in-process)",
+        lambda f: f["placement_random_16_worst_p99_ms"] <= 1,
+    ),
+    (
+        "placement_socket_worst_over_floor_p50",
+        "×",
+        "≤ 1.5 × floor at 8/16/64 GPUs, 64×48",
+        lambda f: f["placement_socket_worst_over_floor_p50"] <= 1.5,
+    ),
 ]
 
 

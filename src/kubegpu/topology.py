@@ -3,9 +3,11 @@
 Whole GPUs and MIG slices are chosen to maximise one objective (docs/placement.md): the
 sum over chosen pairs of a bandwidth-proportional pair weight (NVLink: links x per-link
 GB/s of its version; else a PCIe level far below one NVLink; two units of one GPU above
-any fabric), with same-NUMA pairs as a tie-break that can never outweigh a link. Up to
-`EXACT_LIMIT` candidates the optimum is exact (branch and bound over a precomputed weight
-matrix); beyond, a budgeted search reports how far from optimal it may be. Replicas of
+any fabric), with same-NUMA pairs as a tie-break that can never outweigh a link. Resources
+of up to `TABLE_LIMIT` units are answered from a table of every subset's score (built once
+per topology); beyond, runs of alike boards are solved by counts per run, and otherwise up
+to `EXACT_LIMIT` candidates the optimum is exact by branch and bound; beyond that, a
+budgeted search reports how far from optimal it may be. Replicas of
 shared GPUs follow `sharedDevicesAllocationPolicy` (`distributed` spreads a request over
 the least-used GPUs, `packed` fills one GPU before the next); the objective breaks ties.
 
@@ -22,7 +24,8 @@ from __future__ import annotations
 import itertools
 import logging
 import math
-from collections.abc import Mapping, Sequence
+from collections.abc import Iterable, KeysView, Mapping, Sequence
+from collections.abc import Set as AbstractSet
 from dataclasses import dataclass
 
 from kubegpu.config import AllocationPolicy
@@ -35,22 +38,33 @@ log = logging.getLogger(__name__)
 
 def preferred_allocation(
     spec: ResourceSpec,
-    available: Sequence[str],
-    must_include: Sequence[str],
+    available: Iterable[str],
+    must_include: Iterable[str],
     size: int,
     policy: AllocationPolicy = AllocationPolicy.DISTRIBUTED,
 ) -> list[DeviceID]:
     """The preferred `size` IDs out of `available` ∪ `must_include`."""
-    pool_ids = list(dict.fromkeys([*must_include, *available]))
-    unknown = [i for i in pool_ids if i not in spec.by_id]
-    if unknown:
+    required = list(dict.fromkeys(must_include))
+    # The pool as a set: a set or dict of the offered IDs is taken as is (the server builds
+    # one), so a request over thousands of IDs is hashed once, not once per layer.
+    pool_ids: AbstractSet[str]
+    if required or not isinstance(available, set | frozenset | dict):
+        pool_ids = dict.fromkeys(itertools.chain(required, available)).keys()
+    elif isinstance(available, dict):
+        pool_ids = available.keys()
+    else:
+        pool_ids = available
+    by_id = spec.by_id
+    if not pool_ids <= by_id.keys():
+        unknown = [i for i in pool_ids if i not in by_id]
+        if not isinstance(pool_ids, KeysView):
+            unknown.sort()  # a set has no order of its own; the message must not vary
         raise AllocationError(
             f"{spec.name}: unknown device ID(s) {', '.join(map(repr, unknown[:5]))} in the "
             f"preferred-allocation request"
         )
     if size <= 0:
         raise AllocationError(f"{spec.name}: allocation_size must be at least 1, got {size}")
-    required = list(dict.fromkeys(must_include))
     if len(required) > size:
         raise AllocationError(
             f"{spec.name}: {len(required)} must-include devices exceed allocation_size {size}"
@@ -59,23 +73,41 @@ def preferred_allocation(
         raise AllocationError(
             f"{spec.name}: allocation_size {size} exceeds the {len(pool_ids)} devices offered"
         )
-    chosen = [spec.by_id[i] for i in required]
+    chosen = [by_id[i] for i in required]
     need = size - len(chosen)
     if not need:
         return [d.id for d in chosen]
-    taken = set(required)
-    rest = [spec.by_id[i] for i in pool_ids if i not in taken]
     if spec.sharing is not SharingKind.NONE:
-        # Replicas: grouped per unit in one pass, no sort of the (possibly huge) pool.
-        chosen += _replicas(spec, chosen, rest, need, policy)
+        # Replicas: counted per unit in C-level passes, no sort of the (possibly huge) pool.
+        chosen += _replicas(spec, chosen, pool_ids, need, policy)
         return [d.id for d in chosen]
-    # Healthy devices first: the kubelet offers only healthy ones, but be safe.
-    pool = sorted(rest, key=lambda d: (d.health is not Health.HEALTHY, _order(d)))
+    taken = set(required)
+    # Healthy devices first, then by (GPU, GPU instance, compute instance): the kubelet
+    # offers only healthy ones, but be safe. The order is the spec's, computed once.
+    rank = device_rank(spec)
+    pool = [by_id[i] for i in sorted(pool_ids, key=rank.__getitem__) if i not in taken]
     if spec.vendor is Vendor.AMD:
         chosen += _best_amd(chosen, pool, need)
     else:
         chosen += _best_units(chosen, pool, need, spec_terms(spec))
     return [d.id for d in chosen]
+
+
+def device_rank(spec: ResourceSpec) -> Mapping[str, int]:
+    """Each device ID's place in (unhealthy last, `_order`) order: one integer sort key per
+    ID, computed once per spec (cached beside its pair terms, same bound)."""
+    hit = _rank_cache.get(id(spec))
+    if hit is not None and hit[0] is spec:
+        return hit[1]
+    ordered = sorted(spec.devices, key=lambda d: (d.health is not Health.HEALTHY, _order(d)))
+    rank: dict[str, int] = {d.id: k for k, d in enumerate(ordered)}
+    if len(_rank_cache) >= TERMS_CACHE_SIZE:
+        del _rank_cache[next(iter(_rank_cache))]
+    _rank_cache[id(spec)] = (spec, rank)
+    return rank
+
+
+_rank_cache: dict[int, tuple[ResourceSpec, dict[str, int]]] = {}
 
 
 def _order(d: AdvertisedDevice) -> tuple[int, int, int, int]:
@@ -98,6 +130,9 @@ SEARCH_WORK = 65536
 #: Candidates in runs of twins (see `best_subset`) are chosen by counts per run when there
 #: are at most this many count vectors (runs of lengths l_i: the product of l_i + 1).
 RUN_VECTORS_LIMIT = 100
+#: Offered runs that all weigh the same to each other are solved by a dynamic programme
+#: over groups of alike runs when groups x units needed is at most this (a few ms at most).
+RUN_DP_LIMIT = 4096
 
 #: Per-link, per-direction NVLink bandwidth in GB/s by NVLink version (1: P100 ... 5: B200).
 NVLINK_GBPS = {1: 20, 2: 25, 3: 25, 4: 25, 5: 50}
@@ -259,6 +294,13 @@ def best_subset(
 
     best_score = -1
     best: tuple[int, ...] = ()
+    if budget is None and need > 1:
+        # A greedy set first: the search then cuts every node that cannot reach its score,
+        # yet still finds the first (lexicographically smallest) set that does, since the
+        # bar is one below it: equal scores are not cut.
+        greedy = _greedy(weights, base, need)
+        best_score = fixed_score + sum(base[i] for i in greedy)
+        best_score += sum(weights[a][b] for a, b in itertools.combinations(greedy, 2)) - 1
     nodes = 0
     root2 = 2 * fixed_score + bound2(0, base, need)
     stopped = False
@@ -405,6 +447,265 @@ def spec_terms(spec: ResourceSpec) -> PairTerms:
     return terms
 
 
+#: Device sets of up to this many units are placed from a table of every subset's score
+#: (2^16 entries at most, built once per topology): exact, in time bounded by the table.
+TABLE_LIMIT = 16
+#: Topologies whose subset tables are kept (about 5 MB each at 16 units). One per resource
+#: name of at most `TABLE_LIMIT` units is all a node asks for; health flips and reloads
+#: that keep the topology find theirs again (the cache is keyed by the pair terms).
+TABLES_CACHE_SIZE = 4
+#: Cost of scoring one offered set by enumeration against skipping one ranked set that is
+#: not allowed (measured: ~140 vs ~20 ns); the cheaper way is taken for each request.
+ENUMERATE_COST = 7
+
+
+@dataclass(frozen=True)
+class SubsetTable:
+    """Every subset of a set of at most `TABLE_LIMIT` units, scored once.
+
+    Subsets are bit masks over the rows of a `PairTerms`. `score[mask]` is the objective
+    folded into one integer as `pair_score` folds it (link x (pairs + 1) + NUMA, pairs of
+    the mask's own size: every set a request compares has that size). `ranked[k]` lists
+    the masks of k units best first, equal scores in lexicographic order of their rows,
+    so the first one a request allows is the set the branch and bound would keep.
+    """
+
+    units: int
+    score: tuple[int, ...]
+    ranked: tuple[tuple[int, ...], ...]
+
+
+def subset_table(terms: PairTerms) -> SubsetTable:
+    """The subset table of `terms` (at most `TABLE_LIMIT` units), cached per topology."""
+    key = (terms.link, terms.numa)
+    hit = _tables_cache.get(key)
+    if hit is not None:
+        return hit
+    n = len(terms.index)
+    if n > TABLE_LIMIT:
+        raise ValueError(f"a subset table covers at most {TABLE_LIMIT} units, not {n}")
+    # Built bit by bit: the masks with top bit b are those below 2^b plus b, and each adds
+    # b's pair terms with the bits it holds, themselves built by doubling (no per-set loop).
+    link, numa, size, rev = [0], [0], [0], [0]
+    for b in range(n):
+        link_row, numa_row = terms.link[b], terms.numa[b]
+        with_link, with_numa = [0], [0]
+        for j in range(b):
+            w, v = link_row[j], numa_row[j]
+            with_link += [x + w for x in with_link]
+            with_numa += [x + v for x in with_numa]
+        link += [x + y for x, y in zip(link, with_link, strict=True)]
+        numa += [x + y for x, y in zip(numa, with_numa, strict=True)]
+        size += [s + 1 for s in size]
+        top = 1 << (n - 1 - b)
+        rev += [r | top for r in rev]  # rev[m]: m's bits reversed
+    score = [x * (s * (s - 1) // 2 + 1) + y for x, y, s in zip(link, numa, size, strict=True)]
+    # Lexicographic order of row sets is descending order of their reversed masks (the set
+    # holding the lowest differing row comes first); `rev` is its own inverse. The sort by
+    # score is stable, so equal scores keep that order.
+    ranked: list[list[int]] = [[] for _ in range(n + 1)]
+    for r in range(len(rev) - 1, -1, -1):
+        ranked[size[rev[r]]].append(rev[r])
+    for masks in ranked:
+        masks.sort(key=score.__getitem__, reverse=True)
+    table = SubsetTable(n, tuple(score), tuple(tuple(m) for m in ranked))
+    if len(_tables_cache) >= TABLES_CACHE_SIZE:
+        del _tables_cache[next(iter(_tables_cache))]  # oldest first
+    _tables_cache[key] = table
+    return table
+
+
+_tables_cache: dict[
+    tuple[tuple[tuple[int, ...], ...], tuple[tuple[int, ...], ...]], SubsetTable
+] = {}
+
+
+def _subsets(bits: Sequence[int], need: int, fixed: int) -> list[int]:
+    """`fixed` plus every `need` of `bits` (ascending single-bit masks), lexicographic.
+
+    Bits are added highest first and sets holding the new bit are put in front, so the
+    sets holding the lowest bit come first: lexicographic order, built by doubling.
+    """
+    groups: list[list[int]] = [[fixed]] + [[] for _ in range(need)]
+    left = len(bits)
+    for b in reversed(bits):
+        left -= 1
+        # Only sizes that can still reach `need` with the `left` bits not added yet.
+        for s in range(min(need - 1, len(bits) - left - 1), max(0, need - 1 - left) - 1, -1):
+            if groups[s]:
+                groups[s + 1] = [m | b for m in groups[s]] + groups[s + 1]
+    return groups[need]
+
+
+def table_place(
+    table: SubsetTable,
+    fixed: Sequence[int],
+    rows: Sequence[int],
+    need: int,
+    *,
+    enumerate_cost: int = ENUMERATE_COST,
+) -> Placement:
+    """The best `need` of the table rows `rows` (ascending) to join rows `fixed`: exact.
+
+    Either every allowed set is scored by lookup (few of them), or the ranked sets of the
+    request's size are read best first until one is allowed (most of them allowed),
+    whichever costs less: at 16 units at most ~12,870 x 20 ns x 7/8, about 0.25 ms.
+    """
+    fixed_mask = sum(1 << f for f in fixed)
+    bits = [1 << r for r in rows]
+    k = need + len(fixed)
+    ranked = table.ranked[k]
+    offered = math.comb(len(rows), need)
+    if offered * enumerate_cost <= len(ranked) - offered:
+        masks = _subsets(bits, need, fixed_mask)
+        scores = list(map(table.score.__getitem__, masks))
+        mask = masks[scores.index(max(scores))]  # first of equal scores: lexicographic
+        nodes = len(masks)
+    else:
+        check = ((1 << table.units) - 1) & ~(fixed_mask | sum(bits)) | fixed_mask
+        nodes = 0
+        for nodes, mask in enumerate(ranked, 1):  # noqa: B007 - the last one is the pick
+            if mask & check == fixed_mask:
+                break
+    picked = tuple(i for i, r in enumerate(rows) if mask >> r & 1)
+    score = table.score[mask]
+    return Placement(picked, score, score, nodes)
+
+
+def twin_runs(terms: PairTerms) -> tuple[int, ...]:
+    """Per row of `terms`, the run of twins it belongs to (cached per terms object).
+
+    Rows i - 1 and i are twins when they weigh the same to every other row (both terms),
+    as the GPUs of one NVSwitch board on one NUMA node do; a chain of twins weighs the
+    same inside too, so a run is interchangeable units.
+    """
+    hit = _runs_cache.get(id(terms))
+    if hit is not None and hit[0] is terms:
+        return hit[1]
+    run_of = [0]
+    for i in range(1, len(terms.index)):
+        twin = all(
+            m[i][: i - 1] == m[i - 1][: i - 1] and m[i][i + 1 :] == m[i - 1][i + 1 :]
+            for m in (terms.link, terms.numa)
+        )
+        run_of.append(run_of[-1] if twin else run_of[-1] + 1)
+    if len(_runs_cache) >= TERMS_CACHE_SIZE:
+        del _runs_cache[next(iter(_runs_cache))]
+    _runs_cache[id(terms)] = (terms, tuple(run_of))
+    return tuple(run_of)
+
+
+_runs_cache: dict[int, tuple[PairTerms, tuple[int, ...]]] = {}
+
+
+def _place_by_uniform_runs(
+    terms: PairTerms, fixed: Sequence[int], rows: Sequence[int], need: int
+) -> Placement | None:
+    """The exact optimum when the offered rows (ascending) fall in runs of twins that all
+    weigh the same to each other (boards of one node, each on its own NUMA node), and
+    each run weighs at least that much inside; else None.
+
+    Then a set's score depends only on how many it takes from each run, and the pairs
+    across runs add `a x (N^2 - sum c_r^2) / 2` for N = sum c_r: what each run adds is its
+    own function of c_r, convex when the run is at least as close inside as across. Of
+    consecutive alike runs (same length, gain and inside weight), filling the first ones
+    whole is then best (a convex sum is largest at the extremes); alike runs are solved at
+    once and the few groups by a small dynamic programme over how many each takes. Ties go
+    to the most from earlier runs, each taking a prefix: the lexicographically smallest
+    optimal set, as the search keeps. No matrix over the offered units is built.
+    """
+    run_of = twin_runs(terms)
+    link, numa = terms.link, terms.numa
+    k = len(fixed) + need
+    scale = k * (k - 1) // 2 + 1
+    # Offered runs: (first row, how many offered), in row order.
+    runs: list[list[int]] = []
+    last = -1
+    for r in rows:
+        if run_of[r] == last:
+            runs[-1][1] += 1
+        else:
+            runs.append([r, 1])
+            last = run_of[r]
+    if len(runs) < 2:
+        return None  # one run: the search's own twin shortcut answers at once
+    first = runs[0][0]
+    across = link[first][runs[1][0]] * scale + numa[first][runs[1][0]]
+    for (a, _), (b, _) in itertools.combinations(runs, 2):
+        if link[a][b] * scale + numa[a][b] != across:
+            return None
+    # Per run: gain (what each unit adds with the fixed ones) and inside weight.
+    gain = [sum(link[f][a] * scale + numa[f][a] for f in fixed) for a, _ in runs]
+    # Inside weight of each run (a run of one offered unit never pairs inside).
+    inside = [link[a][a + 1] * scale + numa[a][a + 1] if n > 1 else 0 for a, n in runs]
+    if any(w < across for (_, length), w in zip(runs, inside, strict=True) if length > 1):
+        return None  # not convex: leave it to the search
+    # Groups of consecutive alike runs: [first run, how many runs].
+    groups: list[list[int]] = []
+    for i, (_, length) in enumerate(runs):
+        if (
+            groups
+            and i > 0
+            and (length, gain[i], inside[i]) == (runs[i - 1][1], gain[i - 1], inside[i - 1])
+        ):
+            groups[-1][1] += 1
+        else:
+            groups.append([i, 1])
+    if len(groups) * need > RUN_DP_LIMIT:
+        return None
+
+    def h(i: int, c: int) -> int:
+        """Twice what c units of run i add, without the across pairs' shared term."""
+        return 2 * c * gain[i] + c * (c - 1) * inside[i] - across * c * c
+
+    def value(g: int, x: int) -> int:
+        i = groups[g][0]
+        length = runs[i][1]
+        return (x // length) * h(i, length) + h(i, x % length)
+
+    cap = [count * runs[i][1] for i, count in groups]
+    room = list(itertools.accumulate(reversed(cap), initial=0))[::-1]  # room[g]: groups g..
+    # best[g][m]: the most groups g.. can add taking m units (None: cannot take m).
+    best: list[list[int | None]] = [[None] * (need + 1) for _ in range(len(groups) + 1)]
+    best[len(groups)][0] = 0
+    for g in range(len(groups) - 1, -1, -1):
+        nxt = best[g + 1]
+        # The first group is only ever asked for all `need`; the others for every count.
+        for m in [need] if g == 0 else range(min(need, room[g]) + 1):
+            top: int | None = None
+            for x in range(max(0, m - room[g + 1]), min(cap[g], m) + 1):
+                rest = nxt[m - x]
+                if rest is not None:
+                    v = value(g, x) + rest
+                    if top is None or v > top:
+                        top = v
+            best[g][m] = top
+    total = best[0][need]
+    if total is None:
+        return None
+    # Forward, each group takes the most it can while staying optimal; inside a group
+    # whole runs first, then a prefix of the next.
+    picked: list[int] = []
+    offset = list(itertools.accumulate((length for _, length in runs), initial=0))
+    m = need
+    for g, (i, count) in enumerate(groups):
+        nxt = best[g + 1]
+        x = next(
+            x
+            for x in range(min(cap[g], m), -1, -1)
+            if (rest := nxt[m - x]) is not None and value(g, x) + rest == best[g][m]
+        )
+        m -= x
+        length = runs[i][1]
+        for j in range(i, i + count):
+            take = min(length, x)
+            picked += range(offset[j], offset[j] + take)
+            x -= take
+    double = 2 * sum(link[a][b] * scale + numa[a][b] for a, b in itertools.combinations(fixed, 2))
+    score = (double + total + across * need * need) // 2
+    return Placement(tuple(picked), score, score, len(groups))
+
+
 def place(
     fixed: Sequence[Unit],
     candidates: Sequence[Unit],
@@ -413,19 +714,35 @@ def place(
     exact_limit: int = EXACT_LIMIT,
     work: int = SEARCH_WORK,
     terms: PairTerms | None = None,
+    table: bool = True,
 ) -> Placement:
     """The best `need` of `candidates` to join `fixed` under `objective`.
 
-    Exact for up to `exact_limit` candidates; beyond, greedy then a budgeted branch and
-    bound from the better of the two, with the gap it could not close. `terms` (which must
-    cover every unit given) saves recomputing the pair terms; without, they are computed.
+    When `terms` cover at most `TABLE_LIMIT` units (and `table` is left on), exact from
+    their subset table. Else exact by branch and bound for up to `exact_limit` candidates;
+    beyond, greedy then a budgeted branch and bound from the better of the two, with the
+    gap it could not close. `terms` (which must cover every unit given) saves recomputing
+    the pair terms; without, they are computed.
     """
     if terms is None:
         terms = pair_terms([*fixed, *candidates])
-    pairs = (len(fixed) + need) * (len(fixed) + need - 1) // 2
-    scale = pairs + 1  # as `pair_score`: the NUMA term never outweighs one unit of link
     rows = [terms.index[c.uuid] for c in candidates]
     frows = [terms.index[f.uuid] for f in fixed]
+    # Both shortcuts read sets in the terms' row order: ties go to the earliest rows, as
+    # the search gives them to the earliest candidates, only when the two orders agree.
+    in_row_order = (
+        all(a < b for a, b in itertools.pairwise(rows))
+        and len(set(frows)) == len(frows)
+        and not set(frows).intersection(rows)
+    )
+    if in_row_order and table and len(terms.index) <= TABLE_LIMIT:
+        return table_place(subset_table(terms), frows, rows, need)
+    if in_row_order:
+        by_runs = _place_by_uniform_runs(terms, frows, rows, need)
+        if by_runs is not None:
+            return by_runs
+    pairs = (len(fixed) + need) * (len(fixed) + need - 1) // 2
+    scale = pairs + 1  # as `pair_score`: the NUMA term never outweighs one unit of link
     link, numa = terms.link, terms.numa
     n = len(candidates)
     w = []
@@ -545,54 +862,132 @@ def _best_amd(
     return best
 
 
+@dataclass(frozen=True)
+class ReplicaIndex:
+    """A shared spec's replica IDs by unit, built once per spec, so that a request over
+    thousands of IDs costs a few C-level passes (counting, lookups), not Python per ID.
+
+    Units are the rows of the spec's `PairTerms`.
+    """
+
+    #: Replica ID -> its unit's row.
+    row_of: Mapping[str, int]
+    #: Per row, its replica IDs by replica number (the order replicas are handed out in).
+    ids: tuple[tuple[str, ...], ...]
+    #: Per row, the same IDs as a set (free replicas are counted by intersection).
+    id_sets: tuple[frozenset[str], ...]
+    #: Per row, 1 when the unit is unhealthy (taken only after every healthy unit).
+    unhealthy: tuple[int, ...]
+    #: Per row, its place in (GPU index, GPU instance, compute instance) order.
+    rank: tuple[int, ...]
+
+
+def replica_index(spec: ResourceSpec) -> ReplicaIndex:
+    """The replica index of a shared `spec`, cached with its pair terms (same bound)."""
+    hit = _replica_cache.get(id(spec))
+    if hit is not None and hit[0] is spec:
+        return hit[1]
+    terms = spec_terms(spec)
+    rows = len(terms.index)
+    by_row: list[list[AdvertisedDevice]] = [[] for _ in range(rows)]
+    for d in spec.devices:
+        by_row[terms.index[d.unit.uuid]].append(d)
+    for devices in by_row:
+        devices.sort(key=lambda d: d.replica if d.replica is not None else -1)
+    first = [devices[0] for devices in by_row]
+    ranked = sorted(range(rows), key=lambda r: _order(first[r])[:3])
+    rank = [0] * rows
+    for place_, r in enumerate(ranked):
+        rank[r] = place_
+    index = ReplicaIndex(
+        row_of={d.id: terms.index[d.unit.uuid] for d in spec.devices},
+        ids=tuple(tuple(d.id for d in devices) for devices in by_row),
+        id_sets=tuple(frozenset(d.id for d in devices) for devices in by_row),
+        unhealthy=tuple(int(d.health is not Health.HEALTHY) for d in first),
+        rank=tuple(rank),
+    )
+    if len(_replica_cache) >= TERMS_CACHE_SIZE:
+        del _replica_cache[next(iter(_replica_cache))]
+    _replica_cache[id(spec)] = (spec, index)
+    return index
+
+
+_replica_cache: dict[int, tuple[ResourceSpec, ReplicaIndex]] = {}
+
+# Replica choice keys, packed into one integer per unit so that each step is one C-level
+# `min` (fields, most significant first; each fits its width with room to spare):
+# distributed: replicas in this request, used, unhealthy, -gain, rank;
+# packed: -used, unhealthy, -gain, rank.
+_RANK = 1 << 20
+_GAIN = 1 << 50
+_TAIL = 2 * _GAIN * _RANK  # one unit of "used"
+_USED = 1 << 40
+_GONE = 1 << 400  # a unit with no free replica left
+
+
 def _replicas(
     spec: ResourceSpec,
     chosen: list[AdvertisedDevice],
-    pool: list[AdvertisedDevice],
+    free: AbstractSet[str],
     need: int,
     policy: AllocationPolicy,
 ) -> list[AdvertisedDevice]:
     """Replicas by `policy`; among equally used units, the one that talks best (under
     `objective`) with the units already in the request, then the lowest index.
 
-    One pass groups the pool by unit; only the replica lists of units actually picked from
-    are ordered, so a request costs O(pool + need x units), not a sort of every ID.
+    `free` holds the offered IDs (it may hold `chosen` ones too; they are skipped). Free
+    replicas are counted per unit in one C-level pass and handed out by replica number
+    from the spec's index, so a request costs no sort and no Python loop over the pool.
     """
-    free: dict[str, list[AdvertisedDevice]] = {}
-    for d in pool:
-        free.setdefault(d.unit.uuid, []).append(d)
-    in_request: dict[str, int] = {}
+    index = replica_index(spec)
+    link = spec_terms(spec).link
+    taken = {d.id for d in chosen}
+    # Free replicas per unit: set intersections, each a C-level pass over one unit's IDs.
+    count = [len(free & ids) for ids in index.id_sets]
+    in_request: dict[int, int] = {}
     for d in chosen:
-        in_request[d.unit.uuid] = in_request.get(d.unit.uuid, 0) + 1
-    first = {u: lst[0] for u, lst in free.items()}
-    order = {u: (d.health is not Health.HEALTHY, _order(d)[:3]) for u, d in first.items()}
-    units = {u: d.unit for u, d in first.items()}
-    ordered: set[str] = set()
-    # What each unit adds, under the objective, with the units already in the request.
-    gain = {u: sum(link_weight(unit, d.unit) for d in chosen) for u, unit in units.items()}
-
-    picked: list[AdvertisedDevice] = []
-    for _ in range(need):
-        candidates = [u for u, lst in free.items() if lst]
-
-        def used(uuid: str) -> int:
-            # Replicas of this unit already taken by other containers, plus by this request.
-            return spec.replicas - len(free[uuid]) + in_request.get(uuid, 0)
-
-        if policy is AllocationPolicy.PACKED:
-            target = min(candidates, key=lambda u: (-used(u), order[u][0], -gain[u], order[u]))
+        r = index.row_of[d.id]
+        in_request[r] = in_request.get(r, 0) + 1
+        if d.id in free:
+            count[r] -= 1
+    rows = len(index.ids)
+    gain = [0] * rows
+    for d in chosen:  # per chosen replica, as each one adds its pair weight
+        gain = [g + w for g, w in zip(gain, link[index.row_of[d.id]], strict=True)]
+    packed = policy is AllocationPolicy.PACKED
+    key = [_GONE] * rows
+    for r, left in enumerate(count):
+        if left <= 0:
+            continue
+        used = spec.replicas - left + in_request.get(r, 0)
+        tail = (index.unhealthy[r] * _GAIN + _GAIN - 1 - gain[r]) * _RANK + index.rank[r]
+        if packed:
+            key[r] = (_USED - used) * _TAIL + tail
         else:
-            target = min(
-                candidates,
-                key=lambda u: (in_request.get(u, 0), used(u), order[u][0], -gain[u], order[u]),
-            )
-        if target not in ordered:
-            free[target].sort(key=lambda d: d.replica if d.replica is not None else -1)
-            ordered.add(target)
-        picked.append(free[target].pop(0))
-        if target not in in_request:
-            # A new unit in the request: the others gain its pair weight once.
-            for u, unit in units.items():
-                gain[u] += link_weight(unit, units[target])
+            key[r] = ((in_request.get(r, 0) << 32) + used) * _TAIL + tail
+    # Replicas are handed out by replica number: next[r] is where r's scan resumes.
+    next_ = [0] * rows
+    picked: list[AdvertisedDevice] = []
+    by_id = spec.by_id
+    for _ in range(need):
+        target = key.index(min(key))
+        ids = index.ids[target]
+        j = next_[target]
+        while ids[j] not in free or ids[j] in taken:
+            j += 1
+        next_[target] = j + 1
+        picked.append(by_id[ids[j]])
+        # Picking one replica: one fewer free and one more in the request, both count as used.
+        count[target] -= 1
+        if count[target] == 0:
+            key[target] = _GONE
+        elif packed:
+            key[target] -= 2 * _TAIL
+        else:
+            key[target] += (1 << 32) * _TAIL + 2 * _TAIL
+        if not in_request.get(target):
+            # A new unit in the request: every unit gains its pair weight with it once.
+            row = link[target]
+            key = [k if k >= _GONE else k - w * _RANK for k, w in zip(key, row, strict=True)]
         in_request[target] = in_request.get(target, 0) + 1
     return picked

@@ -16,6 +16,7 @@ from hypothesis import strategies as st
 from kubegpu.config import AllocationPolicy, parse_config
 from kubegpu.devices import Gpu, Inventory, Link, LinkKind
 from kubegpu.devices.simulated import SimulatedBackend
+from kubegpu.errors import AllocationError
 from kubegpu.resources import ResourceSpec, Unit, build_resources
 from kubegpu.topology import (
     PCIE_WEIGHT,
@@ -259,3 +260,12 @@ def test_symmetric_boards_with_must_include(
         if objective(fixed + list(c)) == best
     )
     assert got[len(must) :] == [u.uuid for u in first]
+
+
+def test_unknown_ids_in_a_set_are_named_in_a_stable_order() -> None:
+    """The server hands the offered IDs over as a set: the error names them sorted, so
+    the message does not vary with hash order."""
+    spec = whole_gpus(inventory(gpu(0), gpu(1)))
+    offered = {"GPU-zz", "GPU-aa", *(d.id for d in spec.devices)}
+    with pytest.raises(AllocationError, match="unknown device ID\\(s\\) 'GPU-aa', 'GPU-zz' in"):
+        preferred_allocation(spec, offered, [], 1)

@@ -234,22 +234,25 @@ def _prefer(
     refusing the whole call would fail the pod, so vanished IDs are dropped (logged) and
     the hint is built from the rest. The kubelet makes the final choice anyway.
     """
-    available = list(dict.fromkeys(req.available_deviceIDs))
-    must_include = list(dict.fromkeys(req.must_include_deviceIDs))
-    gone = [i for i in dict.fromkeys([*must_include, *available]) if i not in spec.by_id]
-    if gone:
+    # The offered IDs as a set, each hashed once: a request can carry thousands.
+    available = set(req.available_deviceIDs)
+    must_include = dict.fromkeys(req.must_include_deviceIDs)
+    known = spec.by_id.keys()
+    if not (available <= known and must_include.keys() <= known):
+        order = dict.fromkeys([*req.must_include_deviceIDs, *req.available_deviceIDs])
+        gone = [i for i in order if i not in known]
         log.info(
             "GetPreferredAllocation for %s: ignoring %d ID(s) no longer advertised: %s",
             spec.name,
             len(gone),
             describe_ids(gone),
         )
-        available = [i for i in available if i in spec.by_id]
-        must_include = [i for i in must_include if i in spec.by_id]
+        available = {i for i in available if i in known}
+        must_include = {i: None for i in must_include if i in known}
     size = req.allocation_size
     if size <= 0:
         raise AllocationError(f"{spec.name}: allocation_size must be at least 1, got {size}")
-    pool = len(dict.fromkeys([*must_include, *available]))
+    pool = len(available) + sum(1 for i in must_include if i not in available)
     if pool == 0:
         return []
     # Fewer devices left than asked for: prefer all of them; the kubelet decides.
