@@ -11,6 +11,7 @@ from hypothesis import strategies as st
 
 from kubegpu.config import AllocationPolicy, parse_config
 from kubegpu.devices import Health, Link, LinkKind
+from kubegpu.devices.model import DeviceID
 from kubegpu.resources import AdvertisedDevice, ResourceSpec, build_resources
 from kubegpu.topology import link_weight, preferred_allocation
 from tests.builders import gpu, inventory
@@ -72,7 +73,9 @@ def _reference(
 
 
 @st.composite
-def cases(draw: st.DrawFn) -> tuple[ResourceSpec, list[str], list[str], int, AllocationPolicy]:
+def cases(
+    draw: st.DrawFn,
+) -> tuple[ResourceSpec, list[DeviceID], list[DeviceID], int, AllocationPolicy]:
     n = draw(st.integers(1, 6))
     uuids = [gpu(i).uuid for i in range(n)]
     lanes = {pair: draw(st.integers(0, 4)) for pair in itertools.combinations(range(n), 2)}

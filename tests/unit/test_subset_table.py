@@ -61,7 +61,9 @@ def requests(draw: st.DrawFn, max_units: int = 9) -> Case:
     return _terms(link, numa), fixed, offered, draw(st.integers(1, len(offered)))
 
 
-def _brute_force(terms: PairTerms, fixed: list[int], offered: list[int], need: int) -> Case:
+def _brute_force(
+    terms: PairTerms, fixed: list[int], offered: list[int], need: int
+) -> tuple[int, tuple[int, ...]]:
     """(score, candidate positions) of the first best set in lexicographic order."""
     k = len(fixed) + need
     scale = k * (k - 1) // 2 + 1
@@ -73,7 +75,7 @@ def _brute_force(terms: PairTerms, fixed: list[int], offered: list[int], need: i
         )
         if score > best[0]:
             best = (score, combo)
-    return best  # type: ignore[return-value]
+    return best
 
 
 @pytest.mark.parametrize("enumerate_cost", [0, 7, 10**9])
