@@ -21,7 +21,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-from kubegpu import cdi, labeller
+from kubegpu import cdi
 from kubegpu.allocation import ContainerEdits
 from kubegpu.api import DEVICE_PLUGIN_PATH
 from kubegpu.config import Config, DeviceListStrategy, Flags
@@ -478,6 +478,10 @@ class Daemon:
 
     async def _label(self) -> None:
         """Publish node labels from the daemon's own view; a failure never stops serving."""
+        # Imported here: only `--with-labels` needs the labeller, and start-up pays for
+        # every module imported before registering.
+        from kubegpu import labeller
+
         gfd = self.config.flags.gfd
         interval = labeller.parse_duration(gfd.sleep_interval)
         sink = labeller.FeatureFileSink(gfd.output_file)
