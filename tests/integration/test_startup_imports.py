@@ -49,7 +49,7 @@ async def _loaded_by(code: str, *args: str, watched: tuple[str, ...], report: Pa
     return set(report.read_text().split())
 
 
-async def test_importing_the_daemon_loads_no_kubernetes_client_labeller_or_yaml(
+async def test_importing_the_daemon_loads_no_kubernetes_labeller_yaml_or_prometheus(
     tmp_path: Path,
 ) -> None:
     report = tmp_path / "loaded"
@@ -58,7 +58,7 @@ async def test_importing_the_daemon_loads_no_kubernetes_client_labeller_or_yaml(
         "import kubegpu.daemon; "
         "open(report, 'w').write(' '.join(m for m in watched if m in sys.modules))"
     )
-    watched = ("kubegpu.daemon", "kubernetes", "kubegpu.labeller", "yaml")
+    watched = ("kubegpu.daemon", "kubernetes", "kubegpu.labeller", "yaml", "prometheus_client")
     loaded = await _loaded_by(code, watched=watched, report=report)
     # The first name proves the probe ran; the others must not have come with it.
     assert loaded == {"kubegpu.daemon"}
@@ -69,11 +69,12 @@ async def test_serve_registers_and_allocates_without_the_kubernetes_client(
     socket_dir: Path, node_name: str | None
 ) -> None:
     """`serve` up to registered, one Allocate and a clean stop load no Kubernetes client,
-    also with NODE_NAME set (events on): the client loads with the first Event sent."""
+    also with NODE_NAME set (events on): the client loads with the first Event sent. Nor
+    prometheus_client without a metrics port: it loads on the first scrape."""
     kubelet = KubeletEmulator(socket_dir / "dp", grace_period=0.5)
     await kubelet.start()
     report = socket_dir / "loaded"
-    watched = ("kubegpu.daemon", "kubernetes")
+    watched = ("kubegpu.daemon", "kubernetes", "prometheus_client")
     args = ["serve", "--simulate", "a10g-4", "--device-plugin-path", str(kubelet.plugin_dir)]
     env = _env(**({"NODE_NAME": node_name} if node_name else {}))
     proc = await asyncio.create_subprocess_exec(
