@@ -15,6 +15,8 @@ Layout of the run (see docs/performance.md for results and what dominates each f
 - **in-process daemon** — `Daemon` with a `SimulatedBackend` and the emulator share this
   event loop (fault injection needs the backend object): Xid → new ListAndWatch list,
   the same with 1,024 devices, and config reload of 8 × 48 replicas.
+- **start-up imports** — CPU time and RSS of each group of `serve`'s imports in fresh
+  interpreters (`benchmarks/startup.py`).
 
 The last line printed is one JSON object with every figure.
 """
@@ -41,6 +43,7 @@ from benchmarks import harness
 from benchmarks.echo_server import LIST_METHOD, METHOD
 from benchmarks.harness import RESOURCE
 from benchmarks.placement import bench_placement
+from benchmarks.startup import bench_startup_imports
 from kubegpu.api import device_plugin_stub, pb
 from kubegpu.daemon import Daemon, DaemonSettings
 from kubegpu.devices.simulated import SimulatedBackend
@@ -660,6 +663,8 @@ TARGETS: list[tuple[str, str, str, Callable[[Figures], bool] | None]] = [
     ("start_to_registered_s", "s", "≤ 0.15 s", lambda f: f["start_to_registered_s"] <= 0.15),
     ("start_to_registered_uncompiled_s", "s", "", None),
     ("python_startup_s", "s", "", None),
+    ("startup_imports_cpu_ms", "ms", "", None),
+    ("startup_imports_rss_mib", "MiB", "", None),
     ("import_s", "s", "", None),
     ("reregister_ms", "ms", "≤ 200 ms", lambda f: f["reregister_ms"] <= 200),
     ("reregister_max_ms", "ms", "(≤ 200 ms)", None),
@@ -758,6 +763,7 @@ async def _sections() -> int:
         ("subprocess plugin, 8,192 devices: first ListAndWatch", bench_list_8k),
         ("in-process daemon", bench_in_process),
         ("placement quality and cost (in-process)", bench_placement),
+        ("start-up imports by group", bench_startup_imports),
     ]
     for title, section in sections:
         print(f"... {title}", file=sys.stderr, flush=True)
