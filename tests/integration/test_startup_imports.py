@@ -18,6 +18,10 @@ import pytest
 
 from kubegpu.kubelet import KubeletEmulator
 
+# Each test starts fresh interpreters (and `serve` up to registered): seconds, not the
+# default per-test budget, on a loaded machine.
+pytestmark = pytest.mark.timeout(60)
+
 GPU = "nvidia.com/gpu"
 
 #: Runs `kubegpu <args>` as the console script does and, at exit, writes which of the
