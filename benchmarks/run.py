@@ -15,6 +15,8 @@ Layout of the run (see docs/performance.md for results and what dominates each f
 - **in-process daemon** — `Daemon` with a `SimulatedBackend` and the emulator share this
   event loop (fault injection needs the backend object): Xid → new ListAndWatch list,
   the same with 1,024 devices, and config reload of 8 × 48 replicas.
+- **start-up imports** — CPU time and RSS of each group of `serve`'s imports in fresh
+  interpreters (`benchmarks/startup.py`).
 
 The last line printed is one JSON object with every figure.
 """
@@ -25,6 +27,7 @@ import asyncio
 import json
 import logging
 import os
+import shutil
 import subprocess
 import sys
 import time
@@ -40,6 +43,7 @@ from benchmarks import harness
 from benchmarks.echo_server import LIST_METHOD, METHOD
 from benchmarks.harness import RESOURCE
 from benchmarks.placement import bench_placement
+from benchmarks.startup import bench_startup_imports
 from kubegpu.api import device_plugin_stub, pb
 from kubegpu.daemon import Daemon, DaemonSettings
 from kubegpu.devices.simulated import SimulatedBackend
@@ -161,10 +165,28 @@ def _import_times() -> Figures:
     return {"python_startup_s": round(bare, 3), "import_s": round(imports - bare, 3)}
 
 
+async def _start_once(work: Path, name: str, env: dict[str, str] | None = None) -> float:
+    """One fresh kubelet + `serve`: seconds from spawning to 8 devices listed."""
+    plugin_dir = work / f"dp-{name}"
+    async with (
+        harness.emulator(plugin_dir) as kubelet,
+        harness.serve(plugin_dir, work / f"serve-{name}.log", env=env) as plugin,
+    ):
+        await _wait_registered(kubelet, GPUS, plugin)
+        return time.perf_counter() - plugin.spawned
+
+
 async def bench_subprocess_8() -> Figures:
     figures: Figures = {}
     starts: list[float] = []
     with harness.temp_dir("kgb-") as work:
+        # Compiling kubegpu's sources (no bytecode: PYTHONDONTWRITEBYTECODE in a dev
+        # shell) is not what a node pays; shown apart, for comparison with older runs.
+        figures["start_to_registered_uncompiled_s"] = round(
+            await _start_once(work, "uncompiled", harness.uncompiled_env()), 3
+        )
+        # Writes the bytecode cache (harness.use_bytecode_cache) that the timed starts read.
+        await _start_once(work, "warm-up")
         # Fresh kubelet + plugin per start: a stopped plugin's devices stay in the
         # kubelet's capacity (grace period), so a reused kubelet would read 8 at once.
         for trial in range(START_TRIALS):
@@ -629,17 +651,20 @@ TARGETS: list[tuple[str, str, str, Callable[[Figures], bool] | None]] = [
     (
         "allocate_p50_ms",
         "ms",
-        "≤ 1.5 × echo p50",
-        lambda f: f["allocate_p50_ms"] <= 1.5 * f["echo_p50_ms"],
+        "≤ 1.2 × echo p50",
+        lambda f: f["allocate_p50_ms"] <= 1.2 * f["echo_p50_ms"],
     ),
-    ("allocate_over_echo_p50", "×", "≤ 1.5", lambda f: f["allocate_over_echo_p50"] <= 1.5),
+    ("allocate_over_echo_p50", "×", "≤ 1.2", lambda f: f["allocate_over_echo_p50"] <= 1.2),
     ("allocate_p99_ms", "ms", "< 2 ms", lambda f: f["allocate_p99_ms"] < 2.0),
     ("servicer_only_p50_ms", "ms", "", None),
     ("servicer_only_p99_ms", "ms", "", None),
     ("options_p50_ms", "ms", "", None),
     ("allocate_handler_us", "µs", "", None),
-    ("start_to_registered_s", "s", "≤ 1.5 s", lambda f: f["start_to_registered_s"] <= 1.5),
+    ("start_to_registered_s", "s", "≤ 0.15 s", lambda f: f["start_to_registered_s"] <= 0.15),
+    ("start_to_registered_uncompiled_s", "s", "", None),
     ("python_startup_s", "s", "", None),
+    ("startup_imports_cpu_ms", "ms", "", None),
+    ("startup_imports_rss_mib", "MiB", "", None),
     ("import_s", "s", "", None),
     ("reregister_ms", "ms", "≤ 200 ms", lambda f: f["reregister_ms"] <= 200),
     ("reregister_max_ms", "ms", "(≤ 200 ms)", None),
@@ -647,7 +672,7 @@ TARGETS: list[tuple[str, str, str, Callable[[Figures], bool] | None]] = [
     ("register_after_up_ms", "ms", "", None),
     ("health_to_list_ms", "ms", "", None),
     ("health_to_list_kubelet_ms", "ms", "", None),
-    ("rss_mb", "MiB", "< 60 MiB", lambda f: f["rss_mb"] < 60),
+    ("rss_mb", "MiB", "≤ 50 MiB", lambda f: f["rss_mb"] <= 50),
     ("rss_after_allocate_mb", "MiB", "", None),
     ("rss_deployed_mb", "MiB", "(< 60 MiB)", None),
     ("start_to_registered_deployed_s", "s", "(≤ 1.5 s)", None),
@@ -729,6 +754,14 @@ def _table(figures: Figures) -> str:
 
 
 async def _main() -> int:
+    pycache = harness.use_bytecode_cache()
+    try:
+        return await _sections()
+    finally:
+        shutil.rmtree(pycache, ignore_errors=True)
+
+
+async def _sections() -> int:
     figures: Figures = {
         **harness.machine(),
         "date": datetime.now(UTC).strftime("%Y-%m-%dT%H:%M:%SZ"),
@@ -742,6 +775,7 @@ async def _main() -> int:
         ("subprocess plugin, 8,192 devices: first ListAndWatch", bench_list_8k),
         ("in-process daemon", bench_in_process),
         ("placement quality and cost (in-process)", bench_placement),
+        ("start-up imports by group", bench_startup_imports),
     ]
     for title, section in sections:
         print(f"... {title}", file=sys.stderr, flush=True)

@@ -143,6 +143,10 @@ def select_imex_channels(config: Config, exists: Callable[[str], bool]) -> tuple
     return tuple(out)
 
 
+#: The strategies that name devices by CDI (built once: `build_response` runs per Allocate).
+_CDI_STRATEGIES = frozenset({DeviceListStrategy.CDI_ANNOTATIONS, DeviceListStrategy.CDI_CRI})
+
+
 def build_response(
     spec: ResourceSpec,
     devices: Sequence[AdvertisedDevice],
@@ -181,8 +185,7 @@ def build_response(
     cdi: tuple[str, ...] = ()
     specs: tuple[DeviceNodeSpec, ...] = ()
 
-    cdi_strategies = {DeviceListStrategy.CDI_ANNOTATIONS, DeviceListStrategy.CDI_CRI}
-    if cdi_strategies & set(strategies):
+    if not _CDI_STRATEGIES.isdisjoint(strategies):
         names = [cdi_device_name(i) for i in ids]
         if has_spec("imex-channel"):
             names += [cdi_device_name(c.id, "imex-channel") for c in imex_channels]
@@ -210,7 +213,7 @@ def build_response(
 
     # CDI only: the runtime injects everything from the CDI spec; no env list, mounts or
     # device nodes (NVIDIA answers the same), so a legacy hook has nothing to act on.
-    if not set(strategies) <= cdi_strategies:
+    if not _CDI_STRATEGIES.issuperset(strategies):
         if DeviceListStrategy.ENVVAR in strategies:
             envs[VISIBLE_DEVICES] = ",".join(ids)
             if imex_channels:

@@ -22,9 +22,9 @@ import time
 from collections.abc import AsyncIterator, Callable, Mapping
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
-from kubegpu import cdi, labeller
+from kubegpu import cdi
 from kubegpu.api import DEVICE_PLUGIN_PATH
 from kubegpu.config import Config, DeviceListStrategy, Flags
 from kubegpu.config import driver_files_root as config_driver_files_root
@@ -50,6 +50,9 @@ from kubegpu.plugin.manager import MAX_SOCKET_PATH
 from kubegpu.resources import ResourceSpec, SharingKind
 from kubegpu.state import NodeState, NodeStore
 from kubegpu.supervisor import Supervisor, spawn, until_stopped
+
+if TYPE_CHECKING:
+    from kubegpu import labeller
 
 log = logging.getLogger("kubegpu.daemon")
 
@@ -420,6 +423,10 @@ class Daemon:
     async def _label(self) -> None:
         """Publish node labels from the store: again as soon as the inventory, health or
         config changes, else every sleep interval; a failure never stops serving."""
+        # Imported here: only `--with-labels` needs the labeller, and start-up pays for
+        # every module imported before registering.
+        from kubegpu import labeller
+
         gfd = self.config.flags.gfd
         interval = labeller.parse_duration(gfd.sleep_interval)
         sink = labeller.FeatureFileSink(gfd.output_file)
@@ -442,6 +449,8 @@ class Daemon:
         self, state: NodeState, sink: labeller.FeatureFileSink, started: float
     ) -> None:
         """One labelling pass over `state` (a snapshot: the store may move meanwhile)."""
+        from kubegpu import labeller  # loaded by `_label` already; see there
+
         gfd = state.config.flags.gfd
         await labeller.run_labeller(
             lambda: state.inventory.with_health(state.health),

@@ -2,21 +2,34 @@
 
 Each `Metrics` owns its own `CollectorRegistry` instead of the process-global one, so
 tests and several daemons in one process (the demo, the integration suite) never
-collide on metric names. Methods take plain values; label children are cached so that
-the `Allocate` hot path pays one dict lookup and one lock per observation.
+collide on metric names.
+
+The values are kept in plain dicts and turned into Prometheus families only when read
+(`render`, `value`, `registry`): `prometheus_client` is imported on the first scrape, not
+at start-up (~15 ms and ~2.5 MiB that a node without a metrics port never needs), and
+the `Allocate` hot path pays a dict update instead of a labelled child's locks. The
+exposition is the one `prometheus_client`'s own Counter, Gauge and Histogram give:
+the same families, samples (`_total`, `_created`, `_bucket`...), order and values.
 """
 
 from __future__ import annotations
 
-import contextlib
-
-from prometheus_client import CollectorRegistry, Counter, Gauge, Histogram, generate_latest
-from prometheus_client.exposition import CONTENT_TYPE_LATEST
+import bisect
+import math
+import os
+import threading
+import time
+from collections.abc import Iterator
+from typing import TYPE_CHECKING, Any
 
 from kubegpu import __version__
 
-#: The `Content-Type` of `Metrics.render()` output.
-CONTENT_TYPE = CONTENT_TYPE_LATEST
+if TYPE_CHECKING:
+    from prometheus_client import CollectorRegistry
+
+#: The `Content-Type` of `Metrics.render()` output: prometheus_client's
+#: `CONTENT_TYPE_LATEST` (tests/unit/test_metrics.py checks they agree).
+CONTENT_TYPE = "text/plain; version=1.0.0; charset=utf-8"
 
 #: Allocate latency buckets in seconds: the answer is pure computation (sub-millisecond)
 #: unless something blocks the loop, which is what the upper buckets are there to show.
@@ -37,140 +50,235 @@ ALLOCATE_BUCKETS = (
 OK = "OK"
 
 
+#: Labelled series: label values -> value.
+_Series = dict[tuple[str, ...], float]
+
+#: (name, help, type, label names) of every family, in exposition order.
+_FAMILIES: tuple[tuple[str, str, str, tuple[str, ...]], ...] = (
+    ("kubegpu_devices", "Devices advertised to the kubelet, per resource.", "gauge", ("resource",)),
+    (
+        "kubegpu_devices_healthy",
+        "Advertised devices currently reported Healthy, per resource.",
+        "gauge",
+        ("resource",),
+    ),
+    (
+        "kubegpu_allocations",
+        "Container allocations answered successfully, per resource.",
+        "counter",
+        ("resource",),
+    ),
+    (
+        "kubegpu_allocate_errors",
+        "Allocate requests refused, per resource and gRPC status code.",
+        "counter",
+        ("resource", "code"),
+    ),
+    (
+        "kubegpu_allocate_duration_seconds",
+        "Time to answer one Allocate request, per resource.",
+        "histogram",
+        ("resource",),
+    ),
+    (
+        "kubegpu_xid_errors",
+        "Xid (or AMD RAS) events reported by the driver, per GPU and Xid code.",
+        "counter",
+        ("uuid", "xid"),
+    ),
+    (
+        "kubegpu_registrations",
+        "Registration attempts with the kubelet, per resource and result.",
+        "counter",
+        ("resource", "result"),
+    ),
+    (
+        "kubegpu_kubelet_restarts",
+        "Kubelet restarts detected (socket directory wiped), each forcing re-registration.",
+        "counter",
+        (),
+    ),
+    (
+        "kubegpu_config_reloads",
+        "Configuration reloads, by result (ok or failed).",
+        "counter",
+        ("result",),
+    ),
+    (
+        "kubegpu_health_transitions",
+        "Device health changes, per resource and the health entered.",
+        "counter",
+        ("resource", "health"),
+    ),
+    (
+        "kubegpu_events_dropped",
+        "Kubernetes Events not recorded (queue full or API failure), by reason.",
+        "counter",
+        ("reason",),
+    ),
+    (
+        "kubegpu_build_info",
+        "Always 1; the version label says which kubegpu is running.",
+        "gauge",
+        ("version",),
+    ),
+)
+
+
+class _Histogram:
+    """One labelled histogram series: per-bucket counts (not cumulative), sum, creation."""
+
+    __slots__ = ("counts", "created", "total")
+
+    def __init__(self, buckets: int) -> None:
+        self.counts = [0.0] * (buckets + 1)  # the last one is +Inf
+        self.total = 0.0
+        self.created = time.time()
+
+
 class Metrics:
-    """The plugin's metric families, registered on a private registry."""
+    """The plugin's metric families, exposed on a private registry."""
 
     def __init__(self, version: str = __version__) -> None:
-        self.registry = CollectorRegistry(auto_describe=True)
-        r = self.registry
-        self._devices = Gauge(
-            "kubegpu_devices",
-            "Devices advertised to the kubelet, per resource.",
-            ["resource"],
-            registry=r,
-        )
-        self._healthy = Gauge(
-            "kubegpu_devices_healthy",
-            "Advertised devices currently reported Healthy, per resource.",
-            ["resource"],
-            registry=r,
-        )
-        self._allocations = Counter(
-            "kubegpu_allocations",
-            "Container allocations answered successfully, per resource.",
-            ["resource"],
-            registry=r,
-        )
-        self._allocate_errors = Counter(
-            "kubegpu_allocate_errors",
-            "Allocate requests refused, per resource and gRPC status code.",
-            ["resource", "code"],
-            registry=r,
-        )
-        self._allocate_seconds = Histogram(
-            "kubegpu_allocate_duration_seconds",
-            "Time to answer one Allocate request, per resource.",
-            ["resource"],
-            buckets=ALLOCATE_BUCKETS,
-            registry=r,
-        )
-        self._xid = Counter(
-            "kubegpu_xid_errors",
-            "Xid (or AMD RAS) events reported by the driver, per GPU and Xid code.",
-            ["uuid", "xid"],
-            registry=r,
-        )
-        self._registrations = Counter(
-            "kubegpu_registrations",
-            "Registration attempts with the kubelet, per resource and result.",
-            ["resource", "result"],
-            registry=r,
-        )
-        self._kubelet_restarts = Counter(
-            "kubegpu_kubelet_restarts",
-            "Kubelet restarts detected (socket directory wiped), each forcing re-registration.",
-            registry=r,
-        )
-        self._config_reloads = Counter(
-            "kubegpu_config_reloads",
-            "Configuration reloads, by result (ok or failed).",
-            ["result"],
-            registry=r,
-        )
-        self._health_transitions = Counter(
-            "kubegpu_health_transitions",
-            "Device health changes, per resource and the health entered.",
-            ["resource", "health"],
-            registry=r,
-        )
-        self._events_dropped = Counter(
-            "kubegpu_events_dropped",
-            "Kubernetes Events not recorded (queue full or API failure), by reason.",
-            ["reason"],
-            registry=r,
-        )
-        build = Gauge(
-            "kubegpu_build_info",
-            "Always 1; the version label says which kubegpu is running.",
-            ["version"],
-            registry=r,
-        )
-        build.labels(version=version).set(1)
-        # Cached label children: `labels()` parses and locks on every call.
-        self._allocate_children: dict[str, tuple[Counter, Histogram]] = {}
+        #: name -> series, for gauges and counters; counters also record each series'
+        #: creation time in `_created` (Prometheus' `_created` samples).
+        self._values: dict[str, _Series] = {name: {} for name, *_ in _FAMILIES}
+        self._created: dict[str, _Series] = {name: {} for name, *_ in _FAMILIES}
+        self._histograms: dict[tuple[str, ...], _Histogram] = {}
+        # Increments come from the loop and from worker threads (Kubernetes events).
+        self._lock = threading.Lock()
+        self._registry: CollectorRegistry | None = None
+        # As prometheus_client's Counter without labels: exposed at 0 from the start.
+        self._inc("kubegpu_kubelet_restarts", (), 0.0)
+        self._values["kubegpu_build_info"][(version,)] = 1.0
+
+    def _inc(self, name: str, labels: tuple[str, ...], amount: float = 1.0) -> None:
+        with self._lock:
+            series = self._values[name]
+            if labels not in series:
+                self._created[name][labels] = time.time()
+                series[labels] = 0.0
+            series[labels] += amount
 
     def set_devices(self, resource: str, total: int, healthy: int) -> None:
         """Record what is advertised now for `resource` (after every ListAndWatch send)."""
-        self._devices.labels(resource=resource).set(total)
-        self._healthy.labels(resource=resource).set(healthy)
+        self._values["kubegpu_devices"][(resource,)] = float(total)
+        self._values["kubegpu_devices_healthy"][(resource,)] = float(healthy)
 
     def remove_resource(self, resource: str) -> None:
         """Forget a resource no longer served (after a config reload renames it)."""
-        for gauge in (self._devices, self._healthy):
-            with contextlib.suppress(KeyError):
-                gauge.remove(resource)
+        for name in ("kubegpu_devices", "kubegpu_devices_healthy"):
+            self._values[name].pop((resource,), None)
 
     def observe_allocate(self, resource: str, seconds: float, code: str | None = None) -> None:
         """Record one Allocate answer; `code` is the gRPC status name when it failed."""
-        children = self._allocate_children.get(resource)
-        if children is None:
-            children = (
-                self._allocations.labels(resource=resource),
-                self._allocate_seconds.labels(resource=resource),
-            )
-            self._allocate_children[resource] = children
-        allocations, latency = children
-        latency.observe(seconds)
+        key = (resource,)
+        histogram = self._histograms.get(key)
+        if histogram is None:
+            # The success counter's series exists from a resource's first answer on.
+            self._inc("kubegpu_allocations", key, 0.0)
+            histogram = self._histograms[key] = _Histogram(len(ALLOCATE_BUCKETS))
+        with self._lock:
+            # The first bucket whose bound is >= seconds (Prometheus' `le`).
+            histogram.counts[bisect.bisect_left(ALLOCATE_BUCKETS, seconds)] += 1.0
+            histogram.total += seconds
         if code is None or code == OK:
-            allocations.inc()
+            self._inc("kubegpu_allocations", key)
         else:
-            self._allocate_errors.labels(resource=resource, code=code).inc()
+            self._inc("kubegpu_allocate_errors", (resource, code))
 
     def xid(self, uuid: str, code: int) -> None:
-        self._xid.labels(uuid=uuid, xid=str(code)).inc()
+        self._inc("kubegpu_xid_errors", (uuid, str(code)))
 
     def registration(self, resource: str, ok: bool) -> None:
-        self._registrations.labels(resource=resource, result="ok" if ok else "failed").inc()
+        self._inc("kubegpu_registrations", (resource, "ok" if ok else "failed"))
 
     def kubelet_restart(self) -> None:
-        self._kubelet_restarts.inc()
+        self._inc("kubegpu_kubelet_restarts", ())
 
     def config_reload(self, ok: bool) -> None:
-        self._config_reloads.labels(result="ok" if ok else "failed").inc()
+        self._inc("kubegpu_config_reloads", ("ok" if ok else "failed",))
 
     def health_transition(self, resource: str, healthy: bool) -> None:
         """Count one device entering Healthy or Unhealthy under `resource`."""
         health = "Healthy" if healthy else "Unhealthy"
-        self._health_transitions.labels(resource=resource, health=health).inc()
+        self._inc("kubegpu_health_transitions", (resource, health))
 
     def event_dropped(self, reason: str) -> None:
         """Count a Kubernetes Event given up on (`queue-full`, `api-error`)."""
-        self._events_dropped.labels(reason=reason).inc()
+        self._inc("kubegpu_events_dropped", (reason,))
+
+    @property
+    def registry(self) -> CollectorRegistry:
+        """The registry holding this object's families (built on first use)."""
+        if self._registry is None:
+            from prometheus_client import CollectorRegistry
+
+            registry = CollectorRegistry(auto_describe=True)
+            registry.register(_Collector(self))
+            self._registry = registry
+        return self._registry
 
     def render(self) -> bytes:
         """The Prometheus text exposition of every metric in this registry."""
+        from prometheus_client import generate_latest
+
         return generate_latest(self.registry)
 
     def value(self, name: str, labels: dict[str, str] | None = None) -> float | None:
         """One sample's current value (for tests and the demo); None when absent."""
         return self.registry.get_sample_value(name, labels or {})
+
+    def families(self) -> Iterator[Any]:
+        """The families as prometheus_client metric objects, in exposition order."""
+        from prometheus_client.metrics_core import (
+            CounterMetricFamily,
+            GaugeMetricFamily,
+            HistogramMetricFamily,
+        )
+        from prometheus_client.utils import floatToGoString
+
+        # Read when scraped, as prometheus_client reads it at import.
+        created = os.environ.get("PROMETHEUS_DISABLE_CREATED_SERIES", "False").lower() not in (
+            "true",
+            "1",
+            "t",
+        )
+        bounds = [floatToGoString(b) for b in (*ALLOCATE_BUCKETS, math.inf)]  # type: ignore[no-untyped-call]
+        with self._lock:
+            values = {name: dict(series) for name, series in self._values.items()}
+            stamps = {name: dict(series) for name, series in self._created.items()}
+            histograms = {
+                k: (list(h.counts), h.total, h.created) for k, h in self._histograms.items()
+            }
+        for name, text, kind, labelnames in _FAMILIES:
+            family: Any
+            if kind == "gauge":
+                family = GaugeMetricFamily(name, text, labels=labelnames)
+                for labels, value in values[name].items():
+                    family.add_metric(labels, value)
+            elif kind == "counter":
+                family = CounterMetricFamily(name, text, labels=labelnames)
+                for labels, value in values[name].items():
+                    stamp = stamps[name][labels] if created else None
+                    family.add_metric(labels, value, created=stamp)
+            else:
+                family = HistogramMetricFamily(name, text, labels=labelnames)
+                for labels, (counts, total, stamp) in histograms.items():
+                    cumulative = [sum(counts[: i + 1]) for i in range(len(counts))]
+                    family.add_metric(labels, list(zip(bounds, cumulative, strict=True)), total)
+                    if created:
+                        family.add_sample(
+                            f"{name}_created", dict(zip(labelnames, labels, strict=True)), stamp
+                        )
+            yield family
+
+
+class _Collector:
+    """Hands a `Metrics` object's families to its registry at each collection."""
+
+    def __init__(self, metrics: Metrics) -> None:
+        self._metrics = metrics
+
+    def collect(self) -> Iterator[Any]:
+        return self._metrics.families()

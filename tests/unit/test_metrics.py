@@ -2,9 +2,17 @@
 
 from __future__ import annotations
 
+import re
+import subprocess
+import sys
+from typing import Any
+
+import pytest
+from prometheus_client import CollectorRegistry, Counter, Gauge, Histogram, generate_latest
+from prometheus_client.exposition import CONTENT_TYPE_LATEST
 from prometheus_client.parser import text_string_to_metric_families
 
-from kubegpu.metrics import Metrics
+from kubegpu.metrics import ALLOCATE_BUCKETS, CONTENT_TYPE, Metrics
 
 
 def samples(m: Metrics) -> dict[tuple[str, frozenset[tuple[str, str]]], float]:
@@ -90,3 +98,167 @@ def test_every_metric_is_prefixed_and_documented() -> None:
     for family in text_string_to_metric_families(m.render().decode()):
         assert family.name.startswith("kubegpu_"), family.name
         assert family.documentation
+
+
+def _reference(version: str) -> tuple[CollectorRegistry, dict[str, Any]]:
+    """The same families built with prometheus_client's own Counter, Gauge and Histogram
+    (what `Metrics` used before it kept its values in plain dicts)."""
+    r = CollectorRegistry(auto_describe=True)
+    fams: dict[str, Any] = {
+        "devices": Gauge(
+            "kubegpu_devices",
+            "Devices advertised to the kubelet, per resource.",
+            ["resource"],
+            registry=r,
+        ),
+        "healthy": Gauge(
+            "kubegpu_devices_healthy",
+            "Advertised devices currently reported Healthy, per resource.",
+            ["resource"],
+            registry=r,
+        ),
+        "allocations": Counter(
+            "kubegpu_allocations",
+            "Container allocations answered successfully, per resource.",
+            ["resource"],
+            registry=r,
+        ),
+        "errors": Counter(
+            "kubegpu_allocate_errors",
+            "Allocate requests refused, per resource and gRPC status code.",
+            ["resource", "code"],
+            registry=r,
+        ),
+        "seconds": Histogram(
+            "kubegpu_allocate_duration_seconds",
+            "Time to answer one Allocate request, per resource.",
+            ["resource"],
+            buckets=ALLOCATE_BUCKETS,
+            registry=r,
+        ),
+        "xid": Counter(
+            "kubegpu_xid_errors",
+            "Xid (or AMD RAS) events reported by the driver, per GPU and Xid code.",
+            ["uuid", "xid"],
+            registry=r,
+        ),
+        "registrations": Counter(
+            "kubegpu_registrations",
+            "Registration attempts with the kubelet, per resource and result.",
+            ["resource", "result"],
+            registry=r,
+        ),
+        "restarts": Counter(
+            "kubegpu_kubelet_restarts",
+            "Kubelet restarts detected (socket directory wiped), each forcing re-registration.",
+            registry=r,
+        ),
+        "reloads": Counter(
+            "kubegpu_config_reloads",
+            "Configuration reloads, by result (ok or failed).",
+            ["result"],
+            registry=r,
+        ),
+        "transitions": Counter(
+            "kubegpu_health_transitions",
+            "Device health changes, per resource and the health entered.",
+            ["resource", "health"],
+            registry=r,
+        ),
+        "dropped": Counter(
+            "kubegpu_events_dropped",
+            "Kubernetes Events not recorded (queue full or API failure), by reason.",
+            ["reason"],
+            registry=r,
+        ),
+    }
+    Gauge(
+        "kubegpu_build_info",
+        "Always 1; the version label says which kubegpu is running.",
+        ["version"],
+        registry=r,
+    ).labels(version=version).set(1)
+    return r, fams
+
+
+_CREATED = re.compile(r"^(\w+_created(?:\{[^}]*\})?) [0-9.e+]+$", re.MULTILINE)
+
+
+def test_exposition_is_the_one_prometheus_client_metrics_give() -> None:
+    """Same families, samples, order and values as prometheus_client's own metric classes,
+    for every method (creation timestamps aside)."""
+    m = Metrics(version="1.2.3")
+    ref, f = _reference("1.2.3")
+    gpu, shared, mig = "nvidia.com/gpu", "nvidia.com/gpu.shared", "nvidia.com/mig-1g.5gb"
+    m.set_devices(gpu, 8, 8)
+    m.set_devices(shared, 16, 15)
+    m.set_devices(gpu, 8, 7)
+    m.remove_resource(shared)
+    for name, total, healthy in ((gpu, 8, 8), (shared, 16, 15), (gpu, 8, 7)):
+        f["devices"].labels(resource=name).set(total)
+        f["healthy"].labels(resource=name).set(healthy)
+    f["devices"].remove(shared)
+    f["healthy"].remove(shared)
+    answers: list[tuple[str, float, str | None]] = [
+        (gpu, s, None) for s in (0.00005, 0.0001, 0.0003, 0.2, 5.0)
+    ]
+    answers += [(gpu, 0.001, "OK"), (gpu, 0.002, "INVALID_ARGUMENT"), (mig, 0.002, "INTERNAL")]
+    for resource, seconds, code in answers:
+        m.observe_allocate(resource, seconds, code)
+        f["seconds"].labels(resource=resource).observe(seconds)
+        if code in (None, "OK"):
+            f["allocations"].labels(resource=resource).inc()
+        else:
+            f["allocations"].labels(resource=resource)  # the series exists from then on
+            f["errors"].labels(resource=resource, code=code).inc()
+    for uuid, xid in (("GPU-1", 79), ("GPU-1", 79), ("GPU-2", 13)):
+        m.xid(uuid, xid)
+        f["xid"].labels(uuid=uuid, xid=str(xid)).inc()
+    for ok in (True, False):
+        m.registration(gpu, ok)
+        f["registrations"].labels(resource=gpu, result="ok" if ok else "failed").inc()
+        m.config_reload(ok)
+        f["reloads"].labels(result="ok" if ok else "failed").inc()
+        m.health_transition(gpu, healthy=ok)
+        f["transitions"].labels(resource=gpu, health="Healthy" if ok else "Unhealthy").inc()
+    m.kubelet_restart()
+    f["restarts"].inc()
+    m.event_dropped("queue-full")
+    f["dropped"].labels(reason="queue-full").inc()
+
+    def masked(text: bytes) -> str:
+        return _CREATED.sub(r"\1 <created>", text.decode())
+
+    assert masked(m.render()) == masked(generate_latest(ref))
+    assert "_created" in masked(m.render())
+
+
+def test_created_series_follow_prometheus_client_switch(monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.setenv("PROMETHEUS_DISABLE_CREATED_SERIES", "true")
+    m = Metrics()
+    m.observe_allocate("nvidia.com/gpu", 0.001)
+    m.kubelet_restart()
+    assert "_created" not in m.render().decode()
+
+
+def test_content_type_is_prometheus_clients_latest() -> None:
+    assert CONTENT_TYPE == CONTENT_TYPE_LATEST
+
+
+def test_counting_does_not_import_prometheus_client() -> None:
+    """prometheus_client loads on the first scrape, not with the daemon's metrics."""
+    probe = (
+        "import sys\n"
+        "from kubegpu.metrics import Metrics\n"
+        "m = Metrics()\n"
+        "m.observe_allocate('nvidia.com/gpu', 0.001)\n"
+        "m.set_devices('nvidia.com/gpu', 8, 8)\n"
+        "m.registration('nvidia.com/gpu', True)\n"
+        "before = 'prometheus_client' in sys.modules\n"
+        "m.render()\n"
+        "print(before, 'prometheus_client' in sys.modules)\n"
+    )
+    out = subprocess.run(
+        [sys.executable, "-c", probe], capture_output=True, text=True, check=True
+    ).stdout
+    assert out.split() == ["False", "True"]

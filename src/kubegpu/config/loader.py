@@ -26,7 +26,6 @@ from typing import Any, Final
 
 import pydantic
 
-from kubegpu.config import yamlsafe
 from kubegpu.config.v1 import SUPPORTED_VERSIONS, VERSION, Config
 from kubegpu.errors import ConfigError
 
@@ -37,6 +36,10 @@ _MAX_SHOWN: Final = 80
 
 def parse_raw(text: str | bytes, source: str = "<config>") -> dict[str, Any]:
     """YAML (or JSON) text as a plain mapping; an empty document is `{}`."""
+    # PyYAML is imported on the first file read: `serve` without a config file never
+    # needs it, and start-up pays for every module imported before registering.
+    from kubegpu.config import yamlsafe
+
     with _total(source):
         if isinstance(text, bytes):
             raw = yamlsafe.load_bytes(text, source)
@@ -59,6 +62,8 @@ def parse_config(text: str | bytes, source: str = "<config>") -> Config:
 
 def read_bytes(path: str | Path) -> bytes:
     """A config file's bytes, at most `yamlsafe.MAX_BYTES` (+1, to tell it is too big)."""
+    from kubegpu.config import yamlsafe
+
     p = Path(path)
     try:
         with p.open("rb") as f:

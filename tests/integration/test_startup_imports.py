@@ -1,0 +1,103 @@
+"""What `kubegpu serve` imports: start-up time and RSS pay for every module loaded before
+registering, so the clients of outside worlds (Kubernetes) and the parts only some runs
+need (the labeller, PyYAML without a config file) load when first used, not at import.
+
+Each probe runs in a fresh interpreter: `sys.modules` of the test process is shared with
+every other test and says nothing.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import os
+import signal
+import sys
+from pathlib import Path
+
+import pytest
+
+from kubegpu.kubelet import KubeletEmulator
+
+# Each test starts fresh interpreters (and `serve` up to registered): seconds, not the
+# default per-test budget, on a loaded machine.
+pytestmark = pytest.mark.timeout(60)
+
+GPU = "nvidia.com/gpu"
+
+#: Runs `kubegpu <args>` as the console script does and, at exit, writes which of the
+#: watched modules were loaded. argv: report file, watched names (comma-separated), args.
+PROBE = """
+import atexit, runpy, sys
+report, watched = sys.argv[1], sys.argv[2].split(",")
+def write():
+    with open(report, "w") as f:
+        f.write(" ".join(m for m in watched if m in sys.modules))
+atexit.register(write)
+sys.argv = ["kubegpu", *sys.argv[3:]]
+runpy.run_module("kubegpu.cli", run_name="__main__", alter_sys=True)
+"""
+
+
+def _env(**extra: str) -> dict[str, str]:
+    drop = ("CONFIG_FILE", "MIG_STRATEGY", "NODE_NAME", "METRICS_PORT", "HEALTH_PORT")
+    env = {k: v for k, v in os.environ.items() if k not in drop}
+    env.update(extra)
+    return env
+
+
+async def _loaded_by(code: str, *args: str, watched: tuple[str, ...], report: Path) -> set[str]:
+    proc = await asyncio.create_subprocess_exec(
+        sys.executable, "-c", code, str(report), ",".join(watched), *args, env=_env()
+    )
+    assert await asyncio.wait_for(proc.wait(), 30) == 0
+    return set(report.read_text().split())
+
+
+async def test_importing_the_daemon_loads_no_kubernetes_labeller_yaml_or_prometheus(
+    tmp_path: Path,
+) -> None:
+    report = tmp_path / "loaded"
+    code = (
+        "import sys; report, watched = sys.argv[1], sys.argv[2].split(','); "
+        "import kubegpu.daemon; "
+        "open(report, 'w').write(' '.join(m for m in watched if m in sys.modules))"
+    )
+    watched = ("kubegpu.daemon", "kubernetes", "kubegpu.labeller", "yaml", "prometheus_client")
+    loaded = await _loaded_by(code, watched=watched, report=report)
+    # The first name proves the probe ran; the others must not have come with it.
+    assert loaded == {"kubegpu.daemon"}
+
+
+@pytest.mark.parametrize("node_name", [None, "node-a"])
+async def test_serve_registers_and_allocates_without_the_kubernetes_client(
+    socket_dir: Path, node_name: str | None
+) -> None:
+    """`serve` up to registered, one Allocate and a clean stop load no Kubernetes client,
+    also with NODE_NAME set (events on): the client loads with the first Event sent. Nor
+    prometheus_client without a metrics port: it loads on the first scrape."""
+    kubelet = KubeletEmulator(socket_dir / "dp", grace_period=0.5)
+    await kubelet.start()
+    report = socket_dir / "loaded"
+    watched = ("kubegpu.daemon", "kubernetes", "prometheus_client")
+    args = ["serve", "--simulate", "a10g-4", "--device-plugin-path", str(kubelet.plugin_dir)]
+    env = _env(**({"NODE_NAME": node_name} if node_name else {}))
+    proc = await asyncio.create_subprocess_exec(
+        sys.executable,
+        "-c",
+        PROBE,
+        str(report),
+        ",".join(watched),
+        *args,
+        env=env,
+        stdout=asyncio.subprocess.DEVNULL,
+        stderr=asyncio.subprocess.PIPE,
+    )
+    try:
+        await kubelet.wait_for_resource(GPU, capacity=4, allocatable=4, timeout=20)
+        await kubelet.allocate(GPU, 1, pod="p")
+    finally:
+        proc.send_signal(signal.SIGTERM)
+        _, err = await asyncio.wait_for(proc.communicate(), 20)
+        await kubelet.stop()
+    assert proc.returncode == 0, err.decode()
+    assert set(report.read_text().split()) == {"kubegpu.daemon"}
