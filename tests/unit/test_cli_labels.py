@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from collections.abc import Callable, Mapping
+from collections.abc import Callable, Iterator, Mapping
 from pathlib import Path
 from typing import Any
 
@@ -14,9 +14,8 @@ from kubegpu.cli import kubegpu as kubegpu_command
 from kubegpu.cli.labels import labels, labels_main
 from kubegpu.config import Config
 from kubegpu.devices.model import Gpu, HealthEvent, Inventory, StopFlag
-from kubegpu.labeller import (
-    FakeKubeApi,
-)
+from kubegpu.kube import FakeKube, KubeError
+from kubegpu.kube.client import default_client
 
 FIXTURES = Path(__file__).parent.parent / "fixtures"
 T4 = Gpu(
@@ -119,7 +118,7 @@ def test_cli_flag_beats_env_and_env_beats_config_file(
 
 
 def test_cli_node_patch_uses_the_api(tmp_path: Path, fake_backend: list[dict[str, Any]]) -> None:
-    api = FakeKubeApi()
+    api = FakeKube()
     api.add_node("gpu-1")
     rc = run_cli(
         ["--oneshot", "--node-patch", "--sysfs-root", str(tmp_path)],
@@ -133,7 +132,7 @@ def test_cli_node_patch_uses_the_api(tmp_path: Path, fake_backend: list[dict[str
 def test_cli_node_feature_api_needs_a_namespace_env(
     tmp_path: Path, fake_backend: list[dict[str, Any]]
 ) -> None:
-    api = FakeKubeApi()
+    api = FakeKube()
     rc = run_cli(
         ["--oneshot", "--sysfs-root", str(tmp_path)],
         {"NODE_NAME": "gpu-1", "GFD_USE_NODE_FEATURE_API": "true", "POD_NAMESPACE": "gpu"},
@@ -146,7 +145,7 @@ def test_cli_node_feature_api_needs_a_namespace_env(
 def test_cli_node_feature_takes_gfds_namespace_and_pod_name_env(
     tmp_path: Path, fake_backend: list[dict[str, Any]]
 ) -> None:
-    api = FakeKubeApi()
+    api = FakeKube()
     owner = {"apiVersion": "apps/v1", "kind": "DaemonSet", "name": "gfd", "uid": "ds-1"}
     api.pods[("gpu-operator", "gfd-abcde")] = {
         "name": "gfd-abcde",
@@ -170,7 +169,7 @@ def test_cli_node_feature_takes_gfds_namespace_and_pod_name_env(
 def test_cli_node_feature_without_a_readable_pod_labels_unowned(
     tmp_path: Path, fake_backend: list[dict[str, Any]]
 ) -> None:
-    api = FakeKubeApi()
+    api = FakeKube()
     env = {
         "NODE_NAME": "gpu-1",
         "GFD_USE_NODE_FEATURE_API": "true",
@@ -182,6 +181,55 @@ def test_cli_node_feature_without_a_readable_pod_labels_unowned(
     assert (
         "ownerReferences" not in api.node_features[("gpu", "nvidia-features-for-gpu-1")]["metadata"]
     )
+
+
+def test_cli_node_feature_unreadable_pod_is_the_adapters_error_and_labels_unowned(
+    tmp_path: Path, fake_backend: list[dict[str, Any]], caplog: pytest.LogCaptureFixture
+) -> None:
+    """A refused Pod read (RBAC) is a `KubeError`: logged once, and labelling goes on."""
+    api = FakeKube()
+    api.fail_next("get pod/", KubeError("get Pod gpu/gfd-1: HTTP 403 Forbidden", status=403))
+    env = {
+        "NODE_NAME": "gpu-1",
+        "GFD_USE_NODE_FEATURE_API": "true",
+        "POD_NAMESPACE": "gpu",
+        "POD_NAME": "gfd-1",
+    }
+    rc = run_cli(["--oneshot", "--sysfs-root", str(tmp_path)], env, api_factory=lambda: api)
+    assert rc == 0
+    assert "HTTP 403 Forbidden" in caplog.text
+    meta = api.node_features[("gpu", "nvidia-features-for-gpu-1")]["metadata"]
+    assert "ownerReferences" not in meta
+
+
+@pytest.fixture
+def no_credentials(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> Iterator[None]:
+    """Neither in a pod nor a kubeconfig, and no client configured by an earlier test."""
+    monkeypatch.delenv("KUBERNETES_SERVICE_HOST", raising=False)
+    monkeypatch.setenv("KUBECONFIG", str(tmp_path / "no-kubeconfig"))
+    default_client.cache_clear()
+    yield
+    default_client.cache_clear()
+
+
+@pytest.mark.usefixtures("no_credentials")
+@pytest.mark.parametrize("mode", ["--node-patch", "--use-node-feature-api"])
+def test_cli_api_modes_without_credentials_fail_at_start_in_one_line(
+    mode: str,
+    tmp_path: Path,
+    fake_backend: list[dict[str, Any]],
+    capsys: pytest.CaptureFixture[str],
+) -> None:
+    rc = run_cli(
+        ["--oneshot", mode, "--sysfs-root", str(tmp_path)],
+        {"NODE_NAME": "gpu-1", "POD_NAMESPACE": "gpu"},
+    )
+    assert rc == 1
+    err = capsys.readouterr().err
+    assert err.count("\n") == 1
+    assert "no Kubernetes credentials" in err
+    assert "KUBECONFIG" in err  # what to do
+    assert fake_backend == []  # failed before any GPU was read
 
 
 @pytest.mark.parametrize(
@@ -206,7 +254,7 @@ def test_cli_bad_values_exit_2_with_one_line_naming_the_flag(
     fake_backend: list[dict[str, Any]],
 ) -> None:
     # The namespace fallback reads the service-account file; none exists in tests.
-    assert run_cli(argv, env, api_factory=FakeKubeApi) == 2
+    assert run_cli(argv, env, api_factory=FakeKube) == 2
     err = capsys.readouterr().err
     assert err.count("\n") == 1
     assert named in err

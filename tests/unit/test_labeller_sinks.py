@@ -1,15 +1,21 @@
-"""Label delivery: the features.d file, the NodeFeature object, the Node patch."""
+"""Label delivery: the features.d file, the NodeFeature object, the Node patch.
+
+The API sinks run on `kubegpu.kube`: its `FakeKube`, and once the real `KubeClient` over a
+recording custom-objects API, so the adapter's translation is what the sinks see.
+"""
 
 from __future__ import annotations
 
 import json
 from pathlib import Path
+from typing import Any
 
 import pytest
+from kubernetes.client.exceptions import ApiException
 
+from kubegpu.kube import FakeKube, KubeClient, KubeError
 from kubegpu.labeller import (
     MANAGED_ANNOTATION,
-    FakeKubeApi,
     FeatureFileSink,
     NodeFeatureSink,
     NodePatchSink,
@@ -40,7 +46,7 @@ async def test_feature_file_sink_unwritable_dir_says_what_to_fix(tmp_path: Path)
 
 
 async def test_node_patch_sets_and_later_removes_only_its_own_labels() -> None:
-    api = FakeKubeApi()
+    api = FakeKube()
     api.add_node("n1", {"kubernetes.io/hostname": "n1", "nvidia.com/custom": "mine"})
     sink = NodePatchSink(api, "n1")
     await sink.publish({"nvidia.com/gpu.count": "2", "nvidia.com/gpu.product": "Tesla-T4"})
@@ -60,7 +66,7 @@ async def test_node_patch_sets_and_later_removes_only_its_own_labels() -> None:
 
 
 async def test_node_patch_skips_the_write_when_nothing_changed() -> None:
-    api = FakeKubeApi()
+    api = FakeKube()
     api.add_node("n1")
     sink = NodePatchSink(api, "n1")
     await sink.publish({"a.io/x": "1"})
@@ -69,7 +75,7 @@ async def test_node_patch_skips_the_write_when_nothing_changed() -> None:
 
 
 def test_node_patch_is_a_minimal_merge_patch() -> None:
-    sink = NodePatchSink(FakeKubeApi(), "n1")
+    sink = NodePatchSink(FakeKube(), "n1")
     meta = {
         "labels": {"a.io/keep": "1", "a.io/old": "x", "a.io/foreign": "y"},
         "annotations": {MANAGED_ANNOTATION: '["a.io/keep","a.io/old"]'},
@@ -80,7 +86,7 @@ def test_node_patch_is_a_minimal_merge_patch() -> None:
 
 
 async def test_node_feature_object_created_then_updated_keeping_features() -> None:
-    api = FakeKubeApi()
+    api = FakeKube()
     sink = NodeFeatureSink(api, "gpu-1", "kube-system")
     await sink.publish({"nvidia.com/gpu.count": "1"})
     obj = api.node_features[("kube-system", "nvidia-features-for-gpu-1")]
@@ -97,3 +103,49 @@ async def test_node_feature_object_created_then_updated_keeping_features() -> No
     api.calls.clear()
     await sink.publish({"nvidia.com/gpu.count": "2"})
     assert api.calls == ["get nodefeature/kube-system/nvidia-features-for-gpu-1"]
+
+
+async def test_api_sinks_pass_the_adapters_error_on() -> None:
+    """A missing Node or a refused write leaves as the adapter's one-line `KubeError`."""
+    with pytest.raises(KubeError, match=r"get Node gone: HTTP 404 .*check NODE_NAME") as info:
+        await NodePatchSink(FakeKube(), "gone").publish({"a.io/x": "1"})
+    assert info.value.status == 404
+
+    api = FakeKube()
+    api.fail_next("create nodefeature/", KubeError("create NodeFeature: HTTP 403", status=403))
+    with pytest.raises(KubeError, match="HTTP 403"):
+        await NodeFeatureSink(api, "gpu-1", "gpu").publish({"a.io/x": "1"})
+    assert api.node_features == {}
+
+
+class CustomObjects:
+    """A `CustomObjectsApi` holding NodeFeature objects as the API server would."""
+
+    def __init__(self) -> None:
+        self.objects: dict[str, dict[str, Any]] = {}
+        self.calls: list[str] = []
+
+    def get_namespaced_custom_object(self, *args: Any, **kwargs: Any) -> dict[str, Any]:
+        self.calls.append("get")
+        name = args[-1]
+        if name not in self.objects:
+            raise ApiException(status=404, reason="Not Found")
+        return self.objects[name]
+
+    def create_namespaced_custom_object(self, *args: Any, **kwargs: Any) -> None:
+        self.calls.append("create")
+        self.objects[args[-1]["metadata"]["name"]] = args[-1]
+
+    def replace_namespaced_custom_object(self, *args: Any, **kwargs: Any) -> None:
+        self.calls.append("replace")
+        self.objects[args[-2]] = args[-1]
+
+
+async def test_node_feature_sink_on_the_real_client_translation() -> None:
+    custom = CustomObjects()
+    sink = NodeFeatureSink(KubeClient(custom=custom), "gpu-1", "gpu")
+    await sink.publish({"nvidia.com/gpu.count": "1"})  # 404 on get: created
+    await sink.publish({"nvidia.com/gpu.count": "2"})
+    assert custom.calls == ["get", "create", "get", "replace"]
+    obj = custom.objects["nvidia-features-for-gpu-1"]
+    assert obj["spec"] == {"labels": {"nvidia.com/gpu.count": "2"}}

@@ -44,7 +44,8 @@ from kubegpu.errors import ConfigError, KubegpuError
 if TYPE_CHECKING:
     from kubegpu.config import Config, GfdFlags
     from kubegpu.config.source import NamedConfigs, NodeLabels
-    from kubegpu.labeller import KubeApi, LabelSink
+    from kubegpu.kube import Kube
+    from kubegpu.labeller import LabelSink
 
 SERVICE_ACCOUNT_NAMESPACE = "/var/run/secrets/kubernetes.io/serviceaccount/namespace"
 #: GFD's accepted device discovery strategies (cmd/gpu-feature-discovery validateFlags).
@@ -221,7 +222,7 @@ def labels_main(
     argv: Sequence[str],
     *,
     environ: Mapping[str, str] | None = None,
-    api_factory: Callable[[], KubeApi] | None = None,
+    api_factory: Callable[[], Kube] | None = None,
     node_labels: NodeLabels | None = None,
 ) -> int:
     """`kubegpu labels ARGV` in `environ`: 0 on success, 1 on a runtime failure, 2 on bad
@@ -239,7 +240,7 @@ def run_labels(
     values: Mapping[str, Any],
     *,
     environ: Mapping[str, str],
-    api_factory: Callable[[], KubeApi] | None = None,
+    api_factory: Callable[[], Kube] | None = None,
     node_labels: NodeLabels | None = None,
 ) -> int:
     """Label with parsed `values` (from `parse` or click).
@@ -249,7 +250,7 @@ def run_labels(
     what the device plugin advertises.
     """
     from kubegpu.config import flag_overrides
-    from kubegpu.labeller import KubernetesApi, named_configs
+    from kubegpu.labeller import named_configs
 
     try:
         overrides = flag_overrides(values, LABELS_KEYS)
@@ -258,7 +259,9 @@ def run_labels(
         print(f"kubegpu labels: {exc}", file=sys.stderr)
         return 2
     try:
-        return asyncio.run(_label(values, overrides, named, environ, api_factory or KubernetesApi))
+        return asyncio.run(
+            _label(values, overrides, named, environ, api_factory or _connected_client)
+        )
     except (UsageError, ConfigError) as exc:
         print(f"kubegpu labels: {exc}", file=sys.stderr)
         return 2
@@ -272,7 +275,7 @@ async def _label(
     overrides: Mapping[str, Any],
     named: NamedConfigs | None,
     env: Mapping[str, str],
-    api_factory: Callable[[], KubeApi],
+    api_factory: Callable[[], Kube],
 ) -> int:
     from kubegpu.config.source import ConfigSource
     from kubegpu.labeller import (
@@ -337,13 +340,13 @@ def _make_sink(
     gfd: GfdFlags,
     node_name: str | None,
     environ: Mapping[str, str],
-    api_factory: Callable[[], KubeApi],
+    api_factory: Callable[[], Kube],
 ) -> LabelSink:
+    from kubegpu.kube import KubeError
     from kubegpu.labeller import (
         FeatureFileSink,
         NodeFeatureSink,
         NodePatchSink,
-        PublishError,
         owner_references,
     )
 
@@ -364,13 +367,20 @@ def _make_sink(
         api = api_factory()
         try:
             owners = owner_references(api, namespace, values.get("pod_name"))
-        except PublishError as exc:  # as GFD: label anyway, just without owners
+        except KubeError as exc:  # as GFD: label anyway, just without owners
             from kubegpu.labeller.loop import log
 
             log.warning("NodeFeature will have no owner (garbage collection off): %s", exc)
             owners = []
         return NodeFeatureSink(api, node_name, namespace, owners)
     return NodePatchSink(api_factory(), node_name)
+
+
+def _connected_client() -> Kube:
+    """The process's Kubernetes client, configured now: no credentials fail at start."""
+    from kubegpu.kube import default_client
+
+    return default_client().connect()
 
 
 def _namespace(environ: Mapping[str, str]) -> str | None:

@@ -3,13 +3,12 @@
 - `kubegpu.labeller.loop`: `run_labeller` (compute with `kubegpu.labels`, publish,
   sleep), the config it reads on each pass (`config_loader`, `LiveConfig`,
   `named_configs`) and the backend it opens on each pass (`discoverer`);
-- `kubegpu.labeller.sinks`: where labels go (features.d file, NodeFeature, Node patch);
-- `kubegpu.labeller.kubeapi`: the Kubernetes calls the sinks make (`KubeApi`).
+- `kubegpu.labeller.sinks`: where labels go (features.d file, NodeFeature, Node patch),
+  the last two through the one Kubernetes adapter, `kubegpu.kube`.
 
 The `kubegpu labels` command (GFD's flags and env vars) is `kubegpu.cli.labels`.
 """
 
-from kubegpu.labeller.kubeapi import FakeKubeApi, KubeApi, KubernetesApi
 from kubegpu.labeller.loop import (
     VENDOR_LABELS,
     LiveConfig,
@@ -37,10 +36,7 @@ from kubegpu.labeller.sinks import (
 __all__ = [
     "MANAGED_ANNOTATION",
     "VENDOR_LABELS",
-    "FakeKubeApi",
     "FeatureFileSink",
-    "KubeApi",
-    "KubernetesApi",
     "LabelSink",
     "LiveConfig",
     "NodeFeatureSink",

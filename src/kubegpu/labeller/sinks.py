@@ -3,12 +3,14 @@
 - `FeatureFileSink`: an NFD `features.d` file (GFD's default; NFD's worker turns it into
   node labels). Written atomically so NFD never reads half a file.
 - `NodeFeatureSink`: an NFD `NodeFeature` object (`--use-node-feature-api`), owned by
-  the labeller's DaemonSet (`owner_references`) as GFD's is.
+  the labeller's DaemonSet (`owner_references`, from `kubegpu.kube`) as GFD's is.
 - `NodePatchSink`: patches the Node directly (`--node-patch`) for clusters without NFD.
   It records the keys it set in an annotation so that it can later remove exactly
   those, and never touches labels someone else owns.
 
-Kubernetes access goes through `kubegpu.labeller.kubeapi.KubeApi`.
+Kubernetes access goes through the one adapter, `kubegpu.kube.Kube`: API failures reach
+the caller as `KubeError`, a file that cannot be written as `PublishError`; both are
+`KubegpuError`s, which the labelling loop retries.
 """
 
 from __future__ import annotations
@@ -23,21 +25,17 @@ import tempfile
 from collections.abc import Mapping
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import TYPE_CHECKING, Any, Protocol
+from typing import Any, Protocol
 
 from kubegpu.errors import KubegpuError
+from kubegpu.kube import NFD_GROUP, NFD_VERSION, Kube
+from kubegpu.kube import owner_references as owner_references  # re-exported for the CLI
 from kubegpu.labels_amd import rocm_owned_keys
-
-if TYPE_CHECKING:
-    from kubegpu.labeller.kubeapi import KubeApi
 
 log = logging.getLogger("kubegpu.labeller")
 
 #: Node annotation listing (JSON array) the label keys `NodePatchSink` set last time.
 MANAGED_ANNOTATION = "kubegpu.io/managed-labels"
-NFD_GROUP = "nfd.k8s-sigs.io"
-NFD_VERSION = "v1alpha1"
-NFD_PLURAL = "nodefeatures"
 NFD_NODE_NAME_LABEL = "nfd.node.kubernetes.io/node-name"
 NODE_FEATURE_PREFIX = "nvidia-features-for-"
 
@@ -94,38 +92,11 @@ def write_atomically(path: Path, text: str) -> None:
         ) from exc
 
 
-def owner_references(api: KubeApi, namespace: str, pod_name: str | None) -> list[dict[str, Any]]:
-    """The labeller's DaemonSet (as controller) and Pod, to own the NodeFeature object.
-
-    As GFD: Kubernetes then deletes the object with the DaemonSet, so an uninstall leaves
-    no stale GPU labels behind. No pod name, or a pod no DaemonSet owns: no owners.
-    Raises `PublishError` when the pod cannot be read.
-    """
-    if not pod_name:
-        return []
-    pod = api.get_pod_metadata(namespace, pod_name)
-    daemonset = next(
-        (o for o in pod.get("ownerReferences") or [] if o.get("kind") == "DaemonSet"), None
-    )
-    if daemonset is None:
-        return []
-    return [
-        {
-            "apiVersion": daemonset.get("apiVersion"),
-            "kind": "DaemonSet",
-            "name": daemonset.get("name"),
-            "uid": daemonset.get("uid"),
-            "controller": True,
-        },
-        {"apiVersion": "v1", "kind": "Pod", "name": pod.get("name"), "uid": pod.get("uid")},
-    ]
-
-
 @dataclass
 class NodeFeatureSink:
     """One `NodeFeature` object per node, `nvidia-features-for-<node>`, as GFD names it."""
 
-    api: KubeApi
+    api: Kube
     node_name: str
     namespace: str
     #: From `owner_references`; empty leaves the object unowned.
@@ -181,7 +152,7 @@ class NodeFeatureSink:
 class NodePatchSink:
     """Labels patched straight onto the Node; only keys this sink set are ever removed."""
 
-    api: KubeApi
+    api: Kube
     node_name: str
 
     async def publish(self, labels: Mapping[str, str]) -> None:

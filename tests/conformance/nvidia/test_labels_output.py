@@ -1,4 +1,8 @@
-"""GFD's NodeFeature owner references (internal/lm/output_test.go), against the labeller."""
+"""GFD's NodeFeature owner references (internal/lm/output_test.go), against the labeller.
+
+The labeller's `owner_references` is `kubegpu.kube`'s, run here over `FakeKube`, which
+answers a missing Pod as the API server does (a 404 `KubeError`).
+"""
 
 from __future__ import annotations
 
@@ -8,14 +12,15 @@ from typing import Any
 import pytest
 import yaml
 
-from kubegpu.labeller import FakeKubeApi, NodeFeatureSink, PublishError, owner_references
+from kubegpu.kube import FakeKube, KubeError
+from kubegpu.labeller import NodeFeatureSink, owner_references
 from tests.conformance.origin import DATA, NVIDIA_DP
 
 CASES = yaml.safe_load((DATA / "nvidia/labels/output.yaml").read_text(encoding="utf-8"))["cases"]
 
 
-def api_with(case: dict[str, Any]) -> FakeKubeApi:
-    api = FakeKubeApi()
+def api_with(case: dict[str, Any]) -> FakeKube:
+    api = FakeKube()
     if "pod" in case:
         api.pods[(case["namespace"], case["podName"])] = case["pod"]
     return api
@@ -31,8 +36,9 @@ def api_with(case: dict[str, Any]) -> FakeKubeApi:
 def test_owner_references(case: dict[str, Any]) -> None:
     api = api_with(case)
     if case.get("expectError"):
-        with pytest.raises(PublishError, match=case["podName"]):
+        with pytest.raises(KubeError, match=case["podName"]) as info:
             owner_references(api, case["namespace"], case["podName"])
+        assert info.value.status == 404
         return
     owners = owner_references(api, case["namespace"], case["podName"])
     assert len(owners) == case["expectedOwnerRefs"]
@@ -45,6 +51,10 @@ def test_owner_references(case: dict[str, Any]) -> None:
         assert (owners[0]["name"], owners[0]["uid"]) == (daemonset["name"], daemonset["uid"])
         assert owners[1]["kind"] == "Pod"
         assert (owners[1]["name"], owners[1]["uid"]) == (pod["name"], pod["uid"])
+    # GFD reads the pod only when it has a name.
+    assert api.calls == (
+        [f"get pod/{case['namespace']}/{case['podName']}"] if case["podName"] else []
+    )
 
 
 def test_node_feature_object_carries_the_owners_on_create_and_update() -> None:
