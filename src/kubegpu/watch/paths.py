@@ -252,7 +252,10 @@ class PathWatch:
             return
         self._stop_reading()
         if self._poller is None:
-            self._poller = self._loop.create_task(self._poll(), name=f"poll {self._core.name}")
+            # The baseline is taken now, not when the task first runs: a change made
+            # right after the watch is set up must count as a change.
+            last = fingerprint(self._core.paths())
+            self._poller = self._loop.create_task(self._poll(last), name=f"poll {self._core.name}")
 
     def _stop_reading(self) -> None:
         if self._reading is not None and self._loop is not None:
@@ -265,8 +268,7 @@ class PathWatch:
             self._follow()
             self._on_change()
 
-    async def _poll(self) -> None:
-        last = fingerprint(self._core.paths())
+    async def _poll(self, last: Fingerprint) -> None:
         while True:
             await asyncio.sleep(self._poll_interval)
             now = fingerprint(self._core.paths())
