@@ -6,6 +6,7 @@ from __future__ import annotations
 import asyncio
 import errno
 import logging
+import socket
 import threading
 from collections.abc import Callable, Iterator
 from pathlib import Path
@@ -34,12 +35,20 @@ class Wakes:
         await asyncio.wait_for(self.event.wait(), WAIT)
         self.event.clear()
 
-    async def until(self, check: Callable[[], bool]) -> None:
-        """Wait on wakes until `check()` holds (the owner's level-triggered re-check)."""
+    async def after(self, check: Callable[[], bool]) -> None:
+        """Wait for wakes caused from now on until `check()` holds.
+
+        Call it right after a synchronous change: the loop has not run since, so no wake
+        from the change can have been consumed already, and a wake left over from an
+        earlier step was cleared by that step's own `after`.
+        """
+        self.event.clear()
         async with asyncio.timeout(WAIT):
-            while not check():
+            while True:
                 await self.event.wait()
                 self.event.clear()
+                if check():
+                    return
 
 
 def _ino(path: Path) -> int | None:
@@ -52,12 +61,20 @@ def _ino(path: Path) -> int | None:
 # -- which directories cover a path ------------------------------------------------------
 
 
-def test_a_file_is_covered_by_its_directory(tmp_path: Path) -> None:
-    assert watched_dirs([tmp_path / "kubelet.sock"]) == {tmp_path}
+def test_a_file_is_covered_by_its_directory_and_the_directory_by_its_parent(
+    tmp_path: Path,
+) -> None:
+    # The parent only for the directory's own name: a sibling's churn wakes nobody.
+    assert watched_dirs([tmp_path / "kubelet.sock"]) == {
+        tmp_path: None,
+        tmp_path.parent: frozenset({tmp_path.name}),
+    }
 
 
 def test_a_missing_directory_is_covered_by_its_nearest_ancestor(tmp_path: Path) -> None:
-    assert watched_dirs([tmp_path / "a" / "b" / "kubelet.sock"]) == {tmp_path}
+    assert watched_dirs([tmp_path / "a" / "b" / "kubelet.sock"]) == {
+        tmp_path: frozenset({"a"}),
+    }
 
 
 def test_a_symlink_is_covered_also_through_its_target(tmp_path: Path) -> None:
@@ -66,14 +83,19 @@ def test_a_symlink_is_covered_also_through_its_target(tmp_path: Path) -> None:
     (tmp_path / "mount").mkdir()
     (tmp_path / "mount" / "config.yaml").symlink_to(tmp_path / "real" / "config.yaml")
     assert watched_dirs([tmp_path / "mount" / "config.yaml"]) == {
-        tmp_path / "mount",
-        tmp_path / "real",
+        tmp_path / "mount": None,
+        tmp_path / "real": None,
+        tmp_path: frozenset({"mount", "real"}),
     }
 
 
 def test_a_directory_is_covered_by_itself_and_its_parent(tmp_path: Path) -> None:
     (tmp_path / "configs").mkdir()
-    assert watched_dirs([tmp_path / "configs"]) == {tmp_path, tmp_path / "configs"}
+    assert watched_dirs([tmp_path / "configs"]) == {
+        tmp_path / "configs": None,
+        tmp_path: None,
+        tmp_path.parent: frozenset({tmp_path.name}),
+    }
 
 
 # -- the event-loop watch -----------------------------------------------------------------
@@ -97,7 +119,7 @@ async def test_replacing_a_file_by_rename_wakes_the_owner(tmp_path: Path) -> Non
         staged = tmp_path / ".config.yaml.tmp"
         staged.write_text("b")
         staged.rename(target)
-        await wakes.until(lambda: _ino(target) != before)
+        await wakes.after(lambda: _ino(target) != before)
     assert target.read_text() == "b"
 
 
@@ -107,7 +129,7 @@ async def test_writing_a_file_in_place_wakes_the_owner(tmp_path: Path) -> None:
     target.write_text("a")
     with PathWatch(lambda: [target], wakes, poll_interval=3600, name="t"):
         target.write_text("bb")
-        await wakes.until(lambda: target.read_text() == "bb")
+        await wakes.after(lambda: target.read_text() == "bb")
 
 
 def _configmap_swap(mount: Path, version: str, text: str) -> None:
@@ -129,41 +151,62 @@ async def test_a_configmap_symlink_swap_wakes_the_owner(tmp_path: Path) -> None:
     wakes = Wakes()
     with PathWatch(lambda: [target], wakes, poll_interval=3600, name="t"):
         _configmap_swap(mount, "2026_11_23_04_00_01.2", "two")
-        await wakes.until(lambda: target.read_text() == "two")
+        await wakes.after(lambda: target.read_text() == "two")
         # The watch moved to the new target's directory: a second swap is seen too.
         _configmap_swap(mount, "2026_11_23_04_00_02.3", "three")
-        await wakes.until(lambda: target.read_text() == "three")
+        await wakes.after(lambda: target.read_text() == "three")
 
 
 async def test_a_directory_removed_and_re_created_is_watched_again(tmp_path: Path) -> None:
     plugins = tmp_path / "device-plugins"
     plugins.mkdir()
-    socket = plugins / "kubelet.sock"
+    socket_path = plugins / "kubelet.sock"
     wakes = Wakes()
-    with PathWatch(lambda: [socket], wakes, poll_interval=3600, name="t"):
-        plugins.rmdir()
-        await wakes.until(lambda: not plugins.exists())
-        plugins.mkdir()
-        await wakes.until(plugins.exists)
-        # The new directory's inode is watched: a socket created in it wakes the owner.
-        socket.write_text("")
-        await wakes.until(socket.exists)
-        for _ in range(3):  # and again, as every kubelet restart does
-            socket.unlink()
+    with PathWatch(lambda: [socket_path], wakes, poll_interval=3600, name="t"):
+        for _ in range(3):  # as every kubelet restart does
+            plugins.rmdir()
+            await wakes.after(lambda: not plugins.exists())
+            plugins.mkdir()
+            await wakes.after(plugins.is_dir)
+            # The new directory's inode is watched: a socket created in it wakes the owner.
+            socket_path.write_text("")
+            await wakes.after(socket_path.exists)
+            socket_path.unlink()
+            await wakes.after(lambda: not socket_path.exists())
+
+
+async def test_a_directory_removed_while_a_socket_pins_it_is_seen(tmp_path: Path) -> None:
+    """A socket still bound inside a removed directory delays the directory's own
+    DELETE_SELF until the socket closes (the old plugin server's, closed only once the
+    restart is seen): the parent's events must be enough."""
+    plugins = tmp_path / "dp"
+    plugins.mkdir()
+    kubelet = plugins / "kubelet.sock"
+    wakes = Wakes()
+    pin = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
+    pinned = plugins / "plugin.sock"
+    pin.bind(str(pinned))
+    try:
+        with PathWatch(lambda: [kubelet], wakes, poll_interval=3600, name="t"):
+            pinned.unlink()  # the kubelet wipes the sockets; the server still holds its own
+            await wakes.after(lambda: not pinned.exists())
             plugins.rmdir()
             plugins.mkdir()
-            socket.write_text("new")
-            await wakes.until(lambda: _ino(socket) is not None)
+            await wakes.after(plugins.is_dir)
+            kubelet.write_text("")
+            await wakes.after(kubelet.exists)
+    finally:
+        pin.close()
 
 
 async def test_a_directory_created_later_is_seen(tmp_path: Path) -> None:
-    socket = tmp_path / "kubelet" / "device-plugins" / "kubelet.sock"
+    sock_path = tmp_path / "kubelet" / "device-plugins" / "kubelet.sock"
     wakes = Wakes()
-    with PathWatch(lambda: [socket], wakes, poll_interval=3600, name="t"):
-        socket.parent.mkdir(parents=True)
-        await wakes.until(lambda: socket.parent.is_dir())
-        socket.write_text("")
-        await wakes.until(socket.exists)
+    with PathWatch(lambda: [sock_path], wakes, poll_interval=3600, name="t"):
+        sock_path.parent.mkdir(parents=True)
+        await wakes.after(lambda: sock_path.parent.is_dir())
+        sock_path.write_text("")
+        await wakes.after(sock_path.exists)
 
 
 async def test_rearm_follows_a_changed_path_set(tmp_path: Path) -> None:
@@ -206,9 +249,9 @@ async def test_without_inotify_the_watch_polls_and_says_so_once(
     ):
         assert watch.polling is not None
         target.write_text("one")
-        await wakes.until(target.exists)
+        await wakes.after(target.exists)
         target.write_text("two!")
-        await wakes.until(lambda: target.read_text() == "two!")
+        await wakes.after(lambda: target.read_text() == "two!")
     warnings = [r.getMessage() for r in caplog.records if r.name == "kubegpu.watch"]
     assert len(warnings) == 1, warnings
     assert warnings[0].startswith("config file: inotify unavailable")

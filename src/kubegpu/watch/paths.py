@@ -48,22 +48,13 @@ def default_inotify() -> Any:
     return Inotify()
 
 
-def _mask() -> Any:
+def _masks() -> tuple[Any, Any]:
+    """(for a directory that holds a path, for an ancestor that holds such a directory)."""
     from asyncinotify import Mask
 
-    return (
-        Mask.CREATE
-        | Mask.DELETE
-        | Mask.MOVED_FROM
-        | Mask.MOVED_TO
-        | Mask.MODIFY
-        | Mask.CLOSE_WRITE
-        | Mask.ATTRIB
-        | Mask.DELETE_SELF
-        | Mask.MOVE_SELF
-        | Mask.ONLYDIR
-        | Mask.EXCL_UNLINK
-    )
+    moves = Mask.CREATE | Mask.DELETE | Mask.MOVED_FROM | Mask.MOVED_TO
+    own = Mask.DELETE_SELF | Mask.MOVE_SELF | Mask.ONLYDIR | Mask.EXCL_UNLINK
+    return moves | Mask.MODIFY | Mask.CLOSE_WRITE | Mask.ATTRIB | own, moves | own
 
 
 def _existing_dir(directory: Path) -> Path:
@@ -73,16 +64,42 @@ def _existing_dir(directory: Path) -> Path:
     return directory
 
 
-def watched_dirs(paths: Iterable[Path]) -> set[Path]:
-    """The directories whose inotify events cover `paths` (and their symlink targets)."""
-    dirs: set[Path] = set()
+#: A watched directory -> the entry names that matter there (None: every entry).
+Coverage = dict[Path, frozenset[str] | None]
+
+
+def watched_dirs(paths: Iterable[Path]) -> Coverage:
+    """The directories whose inotify events cover `paths` (and their symlink targets).
+
+    A path is covered by its directory (every entry: a symlink swap renames a sibling)
+    and by that directory's parent, for the directory's own name only: a removed
+    directory's inode outlives it while anything holds it (a socket bound inside it, an
+    open descriptor), so its own DELETE_SELF can come late, but the parent reports the
+    removal and the re-creation at once. A missing directory is covered by its nearest
+    existing ancestor, for the name of the next directory down.
+    """
+    names: dict[Path, set[str] | None] = {}
+
+    def cover(directory: Path, name: str | None) -> None:
+        if name is None or names.get(directory, set()) is None:
+            names[directory] = None
+        else:
+            entry = names.setdefault(directory, set())
+            assert entry is not None
+            entry.add(name)
+
     for path in paths:
         path = path.absolute()
         for each in {path, Path(os.path.realpath(path))}:
-            dirs.add(_existing_dir(each.parent))
-            if each.is_dir():
-                dirs.add(each)
-    return dirs
+            for directory in ([each] if each.is_dir() else []) + [each.parent]:
+                existing = _existing_dir(directory)
+                if existing == directory:
+                    cover(directory, None)
+                    if directory.parent != directory:
+                        cover(directory.parent, directory.name)
+                else:
+                    cover(existing, directory.relative_to(existing).parts[0])
+    return {d: None if n is None else frozenset(n) for d, n in names.items()}
 
 
 def fingerprint(paths: Iterable[Path]) -> Fingerprint:
@@ -112,6 +129,7 @@ class _Core:
         self._poll_interval = 0.0
         self._inotify: Any = None
         self._watches: dict[int, Any] = {}
+        self._names: dict[int, frozenset[str] | None] = {}
         #: Why this watch polls (one line), or None while inotify serves it.
         self.polling: str | None = None
 
@@ -134,12 +152,17 @@ class _Core:
         """Watch exactly the directories that cover the paths now."""
         if self._inotify is None:
             return
-        mask = _mask()
+        full, ancestor = _masks()
         for _ in range(8):
             wanted: dict[int, Any] = {}
+            names: dict[int, frozenset[str] | None] = {}
             try:
-                for directory in watched_dirs(self.paths()):
-                    watch = self._inotify.add_watch(directory, mask)
+                # Narrow watches first: when two paths are one inode, the wider mask wins.
+                coverage = sorted(watched_dirs(self.paths()).items(), key=lambda i: i[1] is None)
+                for directory, only in coverage:
+                    watch = self._inotify.add_watch(directory, ancestor if only else full)
+                    before = names.get(watch.wd, frozenset())
+                    names[watch.wd] = None if only is None or before is None else before | only
                     wanted[watch.wd] = watch
             except (FileNotFoundError, NotADirectoryError):
                 continue  # a directory went away between looking and watching: look again
@@ -152,15 +175,24 @@ class _Core:
                 with contextlib.suppress(OSError):  # its directory is already gone
                     self._inotify.rm_watch(watch)
         self._watches = wanted
+        self._names = names
+
+    def _matters(self, event: Any) -> bool:
+        """Whether an event can change what the owner looks at (a sibling's churn cannot)."""
+        watch = event.watch
+        if event.name is None or watch is None:
+            return True  # the directory itself, an overflow, a watch that ended
+        only = self._names.get(watch.wd)
+        return only is None or str(event.name) in only
 
     def drain(self) -> bool:
-        """Read every queued event (the owner re-checks once per batch); True if any."""
+        """Read every queued event (the owner re-checks once per batch); True if any matters."""
         if self._inotify is None:
             return False
         seen = False
         try:
-            while self._inotify.sync_get() is not None:
-                seen = True
+            while (event := self._inotify.sync_get()) is not None:
+                seen = seen or self._matters(event)
         except BlockingIOError:
             pass
         except OSError as exc:
