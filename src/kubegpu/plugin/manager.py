@@ -205,7 +205,8 @@ class PluginManager:
             if serve:
                 problem = await self._try_serve(server)
                 if problem is not None:
-                    await backoff.wait(wake)
+                    # Not cut short by directory events: serving makes some of its own.
+                    await backoff.wait()
                     continue
                 serve = False
                 log.info("now serving %s on %s", server.name, server.socket_path)
