@@ -464,3 +464,79 @@ async def test_bad_files_on_reload_keep_the_last_good(tmp_path: Path, text: str)
         assert "\n" not in str(update.error)
         path.write_text(mig("single"))
         assert strategy(await next_update(s)) is MigStrategy.SINGLE
+
+
+# -- watched, not polled (issue 9): every kind of change wakes the source through inotify ---
+
+NEVER = 3600.0  # a fallback poll period no test outlives: only inotify can wake the source
+
+
+def _swap(mount: Path, version: str, text: str) -> None:
+    target = mount / f"..{version}"
+    target.mkdir()
+    (target / "config.yaml").write_text(text)
+    staged = mount / "..data_tmp"
+    staged.symlink_to(target.name)
+    staged.replace(mount / "..data")
+
+
+def _edit_in_place(path: Path, text: str) -> None:
+    path.write_text(text)
+
+
+def _replace_by_rename(path: Path, text: str) -> None:
+    staged = path.with_name(".config.yaml.tmp")
+    staged.write_text(text)
+    staged.replace(path)
+
+
+@pytest.mark.parametrize("change", [_edit_in_place, _replace_by_rename], ids=["write", "rename"])
+async def test_a_file_change_is_seen_without_polling(tmp_path: Path, change: Any) -> None:
+    path = tmp_path / "config.yaml"
+    path.write_text(mig("single"))
+    async with running(ConfigSource(config_file=path, overrides={}, poll_interval=NEVER)) as s:
+        assert strategy(await next_update(s)) is MigStrategy.SINGLE
+        change(path, mig("mixed"))
+        assert strategy(await next_update(s)) is MigStrategy.MIXED
+        change(path, mig("none"))
+        assert strategy(await next_update(s)) is MigStrategy.NONE
+
+
+async def test_configmap_swaps_are_seen_without_polling(tmp_path: Path) -> None:
+    mount = tmp_path / "mount"
+    mount.mkdir()
+    _swap(mount, "2026_11_23_04_00_00.1", mig("single"))
+    (mount / "config.yaml").symlink_to("..data/config.yaml")
+    path = mount / "config.yaml"
+    async with running(ConfigSource(config_file=path, overrides={}, poll_interval=NEVER)) as s:
+        assert strategy(await next_update(s)) is MigStrategy.SINGLE
+        _swap(mount, "2026_11_23_04_00_01.2", mig("mixed"))
+        assert strategy(await next_update(s)) is MigStrategy.MIXED
+        _swap(mount, "2026_11_23_04_00_02.3", mig("none"))
+        assert strategy(await next_update(s)) is MigStrategy.NONE
+
+
+async def test_a_config_file_created_later_is_seen_without_polling(tmp_path: Path) -> None:
+    path = tmp_path / "etc" / "kubegpu" / "config.yaml"
+    async with running(ConfigSource(config_file=path, overrides={}, poll_interval=NEVER)) as s:
+        assert (await next_update(s)).error is not None
+        path.parent.mkdir(parents=True)
+        path.write_text(mig("mixed"))
+        assert strategy(await next_update(s)) is MigStrategy.MIXED
+
+
+async def test_named_configs_are_watched_without_polling(tmp_path: Path) -> None:
+    configs = tmp_path / "configs"
+    configs.mkdir()
+    (configs / "a.yaml").write_text(mig("single"))
+    labels = FakeNodeLabels("b")
+    named = NamedConfigs(configs, node_name="n", labels=labels, label_timeout=WAIT)
+    source = ConfigSource(config_file=None, overrides={}, named=named, poll_interval=NEVER)
+    async with running(source) as s:
+        assert (await next_update(s)).error is not None  # no config named b yet
+        (configs / "b.yaml").write_text(mig("mixed"))
+        assert strategy(await next_update(s)) is MigStrategy.MIXED
+        labels.set("a")
+        assert strategy(await next_update(s)) is MigStrategy.SINGLE
+        (configs / "a.yaml").write_text(mig("none"))  # the newly selected file is watched
+        assert strategy(await next_update(s)) is MigStrategy.NONE

@@ -283,6 +283,28 @@ def test_file_edits_inject_faults(tmp_path: Path) -> None:
         watch.close()
 
 
+def test_file_replaced_by_rename_injects_faults(tmp_path: Path) -> None:
+    """Editors and ConfigMap-style writers replace the file: a new inode, seen by the watch."""
+    node = tmp_path / "node.yaml"
+    edit(node, "")
+    backend = SimulatedBackend.load(str(node))
+    uuid = backend.discover().gpus[0].uuid
+    watch = Watch(backend)
+    try:
+        for xid in (79, 48):
+            staged = tmp_path / ".node.yaml.swp"
+            staged.write_text(NODE.format(first=f"xid: {xid}"))
+            staged.rename(node)
+
+            def arrived(events: list[HealthEvent], xid: int = xid) -> bool:
+                return bool(events) and events[-1].xid == xid
+
+            watch.until(arrived)
+            assert watch.events[-1] == HealthEvent(uuid, HealthEventKind.XID, xid, "node file")
+    finally:
+        watch.close()
+
+
 def test_file_faults_present_at_load(tmp_path: Path) -> None:
     node = tmp_path / "node.yaml"
     edit(node, "healthy: false, xid: 48")

@@ -2,15 +2,17 @@
 
 The daemon consumes `ConfigSource.updates()`: the first item is the config to start with,
 later items arrive only when the effective config changes (or a reload fails). Files are
-watched by polling `stat` through symlinks, which also sees a ConfigMap volume swapping its
-`..data` link; inotify would miss that swap on some kernels and is not portable.
+watched with inotify (`kubegpu.watch.PathWatch`) on the DIRECTORY that holds them, and the
+path is resolved again on every event, so a ConfigMap volume renaming its `..data` symlink
+over a new `..2026_...` directory is seen as it happens; without inotify the watch polls
+`stat` every `POLL_INTERVAL`.
 
 Every read runs in a worker thread (`asyncio.to_thread`), so a slow disk or a large file
 never stalls gRPC, `/healthz` or SIGTERM. A file is applied only once it reads the same
-twice, one poll apart (a file rewritten in place is never applied half-written), and on a
-reload an empty or whitespace-only file is refused, keeping the last good config (a
-ConfigMap being replaced can show up empty for a moment; taking it as "all defaults" would
-silently turn sharing off).
+twice, `SETTLE_INTERVAL` apart (a file rewritten in place is never applied half-written),
+and on a reload an empty or whitespace-only file is refused, keeping the last good config
+(a ConfigMap being replaced can show up empty for a moment; taking it as "all defaults"
+would silently turn sharing off).
 
 Named configs follow NVIDIA's config-manager: a directory holds one file per config, the
 node label `nvidia.com/device-plugin.config` picks one, and fallback strategies decide
@@ -33,6 +35,7 @@ from kubegpu.config.v1 import Config
 from kubegpu.errors import ConfigError
 from kubegpu.kube import Kube, default_client
 from kubegpu.supervisor import spawn
+from kubegpu.watch import PathWatch
 
 log = logging.getLogger(__name__)
 
@@ -108,13 +111,13 @@ def _default_loader(data: bytes | None, overrides: Mapping[str, Any], source: st
     return load_config_bytes(data, overrides, source=source)
 
 
-#: How often the config file and the named-config directory are checked. 0.2 s keeps a
-#: file edit's reload under the 300 ms target (docs/performance.md) for serve and labels alike.
+#: How often the config file and the named-config directory are checked where inotify is
+#: unavailable (the fallback); with inotify nothing is polled.
 POLL_INTERVAL = 0.2
-#: A file is applied once two reads this far apart agree. A writer stalls far less than this
-#: between its writes, and every reload pays it once: 50 ms keeps an edit's reload (poll
-#: wait + settle + apply) under the 300 ms target of docs/performance.md.
-SETTLE_INTERVAL = 0.05
+#: A file is applied once two reads this far apart agree. Every reload pays it once, so it
+#: is short: a writer that is still writing after it sends inotify another event, and the
+#: re-read that follows applies the finished file (docs/performance.md: reload <= 30 ms).
+SETTLE_INTERVAL = 0.01
 
 
 class ConfigSource:
@@ -134,7 +137,7 @@ class ConfigSource:
         self._config_file = config_file
         self._loader = loader
         self._reader = reader
-        #: The gap between the two reads that must agree; a poll at most.
+        #: The gap between the two reads that must agree; a fallback poll at most.
         self._settle = (
             min(poll_interval, SETTLE_INTERVAL) if settle_interval is None else settle_interval
         )
@@ -170,35 +173,63 @@ class ConfigSource:
         """The initial config (or error), then an update per change; runs until closed."""
         self._loop = asyncio.get_running_loop()
         label_task = await self._start_label_watch()
+        watched: list[Path] = []
         try:
-            last_key: object = None
-            last: ConfigUpdate | None = None
-            last_good: Config | None = None
-            while True:
-                forced, self._poked = self._poked, False
-                selection = self._select()
-                key = (selection.path, selection.origin, str(selection.error), _stat(selection))
-                if key != last_key or forced or last is None:
-                    last_key = key
-                    update = await self._load(selection, reload=last is not None)
-                    if _is_news(update, last, last_good):
-                        last = update
-                        if update.config is not None:
-                            last_good = update.config
-                        yield update
-                await self._wait()
+            with PathWatch(
+                lambda: watched,
+                self._wake.set,
+                poll_interval=self._poll_interval,
+                name=self._watch_name(),
+            ) as watch:
+                async for update in self._follow(watch, watched):
+                    yield update
         finally:
             if label_task is not None:
                 label_task.cancel()
                 with contextlib.suppress(asyncio.CancelledError):
                     await label_task
 
+    async def _follow(self, watch: PathWatch, watched: list[Path]) -> AsyncIterator[ConfigUpdate]:
+        """Check on every wake (file event, poke, label change); yield what is news."""
+        last_key: object = None
+        last: ConfigUpdate | None = None
+        last_good: Config | None = None
+        while True:
+            forced, self._poked = self._poked, False
+            selection = self._select()
+            wanted = self._watched_paths(selection)
+            if wanted != watched:
+                # The label picked another file: cover it before reading it, so an edit
+                # made while it loads still wakes us.
+                watched[:] = wanted
+                watch.rearm()
+            key = (selection.path, selection.origin, str(selection.error), _stat(selection))
+            if key != last_key or forced or last is None:
+                last_key = key
+                update = await self._load(selection, reload=last is not None)
+                if _is_news(update, last, last_good):
+                    last = update
+                    if update.config is not None:
+                        last_good = update.config
+                    yield update
+            await self._wait()
+
     async def _wait(self) -> None:
-        """Sleep until the next poll, a poke or a label change, whichever is first."""
-        with contextlib.suppress(TimeoutError):
-            async with asyncio.timeout(self._poll_interval):
-                await self._wake.wait()
+        """Until a watched path changes, a poke or a label change; no timer."""
+        await self._wake.wait()
         self._wake.clear()
+
+    def _watch_name(self) -> str:
+        if self._named is not None:
+            return f"named configs in {self._named.directory}"
+        return f"config file {self._config_file}"
+
+    def _watched_paths(self, selection: _Selection) -> list[Path]:
+        """The named-config directory (entries come and go) and the selected file."""
+        paths = [] if self._named is None else [self._named.directory]
+        if selection.path is not None:
+            paths.append(selection.path)
+        return paths
 
     # -- choosing the file ---------------------------------------------------------------
 

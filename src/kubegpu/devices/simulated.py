@@ -22,8 +22,8 @@ GPU keys: product, memory_mib, compute_capability, multiprocessors, brand, numa_
 pci_bus_id, uuid, mig_capable, mig, healthy, probe_error, xid, count, and the fabric:
 nvlinks ({peer index: lanes}), nvswitch (domain name), nvswitch_links, links_down
 ({peer: n} or {nvswitch: n}), pcie_switch, pcie_host_bridge. Cross-NUMA pairs are always
-`SYS` on PCIe. While watching, a file-backed node re-reads the file when it
-changes, so editing `xid`, `healthy` or `mig` injects faults into a running daemon.
+`SYS` on PCIe. While watching, a file-backed node re-reads the file when inotify
+says it changed, so editing `xid`, `healthy` or `mig` injects faults into a running daemon.
 """
 
 from __future__ import annotations
@@ -55,6 +55,7 @@ from kubegpu.devices.model import (
 )
 from kubegpu.errors import DeviceError
 from kubegpu.nvidia_paths import REQUIRED_CONTROL_DEVICES, gpu_device_node, mig_cap_node
+from kubegpu.watch import BlockingPathWatch
 
 log = logging.getLogger("kubegpu.devices.simulated")
 
@@ -70,7 +71,7 @@ PRESETS = (
 )
 #: What a simulated node reports: the control nodes every CUDA container needs.
 CONTROL_DEVICES = REQUIRED_CONTROL_DEVICES
-#: How often a file-backed node checks its file for edits.
+#: How often a file-backed node checks its file where inotify is unavailable (the fallback).
 POLL_SECONDS = 0.2
 _UUID_NS = uuidlib.UUID("0b6f3f0e-8f5e-4c1a-9a57-6b5d2f4c9e21")
 _PROFILE_RE = re.compile(r"^(?:(\d+)c\.)?(\d+)g\.(\d+)gb(\+me|\+me\.all|-me|\+gfx)?$")
@@ -422,6 +423,8 @@ class SimulatedBackend:
         self._pending: deque[HealthEvent] = deque()
         self._mig: dict[int, tuple[str, ...] | None] = {i: g.mig for i, g in enumerate(spec.gpus)}
         self._probe_errors: dict[str, str] = {}
+        #: The watch threads' waits, interrupted by every injection.
+        self._waiters: set[BlockingPathWatch] = set()
         with self._cond:
             for index, gpu in enumerate(spec.gpus):
                 self._initial_faults(index, gpu)
@@ -567,6 +570,8 @@ class SimulatedBackend:
     def _push(self, event: HealthEvent) -> None:
         self._pending.append(event)
         self._cond.notify_all()
+        for waiter in self._waiters:
+            waiter.interrupt()
 
     def inject_xid(self, gpu: int | str, xid: int) -> None:
         """Report Xid `xid` on a GPU (index or UUID) or MIG slice (UUID)."""
@@ -621,17 +626,40 @@ class SimulatedBackend:
             return self._probe_errors.get(uuid) or self._probe_errors.get(self._uuid(index))
 
     def watch(self, stop: StopFlag, emit: Callable[[HealthEvent], None]) -> None:
-        """Deliver injected events as they happen; re-read a node file when it changes."""
-        while not stop.is_set():
+        """Deliver injected events as they happen; re-read a node file when it changes.
+
+        The thread sleeps until something happens: an injection interrupts its wait, an
+        edit of the node file wakes it through inotify, and `stop` (a flag that wakes
+        nobody) is turned into an interrupt by a helper thread that only waits on it.
+        """
+        waiter = BlockingPathWatch(
+            lambda: [] if self._path is None else [self._path],
+            poll_interval=POLL_SECONDS,
+            name=f"simulated node file {self._path}",
+        )
+        with self._cond:
+            self._waiters.add(waiter)
+        threading.Thread(
+            target=_interrupt_when_set, args=(stop, waiter), name="simulated-stop", daemon=True
+        ).start()
+        try:
+            while not stop.is_set():
+                with self._cond:
+                    events = list(self._pending)
+                    self._pending.clear()
+                for event in events:
+                    emit(event)
+                if self._path is not None:
+                    self._reload_if_changed()
+                with self._cond:
+                    if self._pending:
+                        continue
+                if not stop.is_set():
+                    waiter.wait()
+        finally:
             with self._cond:
-                if not self._pending:
-                    self._cond.wait(POLL_SECONDS)
-                events = list(self._pending)
-                self._pending.clear()
-            for event in events:
-                emit(event)
-            if self._path is not None:
-                self._reload_if_changed()
+                self._waiters.discard(waiter)
+            waiter.close()
 
     def close(self) -> None:
         with self._cond:
@@ -639,18 +667,19 @@ class SimulatedBackend:
 
     # -- node file ----------------------------------------------------------------------
 
-    def _file_stamp(self) -> tuple[int, int] | None:
+    def _file_stamp(self) -> tuple[int, int, int, int] | None:
         if self._path is None:
             return None
         try:
             stat = self._path.stat()
         except OSError:
             return None
-        return (stat.st_mtime_ns, stat.st_size)
+        return (stat.st_ino, stat.st_mtime_ns, stat.st_ctime_ns, stat.st_size)
 
     def _reload_if_changed(self) -> None:
         stamp = self._file_stamp()
-        if stamp is None or stamp == self._stamp or self._path is None:
+        # Empty: a writer truncated it and has not written yet (inotify reports both steps).
+        if stamp is None or stamp == self._stamp or self._path is None or stamp[3] == 0:
             return
         self._stamp = stamp
         try:
@@ -690,6 +719,11 @@ class SimulatedBackend:
             if not structural and gpu.mig != before.mig:
                 self._mig[index] = gpu.mig
                 self._push(HealthEvent(self._uuid(index), HealthEventKind.RECONFIGURED))
+
+
+def _interrupt_when_set(stop: StopFlag, waiter: BlockingPathWatch) -> None:
+    stop.wait()
+    waiter.interrupt()
 
 
 __all__ = ["PRESETS", "GpuSpec", "NodeSpec", "SimulatedBackend", "parse_node", "parse_profile"]

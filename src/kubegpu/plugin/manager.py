@@ -14,7 +14,6 @@ import asyncio
 import contextlib
 import logging
 import os
-import socket
 import time
 from collections.abc import Callable, Sequence
 from pathlib import Path
@@ -24,38 +23,23 @@ from kubegpu.cdi import DEFAULT_DIRECTORY as DEFAULT_CDI_DIRECTORY
 from kubegpu.config import Config
 from kubegpu.errors import RegistrationError
 from kubegpu.metrics import Metrics
+from kubegpu.plugin.registration import listening as _listening
 from kubegpu.plugin.registration import watch_kubelet
 from kubegpu.plugin.server import ResourceServer
 from kubegpu.resources import ResourceSpec
 from kubegpu.state import NodeStore
 from kubegpu.supervisor import spawn
+from kubegpu.watch import Backoff
 
 log = logging.getLogger("kubegpu.plugin")
 
-#: Retry delays while no kubelet answers: fast at first (the kubelet may be starting),
-#: capped so a long outage costs little. A new kubelet.sock short-circuits the wait.
-BACKOFF_START = 0.05
+#: Retry delays while no kubelet answers: fast at first (a new kubelet creates its socket
+#: a moment before it listens), capped so a long outage costs little. Any event in the
+#: plugin directory cuts a wait short, and a new kubelet.sock restarts the registrar.
+BACKOFF_START = 0.002
 BACKOFF_CAP = 2.0
 #: sun_path holds 108 bytes including the terminating NUL.
 MAX_SOCKET_PATH = 107
-
-
-def _listening(path: Path) -> bool:
-    """Whether something accepts connections on the unix socket `path`.
-
-    A kubelet that died leaves its socket file behind, so the file existing proves little;
-    a refused connect proves it is gone. The connect never blocks: a unix connect either
-    completes at once, is refused, or (a full backlog) says EAGAIN, which means alive.
-    """
-    with socket.socket(socket.AF_UNIX, socket.SOCK_STREAM) as probe:
-        probe.setblocking(False)
-        try:
-            probe.connect(str(path))
-        except BlockingIOError:
-            return True
-        except OSError:
-            return False
-    return True
 
 
 class PluginManager:
@@ -77,6 +61,8 @@ class PluginManager:
         self._registrars: dict[str, asyncio.Task[None]] = {}
         self._lock = asyncio.Lock()
         self.kubelet_restarts = 0
+        #: One per waiting registrar; the kubelet watch sets them all on any directory event.
+        self._dir_changed: set[asyncio.Event] = set()
 
     async def apply(self, specs: Sequence[ResourceSpec], config: Config) -> None:
         async with self._lock:
@@ -113,10 +99,16 @@ class PluginManager:
 
     async def run(self) -> None:
         """Watch for kubelet restarts until cancelled."""
+
+        def wake_registrars() -> None:
+            for event in self._dir_changed:
+                event.set()
+
         await watch_kubelet(
             self.kubelet_socket,
             lambda: [s.socket_path for s in self.servers.values() if s.serving],
             self._kubelet_restarted,
+            on_change=wake_registrars,
         )
 
     def ready(self) -> tuple[bool, str]:
@@ -197,26 +189,51 @@ class PluginManager:
     async def _register_until_done(
         self, server: ResourceServer, since: float, *, serve: bool = False
     ) -> None:
-        delay = BACKOFF_START
+        backoff = Backoff(BACKOFF_START, BACKOFF_CAP)
+        wake = asyncio.Event()
+        self._dir_changed.add(wake)
+        try:
+            await self._register_with_retries(server, since, serve, backoff, wake)
+        finally:
+            self._dir_changed.discard(wake)
+
+    async def _register_with_retries(
+        self,
+        server: ResourceServer,
+        since: float,
+        serve: bool,
+        backoff: Backoff,
+        wake: asyncio.Event,
+    ) -> None:
         last_error = ""
         while True:
+            wake.clear()
             if serve:
                 problem = await self._try_serve(server)
                 if problem is not None:
-                    await asyncio.sleep(delay)
-                    delay = min(delay * 2, BACKOFF_CAP)
+                    # Not cut short by directory events: serving makes some of its own.
+                    await backoff.wait()
                     continue
                 serve = False
                 log.info("now serving %s on %s", server.name, server.socket_path)
-            try:
-                await server.register(self.kubelet_socket)
-            except RegistrationError as exc:
+            # Register only once the kubelet accepts connections: a gRPC channel to a socket
+            # that is not listening yet fails, and its reconnect backoff costs a second.
+            problem = ""
+            if not self.kubelet_socket.exists():
+                problem = f"no kubelet socket at {self.kubelet_socket}; is the kubelet running?"
+            elif not _listening(self.kubelet_socket):
+                problem = f"nothing accepts connections on {self.kubelet_socket} yet"
+            else:
+                try:
+                    await server.register(self.kubelet_socket)
+                except RegistrationError as exc:
+                    problem = str(exc)
+            if problem:
                 # Log each distinct failure once, not once per retry.
-                if str(exc) != last_error:
-                    log.warning("%s; retrying until the kubelet accepts it", exc)
-                    last_error = str(exc)
-                await asyncio.sleep(delay)
-                delay = min(delay * 2, BACKOFF_CAP)
+                if problem != last_error:
+                    log.warning("%s; retrying until the kubelet accepts it", problem)
+                    last_error = problem
+                await backoff.wait(wake)
                 continue
             took = time.monotonic() - since
             log.info(

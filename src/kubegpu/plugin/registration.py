@@ -1,16 +1,19 @@
 """Registering with the kubelet, and noticing when the kubelet restarts.
 
-A restarting kubelet deletes every socket in the device-plugin directory and serves a new
-`kubelet.sock`; it never calls plugins back. So each plugin watches two files: the
-kubelet's socket (a new inode means a new kubelet) and its own socket (gone means the
-directory was wiped). Polling `stat` every 50 ms costs ~40 syscalls a second and, unlike
-inotify, survives the directory itself being removed and recreated.
+A restarting kubelet deletes every socket in the device-plugin directory (often the
+directory itself) and serves a new `kubelet.sock`; it never calls plugins back. So the
+plugin watches the directory with inotify (`kubegpu.watch`): a new inode behind
+`kubelet.sock` means a new kubelet, one of our sockets gone means the directory was
+wiped. The watch re-arms itself when the directory is removed and re-created, costs
+nothing while the kubelet runs, and falls back to polling `stat` every `POLL_INTERVAL`
+only where inotify is unavailable.
 """
 
 from __future__ import annotations
 
 import asyncio
 import logging
+import socket
 from collections.abc import Awaitable, Callable, Iterable
 from pathlib import Path
 
@@ -18,10 +21,32 @@ import grpc
 
 from kubegpu.api import VERSION, pb, registration_stub
 from kubegpu.errors import RegistrationError
+from kubegpu.watch import PathWatch
+from kubegpu.watch.paths import InotifyFactory, default_inotify
 
 log = logging.getLogger("kubegpu.plugin")
 
+#: How often the kubelet socket is checked where inotify is unavailable (the fallback).
 POLL_INTERVAL = 0.05
+
+
+def listening(path: Path) -> bool:
+    """Whether something accepts connections on the unix socket `path`.
+
+    A kubelet that died leaves its socket file behind, and a starting one creates the file
+    (bind) a moment before it listens, so the file existing proves little; a refused
+    connect proves nobody is there yet. The connect never blocks: a unix connect either
+    completes at once, is refused, or (a full backlog) says EAGAIN, which means alive.
+    """
+    with socket.socket(socket.AF_UNIX, socket.SOCK_STREAM) as probe:
+        probe.setblocking(False)
+        try:
+            probe.connect(str(path))
+        except BlockingIOError:
+            return True
+        except OSError:
+            return False
+    return True
 
 
 async def register(
@@ -63,21 +88,43 @@ async def watch_kubelet(
     on_restart: Callable[[str], Awaitable[None]],
     *,
     interval: float = POLL_INTERVAL,
+    on_change: Callable[[], None] | None = None,
+    inotify: InotifyFactory = default_inotify,
 ) -> None:
     """Run forever; await `on_restart(reason)` when the kubelet socket is recreated or one
-    of our sockets disappears."""
-    last = _identity(kubelet_socket)
-    while True:
-        await asyncio.sleep(interval)
-        current = _identity(kubelet_socket)
-        reason = ""
-        if current is not None and current != last:
-            reason = "kubelet.sock was recreated (kubelet restarted)"
-        elif current is not None:
-            missing = [p.name for p in own_sockets() if not p.exists()]
-            if missing:
-                reason = f"plugin socket {', '.join(missing)} was deleted"
-        last = current
-        if reason:
-            await on_restart(reason)
-            last = _identity(kubelet_socket)
+    of our sockets disappears.
+
+    `on_change` is called on every event in the directory (before the check), so a
+    registrar waiting for the kubelet to listen can retry at once instead of backing off.
+    `interval` is the polling fallback's period.
+    """
+    woken = asyncio.Event()
+
+    def changed() -> None:
+        woken.set()
+        if on_change is not None:
+            on_change()
+
+    with PathWatch(
+        lambda: [kubelet_socket],
+        changed,
+        poll_interval=interval,
+        name=f"kubelet directory {kubelet_socket.parent}",
+        inotify=inotify,
+    ):
+        last = _identity(kubelet_socket)
+        while True:
+            await woken.wait()
+            woken.clear()
+            current = _identity(kubelet_socket)
+            reason = ""
+            if current is not None and current != last:
+                reason = "kubelet.sock was recreated (kubelet restarted)"
+            elif current is not None:
+                missing = [p.name for p in own_sockets() if not p.exists()]
+                if missing:
+                    reason = f"plugin socket {', '.join(missing)} was deleted"
+            last = current
+            if reason:
+                await on_restart(reason)
+                last = _identity(kubelet_socket)

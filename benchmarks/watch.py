@@ -1,0 +1,195 @@
+"""Watches (issue 9): kubelet restart -> re-registered, config edit -> new list at the
+kubelet, and idle CPU of `serve`, with `kubegpu serve --simulate h100-8` in a subprocess
+and the kubelet emulator in this process.
+
+    python -m benchmarks.watch [--restarts 200] [--reloads 50] [--idle-seconds 60]
+
+Figures (the last line printed is one JSON object):
+- `reregister_*`: the emulator restarts as a kubelet does (stop, wipe the plugin sockets,
+  serve a new kubelet.sock); timed from just before the new kubelet starts to the
+  emulator holding all 8 devices again (`..._kubelet_start_*`: the emulator's own start,
+  inside that; `..._seen_to_registered_*`: the plugin's log, restart seen -> Register
+  answered). `..._rmdir_*`: the same with the whole
+  device-plugin directory removed and re-created between stop and start.
+- `reload_*`: 8 GPUs x 24 -> 48 (and back) time-slicing replicas, from the write to the
+  kubelet reading the new capacity; `write` rewrites config.yaml by rename, `configmap`
+  swaps a ConfigMap volume's `..data` symlink as the kubelet's atomic writer does. No SIGHUP.
+- `idle_cpu_pct`: user+system CPU of the registered, idle `serve` process over the
+  window, as a percentage of one core (/proc/<pid>/stat), with a config file watched.
+
+Run it against another tree with `PYTHONPATH=<tree>/src`: the subprocess inherits it.
+"""
+
+from __future__ import annotations
+
+import argparse
+import asyncio
+import json
+import logging
+import os
+import shutil
+import sys
+import time
+from pathlib import Path
+from typing import Any
+
+from benchmarks import harness
+from benchmarks.harness import RESOURCE
+from kubegpu.kubelet import KubeletEmulator
+
+GPUS = 8
+Figures = dict[str, Any]
+
+
+def _config_text(replicas: int) -> str:
+    return (
+        "version: v1\n"
+        "sharing:\n"
+        "  timeSlicing:\n"
+        "    resources:\n"
+        f"    - name: {RESOURCE}\n"
+        f"      replicas: {replicas}\n"
+    )
+
+
+def _write_by_rename(path: Path, replicas: int, _: int) -> None:
+    staged = path.with_name(".config.yaml.tmp")
+    staged.write_text(_config_text(replicas))
+    staged.replace(path)
+
+
+def _configmap_publish(mount: Path, replicas: int, version: int) -> None:
+    """The kubelet's atomic writer: a new `..<timestamp>` dir, `..data` renamed over to it."""
+    data = mount / f"..2026_11_23_{version:08d}"
+    data.mkdir()
+    (data / "config.yaml").write_text(_config_text(replicas))
+    staged = mount / "..data_tmp"
+    staged.symlink_to(data.name)
+    staged.replace(mount / "..data")
+
+
+async def _wait(kubelet: KubeletEmulator, capacity: int, plugin: harness.Child) -> None:
+    try:
+        await kubelet.wait_for_resource(
+            RESOURCE, capacity=capacity, allocatable=capacity, timeout=30
+        )
+    except TimeoutError as exc:
+        raise RuntimeError(f"{exc}\n--- kubegpu serve log:\n{plugin.tail()}") from None
+
+
+def _summary(key: str, runs_ms: list[float]) -> Figures:
+    ordered = sorted(runs_ms)
+    return {
+        f"{key}_median_ms": round(harness.median(runs_ms), 2),
+        f"{key}_p90_ms": round(ordered[int(0.9 * (len(ordered) - 1))], 2),
+        f"{key}_max_ms": round(max(runs_ms), 2),
+        f"{key}_n": len(runs_ms),
+    }
+
+
+async def bench_reregister(restarts: int) -> Figures:
+    figures: Figures = {}
+    with harness.temp_dir("kgw-") as work:
+        plugin_dir = work / "dp"
+        async with (
+            harness.emulator(plugin_dir) as kubelet,
+            harness.serve(plugin_dir, work / "serve.log") as plugin,
+        ):
+            await _wait(kubelet, GPUS, plugin)
+            for key, wipe_dir in (("reregister", False), ("reregister_rmdir", True)):
+                runs, starts = [], []
+                for _ in range(restarts):
+                    await kubelet.stop()
+                    if wipe_dir:
+                        shutil.rmtree(plugin_dir)
+                    start = time.perf_counter()
+                    await kubelet.start()  # mkdir, wipe sockets, serve a new kubelet.sock
+                    starts.append((time.perf_counter() - start) * 1000)
+                    await _wait(kubelet, GPUS, plugin)
+                    runs.append((time.perf_counter() - start) * 1000)
+                figures.update(_summary(key, runs))
+                # Context: the emulator's own start (in this process) is inside each run,
+                # and the plugin's log gives restart seen -> Register answered.
+                figures[f"{key}_kubelet_start_median_ms"] = round(harness.median(starts), 2)
+                logged = plugin.registrations_s()[-restarts:]
+                figures[f"{key}_seen_to_registered_median_ms"] = round(
+                    harness.median(logged) * 1000, 2
+                )
+    return figures
+
+
+async def bench_reload_and_idle(reloads: int, idle_seconds: float) -> Figures:
+    figures: Figures = {}
+    with harness.temp_dir("kgw-") as work:
+        for key, configmap in (("reload_write", False), ("reload_configmap", True)):
+            plugin_dir = work / f"dp-{key}"
+            mount = work / f"cm-{key}"
+            mount.mkdir()
+            config = mount / "config.yaml"
+            publish = _configmap_publish if configmap else _write_by_rename
+            target = mount if configmap else config
+            publish(target, 24, 0)
+            if configmap:
+                config.symlink_to("..data/config.yaml")
+            async with (
+                harness.emulator(plugin_dir) as kubelet,
+                harness.serve(
+                    plugin_dir, work / f"{key}.log", "--config-file", str(config)
+                ) as plugin,
+            ):
+                await _wait(kubelet, GPUS * 24, plugin)
+                runs = []
+                for trial in range(1, reloads + 1):
+                    replicas = 48 if trial % 2 else 24
+                    start = time.perf_counter()
+                    publish(target, replicas, trial)
+                    await _wait(kubelet, GPUS * replicas, plugin)
+                    runs.append((time.perf_counter() - start) * 1000)
+                figures.update(_summary(key, runs))
+                if not configmap:
+                    figures.update(await _idle_cpu(plugin, idle_seconds))
+    return figures
+
+
+def _cpu_ticks(pid: int) -> int:
+    fields = Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()
+    return int(fields[11]) + int(fields[12])  # utime, stime (fields 14 and 15)
+
+
+async def _idle_cpu(plugin: harness.Child, seconds: float) -> Figures:
+    """CPU of the registered, idle plugin over `seconds` (a window, not a wait for state)."""
+    hz = os.sysconf("SC_CLK_TCK")
+    before, start = _cpu_ticks(plugin.pid), time.perf_counter()
+    await asyncio.sleep(seconds)
+    used = (_cpu_ticks(plugin.pid) - before) / hz
+    wall = time.perf_counter() - start
+    return {
+        "idle_cpu_pct": round(100 * used / wall, 3),
+        "idle_cpu_s": round(used, 3),
+        "idle_window_s": round(wall, 1),
+    }
+
+
+async def _main(args: argparse.Namespace) -> Figures:
+    figures: Figures = {**harness.machine(), "loadavg_1m": os.getloadavg()[0]}
+    figures.update(await bench_reregister(args.restarts))
+    figures.update(await bench_reload_and_idle(args.reloads, args.idle_seconds))
+    figures["loadavg_1m_after"] = os.getloadavg()[0]
+    return figures
+
+
+def main() -> int:
+    logging.basicConfig(level=logging.ERROR, format="%(levelname)s %(name)s: %(message)s")
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--restarts", type=int, default=200)
+    parser.add_argument("--reloads", type=int, default=50)
+    parser.add_argument("--idle-seconds", type=float, default=60.0)
+    figures = asyncio.run(_main(parser.parse_args()))
+    for key, value in figures.items():
+        print(f"{key:32} {value}", file=sys.stderr)
+    print(json.dumps(figures), flush=True)
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,94 @@
+"""One retry pacing for every loop that waits for something outside to come back.
+
+Exponential and capped, without jitter (a node runs one plugin per resource, so there is
+no herd to spread, and tests can assert the exact delays), resettable after a success,
+with the sleep and the clock injectable so tests run on a fake clock instead of waiting.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import time
+from collections.abc import Awaitable, Callable
+
+from kubegpu.supervisor import until_stopped
+
+
+class Backoff:
+    """Delays `start`, `start*factor`, ... up to `cap`; `reset()` starts over.
+
+    Async loops call `await backoff.wait()`; threads call `stop.wait(backoff.advance())`.
+    """
+
+    def __init__(
+        self,
+        start: float,
+        cap: float,
+        *,
+        factor: float = 2.0,
+        sleep: Callable[[float], Awaitable[None]] = asyncio.sleep,
+        clock: Callable[[], float] = time.monotonic,
+    ) -> None:
+        if not 0 < start <= cap or factor < 1:
+            raise ValueError(
+                f"backoff: need 0 < start <= cap and factor >= 1 "
+                f"(got start={start}, cap={cap}, factor={factor})"
+            )
+        self.start = start
+        self.cap = cap
+        self.factor = factor
+        self._sleep = sleep
+        self._clock = clock
+        self._next = start
+        self._since = clock()
+
+    @property
+    def delay(self) -> float:
+        """The delay the next `wait()` or `advance()` uses."""
+        return self._next
+
+    def advance(self) -> float:
+        """The delay to wait now; the one after it grows by `factor`, up to `cap`."""
+        delay = self._next
+        self._next = min(delay * self.factor, self.cap)
+        return delay
+
+    def reset(self) -> None:
+        """Start over at `start` (the thing came back)."""
+        self._next = self.start
+        self._since = self._clock()
+
+    def reset_if_stable(self, stable_for: float) -> bool:
+        """Reset when the last `reset()` is at least `stable_for` seconds ago.
+
+        For supervisors of a process: one that ran long before dying starts over fast,
+        one that keeps crashing keeps its long delays.
+        """
+        if self._clock() - self._since < stable_for:
+            return False
+        self._next = self.start
+        return True
+
+    def mark(self) -> None:
+        """Note now as the start of a run, for `reset_if_stable`."""
+        self._since = self._clock()
+
+    async def wait(self, wake: asyncio.Event | None = None) -> bool:
+        """Sleep the next delay, or less if `wake` is set first; True when woken.
+
+        `wake` is how a watch cuts a retry short: a new kubelet.sock needs no 2 s wait.
+        """
+        delay = self.advance()
+        if wake is None:
+            await self._sleep(delay)
+            return False
+        if wake.is_set():
+            return True
+        # The supervisor's race of work against a stop event: the sleep ends it, or `wake`.
+        await until_stopped("backoff", _awaited(self._sleep(delay)), wake)
+        return wake.is_set()
+
+
+async def _awaited(sleep: Awaitable[object]) -> None:
+    """A coroutine of any awaitable, as the supervisor runs coroutines."""
+    await sleep

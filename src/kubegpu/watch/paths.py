@@ -1,0 +1,397 @@
+"""Watching files and directories: inotify on the loop, polling only where it cannot work.
+
+A watch covers *paths* (files or directories that may not exist yet) and wakes its owner
+when one of them may have changed; the owner then looks at what it cares about (a
+socket's inode, a config's bytes). Waking is level-triggered on purpose: an owner that
+re-checks on every wake cannot miss a change that raced with re-arming the watch.
+
+inotify watches inodes, not names, so each path is covered through the directory that
+holds it (the nearest one that exists, so a directory created later is seen) and, for a
+symlink, also through the directory of its target. After every batch of events the set
+is computed again and the watches re-armed: a directory removed and re-created (a kubelet
+restart wipes the device-plugin directory) or a ConfigMap's `..data` symlink swapped
+moves the watch to the new inode.
+
+Where inotify is unavailable (no kernel support, the per-user instance or watch limit
+reached), the watch says so once in the log and compares `stat` fingerprints every
+`poll_interval` instead.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import errno
+import logging
+import os
+import selectors
+import threading
+from collections.abc import Callable, Iterable
+from pathlib import Path
+from types import TracebackType
+from typing import Any
+
+from kubegpu.supervisor import spawn
+
+log = logging.getLogger("kubegpu.watch")
+
+#: The paths to cover, asked again on every re-arm (an owner's set may change).
+Paths = Callable[[], Iterable[Path]]
+#: Opens an inotify instance (`asyncinotify.Inotify`); tests inject failing ones.
+InotifyFactory = Callable[[], Any]
+#: stat identity and version of each covered path and directory; for the fallback only.
+Fingerprint = tuple[tuple[str, str, int, int, int, int, int] | tuple[str], ...]
+
+
+def default_inotify() -> Any:
+    # Imported here: the ctypes binding is only loaded by a process that watches.
+    from asyncinotify import Inotify
+
+    return Inotify()
+
+
+def _masks() -> tuple[Any, Any]:
+    """(for a directory that holds a path, for an ancestor that holds such a directory)."""
+    from asyncinotify import Mask
+
+    moves = Mask.CREATE | Mask.DELETE | Mask.MOVED_FROM | Mask.MOVED_TO
+    own = Mask.DELETE_SELF | Mask.MOVE_SELF | Mask.ONLYDIR | Mask.EXCL_UNLINK
+    return moves | Mask.MODIFY | Mask.CLOSE_WRITE | Mask.ATTRIB | own, moves | own
+
+
+def _existing_dir(directory: Path) -> Path:
+    """`directory`, or its nearest ancestor that exists (where it would be created)."""
+    while not directory.is_dir() and directory != directory.parent:
+        directory = directory.parent
+    return directory
+
+
+#: A watched directory -> the entry names that matter there (None: every entry).
+Coverage = dict[Path, frozenset[str] | None]
+
+
+def watched_dirs(paths: Iterable[Path]) -> Coverage:
+    """The directories whose inotify events cover `paths` (and their symlink targets).
+
+    A path is covered by its directory (every entry: a symlink swap renames a sibling)
+    and by that directory's parent, for the directory's own name only: a removed
+    directory's inode outlives it while anything holds it (a socket bound inside it, an
+    open descriptor), so its own DELETE_SELF can come late, but the parent reports the
+    removal and the re-creation at once. A missing directory is covered by its nearest
+    existing ancestor, for the name of the next directory down.
+    """
+    names: dict[Path, set[str] | None] = {}
+
+    def cover(directory: Path, name: str | None) -> None:
+        if name is None or names.get(directory, set()) is None:
+            names[directory] = None
+        else:
+            entry = names.setdefault(directory, set())
+            assert entry is not None
+            entry.add(name)
+
+    for path in paths:
+        path = path.absolute()
+        for each in {path, Path(os.path.realpath(path))}:
+            for directory in ([each] if each.is_dir() else []) + [each.parent]:
+                existing = _existing_dir(directory)
+                if existing == directory:
+                    cover(directory, None)
+                    if directory.parent != directory:
+                        cover(directory.parent, directory.name)
+                else:
+                    cover(existing, directory.relative_to(existing).parts[0])
+    return {d: None if n is None else frozenset(n) for d, n in names.items()}
+
+
+def fingerprint(paths: Iterable[Path]) -> Fingerprint:
+    """What the polling fallback compares: every covered path's and directory's stat."""
+    listed = [p.absolute() for p in paths]
+    marks: list[tuple[str, str, int, int, int, int, int] | tuple[str]] = []
+    for path in sorted({*listed, *watched_dirs(listed)}):
+        try:
+            st = path.stat()
+        except OSError:
+            marks.append((str(path),))
+            continue
+        real = os.path.realpath(path)
+        marks.append(
+            (str(path), real, st.st_dev, st.st_ino, st.st_size, st.st_mtime_ns, st.st_ctime_ns)
+        )
+    return tuple(marks)
+
+
+class _Core:
+    """The inotify instance and its watches, shared by the loop and the thread flavours."""
+
+    def __init__(self, paths: Paths, name: str, inotify: InotifyFactory) -> None:
+        self.paths = paths
+        self.name = name
+        self._factory = inotify
+        self._poll_interval = 0.0
+        self._inotify: Any = None
+        self._watches: dict[int, Any] = {}
+        self._names: dict[int, frozenset[str] | None] = {}
+        #: Why this watch polls (one line), or None while inotify serves it.
+        self.polling: str | None = None
+
+    @property
+    def fd(self) -> int | None:
+        return None if self._inotify is None else int(self._inotify.fd)
+
+    def open(self, poll_interval: float) -> None:
+        self._poll_interval = poll_interval
+        try:
+            self._inotify = self._factory()
+            # sync_get() then never blocks: it returns None once the queue is empty.
+            self._inotify.sync_timeout = 0
+        except (OSError, RuntimeError, ImportError) as exc:
+            self._fall_back(exc)
+            return
+        self.rearm()
+
+    def rearm(self) -> None:
+        """Watch exactly the directories that cover the paths now."""
+        if self._inotify is None:
+            return
+        full, ancestor = _masks()
+        for _ in range(8):
+            wanted: dict[int, Any] = {}
+            names: dict[int, frozenset[str] | None] = {}
+            try:
+                # Narrow watches first: when two paths are one inode, the wider mask wins.
+                coverage = sorted(watched_dirs(self.paths()).items(), key=lambda i: i[1] is None)
+                for directory, only in coverage:
+                    watch = self._inotify.add_watch(directory, ancestor if only else full)
+                    before = names.get(watch.wd, frozenset())
+                    names[watch.wd] = None if only is None or before is None else before | only
+                    wanted[watch.wd] = watch
+            except (FileNotFoundError, NotADirectoryError):
+                continue  # a directory went away between looking and watching: look again
+            except OSError as exc:  # ENOSPC: max_user_watches reached
+                self._fall_back(exc)
+                return
+            break
+        for wd, watch in self._watches.items():
+            if wd not in wanted:
+                with contextlib.suppress(OSError):  # its directory is already gone
+                    self._inotify.rm_watch(watch)
+        self._watches = wanted
+        self._names = names
+
+    def _matters(self, event: Any) -> bool:
+        """Whether an event can change what the owner looks at (a sibling's churn cannot)."""
+        watch = event.watch
+        if event.name is None or watch is None:
+            return True  # the directory itself, an overflow, a watch that ended
+        only = self._names.get(watch.wd)
+        return only is None or str(event.name) in only
+
+    def drain(self) -> bool:
+        """Read every queued event (the owner re-checks once per batch); True if any matters."""
+        if self._inotify is None:
+            return False
+        seen = False
+        try:
+            while (event := self._inotify.sync_get()) is not None:
+                seen = seen or self._matters(event)
+        except BlockingIOError:
+            pass
+        except OSError as exc:
+            self._fall_back(exc)
+            return True
+        return seen
+
+    def close(self) -> None:
+        if self._inotify is not None:
+            self._inotify.close()
+            self._inotify = None
+        self._watches = {}
+
+    def _fall_back(self, exc: BaseException) -> None:
+        reason = exc.strerror if isinstance(exc, OSError) and exc.strerror else str(exc)
+        hint = ""
+        if isinstance(exc, OSError) and exc.errno in (errno.ENOSPC, errno.EMFILE):
+            hint = " (raise fs.inotify.max_user_watches / max_user_instances)"
+        self.polling = f"inotify unavailable: {reason}{hint}"
+        log.warning(
+            "%s: %s; checking it every %.2f s instead",
+            self.name,
+            self.polling,
+            self._poll_interval,
+        )
+        self.close()
+
+
+class PathWatch:
+    """Calls `on_change()` on the event loop when one of `paths()` may have changed.
+
+    Use as a context manager inside a running loop. No thread and no timer while inotify
+    works: the loop reads the inotify descriptor when the kernel says it is readable.
+    """
+
+    def __init__(
+        self,
+        paths: Paths,
+        on_change: Callable[[], None],
+        *,
+        poll_interval: float,
+        name: str,
+        inotify: InotifyFactory = default_inotify,
+    ) -> None:
+        self._core = _Core(paths, name, inotify)
+        self._on_change = on_change
+        self._poll_interval = poll_interval
+        self._loop: asyncio.AbstractEventLoop | None = None
+        self._reading: int | None = None
+        self._poller: asyncio.Task[None] | None = None
+
+    @property
+    def polling(self) -> str | None:
+        """Why this watch polls, or None while inotify serves it."""
+        return self._core.polling
+
+    def __enter__(self) -> PathWatch:
+        self._loop = asyncio.get_running_loop()
+        self._core.open(self._poll_interval)
+        self._follow()
+        return self
+
+    def __exit__(
+        self, kind: type[BaseException] | None, exc: BaseException | None, tb: TracebackType | None
+    ) -> None:
+        self.close()
+
+    def rearm(self) -> None:
+        """Cover `paths()` again now (the owner's set changed)."""
+        self._core.rearm()
+        self._follow()
+
+    def close(self) -> None:
+        self._stop_reading()
+        if self._poller is not None:
+            self._poller.cancel()
+            self._poller = None
+        self._core.close()
+
+    def _follow(self) -> None:
+        """Read the inotify descriptor, or poll once inotify has failed."""
+        assert self._loop is not None
+        fd = self._core.fd
+        if fd is not None:
+            if self._reading != fd:
+                self._stop_reading()
+                self._loop.add_reader(fd, self._readable)
+                self._reading = fd
+            return
+        self._stop_reading()
+        if self._poller is None:
+            # The baseline is taken now, not when the task first runs: a change made
+            # right after the watch is set up must count as a change.
+            last = fingerprint(self._core.paths())
+            self._poller = spawn(f"poll {self._core.name}", self._poll(last))
+
+    def _stop_reading(self) -> None:
+        if self._reading is not None and self._loop is not None:
+            self._loop.remove_reader(self._reading)
+            self._reading = None
+
+    def _readable(self) -> None:
+        if self._core.drain():
+            self._core.rearm()
+            self._follow()
+            self._on_change()
+
+    async def _poll(self, last: Fingerprint) -> None:
+        while True:
+            await asyncio.sleep(self._poll_interval)
+            now = fingerprint(self._core.paths())
+            if now != last:
+                last = now
+                self._on_change()
+
+
+class BlockingPathWatch:
+    """The same watch for a thread that must block: `wait()` until a change or `interrupt()`.
+
+    For backends whose watch runs in a thread by contract (the simulated node); the
+    thread sleeps in `select` on the inotify descriptor and a pipe, so it costs nothing
+    while nothing happens.
+    """
+
+    def __init__(
+        self,
+        paths: Paths,
+        *,
+        poll_interval: float,
+        name: str,
+        inotify: InotifyFactory = default_inotify,
+    ) -> None:
+        self._core = _Core(paths, name, inotify)
+        self._poll_interval = poll_interval
+        self._read_end, self._write_end = os.pipe()
+        #: Guards the pipe against a write after close (its fd number may be reused).
+        self._closing = threading.Lock()
+        self._closed = False
+        os.set_blocking(self._read_end, False)
+        os.set_blocking(self._write_end, False)
+        self._selector = selectors.DefaultSelector()
+        self._selector.register(self._read_end, selectors.EVENT_READ)
+        self._core.open(poll_interval)
+        self._registered: int | None = None
+        self._register()
+        self._last = fingerprint(paths()) if self._core.polling else ()
+
+    @property
+    def polling(self) -> str | None:
+        return self._core.polling
+
+    def _register(self) -> None:
+        fd = self._core.fd
+        if fd == self._registered:
+            return
+        if self._registered is not None:
+            with contextlib.suppress(KeyError, ValueError):
+                self._selector.unregister(self._registered)
+        if fd is not None:
+            self._selector.register(fd, selectors.EVENT_READ)
+        self._registered = fd
+
+    def wait(self) -> bool:
+        """Block until a path may have changed (True) or `interrupt()` was called (False)."""
+        while True:
+            timeout = self._poll_interval if self._core.polling else None
+            ready = {key.fd for key, _ in self._selector.select(timeout)}
+            interrupted = self._read_end in ready
+            if interrupted:
+                with contextlib.suppress(BlockingIOError):
+                    while os.read(self._read_end, 512):
+                        pass
+            changed = False
+            if self._registered is not None and self._registered in ready:
+                changed = self._core.drain()
+                self._core.rearm()
+                self._register()
+                if self._core.polling:
+                    self._last = fingerprint(self._core.paths())
+            elif self._core.polling:
+                now = fingerprint(self._core.paths())
+                changed, self._last = now != self._last, now
+            if changed or interrupted:
+                return changed
+
+    def interrupt(self) -> None:
+        """Make `wait()` return now; safe from any thread, and after `close()`."""
+        with self._closing, contextlib.suppress(OSError):
+            if not self._closed:
+                os.write(self._write_end, b"\0")
+
+    def close(self) -> None:
+        with self._closing:
+            if self._closed:
+                return
+            self._closed = True
+            self._core.close()
+            self._selector.close()
+            os.close(self._read_end)
+            os.close(self._write_end)
