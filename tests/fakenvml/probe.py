@@ -26,7 +26,7 @@ from typing import Any
 import pynvml
 
 from kubegpu.config import HealthFlags, parse_config
-from kubegpu.devices.model import HealthEvent, Inventory
+from kubegpu.devices.model import HealthEvent, Inventory, Stop
 from kubegpu.devices.nvml import NvmlBackend
 from kubegpu.errors import ConfigError
 from kubegpu.health import HealthTracker
@@ -145,7 +145,7 @@ def watch(expected: int, lines: list[str], events_file: str) -> dict[str, Any]:
             tracker.observe(event)
             changed.notify_all()
 
-    stop = threading.Event()
+    stop = Stop()
     thread = threading.Thread(target=backend.watch, args=(stop, emit), daemon=True)
     thread.start()
     for _ in inventory.gpus:

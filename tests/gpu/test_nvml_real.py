@@ -12,7 +12,7 @@ from pathlib import Path
 
 import pytest
 
-from kubegpu.devices.model import Health, HealthEvent
+from kubegpu.devices.model import Health, HealthEvent, Stop
 from kubegpu.devices.nvml import NvmlBackend
 
 # Counts CUDA devices with the driver API only (no torch needed): libcuda.so.1 is part of
@@ -81,7 +81,7 @@ def test_cuda_visible_devices_uuid_isolates_one_gpu(nvml_backend: NvmlBackend, w
 
 def test_watch_starts_and_stops_cleanly(nvml_backend: NvmlBackend) -> None:
     events: list[HealthEvent] = []
-    stop = threading.Event()
+    stop = Stop()
     thread = threading.Thread(target=nvml_backend.watch, args=(stop, events.append))
     thread.start()
     stop.set()

@@ -20,6 +20,7 @@ from kubegpu.devices.model import (
     Inventory,
     Link,
     LinkKind,
+    Stop,
     Vendor,
 )
 from kubegpu.errors import InitError
@@ -120,7 +121,7 @@ def test_probe_and_watch_notice_a_lost_gpu(tmp_path: Path) -> None:
         events.append(event)
         seen.set()
 
-    stop = threading.Event()
+    stop = Stop()
     thread = threading.Thread(target=backend.watch, args=(stop, emit))
     thread.start()
     try:

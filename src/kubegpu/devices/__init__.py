@@ -22,6 +22,7 @@ from kubegpu.devices.model import (
     LinkKind,
     MigDevice,
     ResourceName,
+    Stop,
     StopFlag,
     Vendor,
 )
@@ -105,6 +106,7 @@ __all__ = [
     "MigDevice",
     "NullBackend",
     "ResourceName",
+    "Stop",
     "StopFlag",
     "Vendor",
     "open_backend",
