@@ -21,7 +21,8 @@ from collections.abc import Callable, Mapping
 from dataclasses import dataclass
 
 from kubegpu.config.v1 import HealthFlags
-from kubegpu.devices.model import DeviceBackend, Health, HealthEvent, HealthEventKind, Stop
+from kubegpu.devices.model import DeviceBackend, Health, HealthEvent, HealthEventKind
+from kubegpu.devices.stop import Stop
 from kubegpu.errors import ConfigError
 from kubegpu.metrics import Metrics
 from kubegpu.state import NodeStore

@@ -26,8 +26,9 @@ from typing import Any
 import pynvml
 
 from kubegpu.config import HealthFlags, parse_config
-from kubegpu.devices.model import HealthEvent, Inventory, Stop
+from kubegpu.devices.model import HealthEvent, Inventory
 from kubegpu.devices.nvml import NvmlBackend
+from kubegpu.devices.stop import Stop
 from kubegpu.errors import ConfigError
 from kubegpu.health import HealthTracker
 from kubegpu.resources import build_resources

@@ -12,8 +12,9 @@ from pathlib import Path
 
 import pytest
 
-from kubegpu.devices.model import Health, HealthEvent, Stop
+from kubegpu.devices.model import Health, HealthEvent
 from kubegpu.devices.nvml import NvmlBackend
+from kubegpu.devices.stop import Stop
 
 # Counts CUDA devices with the driver API only (no torch needed): libcuda.so.1 is part of
 # the driver. The UUID is read with cuDeviceGetUuid and printed in nvidia-smi's form.

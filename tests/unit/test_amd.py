@@ -20,9 +20,9 @@ from kubegpu.devices.model import (
     Inventory,
     Link,
     LinkKind,
-    Stop,
     Vendor,
 )
+from kubegpu.devices.stop import Stop
 from kubegpu.errors import InitError
 from kubegpu.labels_amd import amd_labels, counted, family, product_label, vram_label
 from kubegpu.topology import amd_pair_weight

@@ -10,8 +10,9 @@ from pathlib import Path
 import pytest
 
 from kubegpu.devices import open_backend
-from kubegpu.devices.model import Health, HealthEvent, HealthEventKind, LinkKind, Stop
+from kubegpu.devices.model import Health, HealthEvent, HealthEventKind, LinkKind
 from kubegpu.devices.simulated import PRESETS, SimulatedBackend
+from kubegpu.devices.stop import Stop
 from kubegpu.errors import DeviceError
 
 
@@ -168,19 +169,6 @@ def watched() -> Iterator[tuple[SimulatedBackend, Watch]]:
         yield backend, watch
     finally:
         watch.close()
-
-
-def test_stop_wakes_each_hook_once_set_and_at_once_when_already_set() -> None:
-    stop = Stop()
-    woken: list[str] = []
-    stop.on_set(lambda: woken.append("a"))
-    forget_b = stop.on_set(lambda: woken.append("b"))
-    forget_b()
-    assert woken == []
-    stop.set()
-    assert woken == ["a"]
-    stop.on_set(lambda: woken.append("late"))
-    assert woken == ["a", "late"]
 
 
 def test_the_watch_is_woken_by_stop_without_a_helper_thread() -> None:

@@ -22,10 +22,10 @@ from kubegpu.devices.model import (
     LinkKind,
     MigDevice,
     ResourceName,
-    Stop,
     StopFlag,
     Vendor,
 )
+from kubegpu.devices.stop import Stop
 from kubegpu.errors import InitError
 
 BACKENDS = ("auto", "nvml", "amd", "simulated")

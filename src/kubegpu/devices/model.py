@@ -8,10 +8,8 @@ health changes produce a new snapshot (`Inventory.with_health`).
 
 from __future__ import annotations
 
-import contextlib
 import dataclasses
 import functools
-import threading
 from collections.abc import Callable, Iterator, Mapping
 from dataclasses import dataclass, field
 from enum import StrEnum
@@ -273,7 +271,7 @@ class DeviceBackend(Protocol):
 
 
 class StopFlag(Protocol):
-    """What a backend's watch thread is told to stop with (a `Stop`).
+    """What a backend's watch thread is told to stop with (`kubegpu.devices.stop.Stop`).
 
     `on_set` lets a watch blocked elsewhere than in `wait` (in `select` on inotify) be
     woken the moment it is told to stop.
@@ -286,32 +284,3 @@ class StopFlag(Protocol):
     def on_set(self, wake: Callable[[], None]) -> Callable[[], None]:
         """Call `wake` (from the setting thread) once set, at once if set; the undo."""
         ...
-
-
-class Stop(threading.Event):
-    """A `threading.Event` that also wakes whoever asked with `on_set`."""
-
-    def __init__(self) -> None:
-        super().__init__()
-        self._wakes: list[Callable[[], None]] = []
-        self._wakes_lock = threading.Lock()
-
-    def set(self) -> None:
-        super().set()
-        with self._wakes_lock:
-            wakes = list(self._wakes)
-        for wake in wakes:
-            wake()
-
-    def on_set(self, wake: Callable[[], None]) -> Callable[[], None]:
-        with self._wakes_lock:
-            self._wakes.append(wake)
-        # Set before the hook went in: `set` may or may not have seen it; a wake is idempotent.
-        if self.is_set():
-            wake()
-
-        def undo() -> None:
-            with self._wakes_lock, contextlib.suppress(ValueError):
-                self._wakes.remove(wake)
-
-        return undo

@@ -9,10 +9,11 @@ from collections.abc import Callable, Iterator
 import pynvml
 import pytest
 
-from kubegpu.devices.model import HealthEvent, HealthEventKind, Stop
+from kubegpu.devices.model import HealthEvent, HealthEventKind
 from kubegpu.devices.nvml import (
     NvmlBackend,
 )
+from kubegpu.devices.stop import Stop
 from kubegpu.testing import FakeNvml
 from tests.unit.nvml.conftest import open_backend as _open
 
