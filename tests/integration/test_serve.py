@@ -126,7 +126,13 @@ async def test_sighup_storm_from_the_first_python_line_never_kills_start_up(
 ) -> None:
     """HUPs from the moment the process ignores them (its first imports; before that only
     the interpreter's own start runs) until it has registered: it starts as if none came."""
-    serve = await start(serve_cmd(kubelet.plugin_dir, "--simulate", "a10g-4"))
+    # Spawned with SIGHUP at its default, not this process's (importing kubegpu.cli here
+    # ignores it, and an ignored disposition is inherited across exec).
+    previous = signal.signal(signal.SIGHUP, signal.SIG_DFL)
+    try:
+        serve = await start(serve_cmd(kubelet.plugin_dir, "--simulate", "a10g-4"))
+    finally:
+        signal.signal(signal.SIGHUP, previous)
     registered = asyncio.ensure_future(kubelet.wait_for_resource(GPU, capacity=4, timeout=20))
     died = asyncio.ensure_future(serve.proc.wait())
     sent = 0
