@@ -24,7 +24,8 @@ import json
 import os
 import posixpath
 import tempfile
-from collections.abc import Iterable, Sequence
+import time
+from collections.abc import Callable, Iterable, Sequence
 from pathlib import Path
 from typing import Any
 
@@ -307,6 +308,49 @@ def available_classes(directory: str | Path) -> frozenset[str]:
     )
 
 
+class ClassCache:
+    """`available_classes(directory)`, listed again only when the directory changed.
+
+    Allocate asks on every call; the answer changes only when a spec file is written,
+    renamed in or removed, and each of those changes the directory's mtime, so one
+    `stat` replaces the listing. A listing is trusted only when the directory's mtime
+    was at least `settle_s` older than the listing (git's "racy clean" rule): file
+    timestamps tick coarsely (a kernel jiffy, a second on some filesystems), so a change
+    in the same tick as the listing could leave the mtime as it was.
+    """
+
+    def __init__(
+        self,
+        directory: str | Path,
+        *,
+        settle_s: float = 1.0,
+        clock_ns: Callable[[], int] = time.time_ns,
+    ) -> None:
+        self.directory = Path(directory)
+        self._settle_ns = int(settle_s * 1e9)
+        self._clock_ns = clock_ns
+        self._stamp: tuple[int, int, int] | None = None
+        self._classes: frozenset[str] = frozenset()
+        #: How many times the directory was listed (the cost the cache saves).
+        self.listings = 0
+
+    def get(self) -> frozenset[str]:
+        try:
+            st = self.directory.stat()
+        except OSError:
+            self._stamp = None
+            return frozenset()
+        stamp = (st.st_dev, st.st_ino, st.st_mtime_ns)
+        if stamp == self._stamp:
+            return self._classes
+        now = self._clock_ns()
+        self.listings += 1
+        self._classes = available_classes(self.directory)
+        settled = st.st_mtime_ns <= now - self._settle_ns
+        self._stamp = stamp if settled else None
+        return self._classes
+
+
 def node_specs(
     inventory: Inventory, config: Config, *, container_driver_root: str | None = None
 ) -> dict[str, dict[str, Any]]:
@@ -372,6 +416,21 @@ def write_spec(
     return target
 
 
+def update_spec(spec: dict[str, Any], directory: str, name: str) -> Path | None:
+    """`write_spec` unless the file already holds exactly these bytes; the path if written.
+
+    A config reload that changes nothing CDI-related then leaves the files (and the
+    runtime's view of them) alone.
+    """
+    target = Path(directory) / name
+    try:
+        if target.read_bytes() == dump(spec).encode("utf-8"):
+            return None
+    except OSError:
+        pass  # missing or unreadable: write it
+    return write_spec(spec, directory, name)
+
+
 def dump(spec: dict[str, Any], format: str = "json") -> str:
     if format == "yaml":
         import yaml
@@ -385,9 +444,11 @@ def dump(spec: dict[str, Any], format: str = "json") -> str:
 __all__ = [
     "CDI_VERSION",
     "KIND",
+    "ClassCache",
     "cdi_device_name",
     "find_binaries",
     "find_libraries",
     "generate_spec",
+    "update_spec",
     "write_spec",
 ]

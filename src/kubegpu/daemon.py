@@ -129,6 +129,8 @@ class Daemon:
             poll_interval=settings.config_poll_interval,
         )
         self.started = asyncio.Event()
+        #: The config the CDI spec files were last brought up to date for (None: not yet).
+        self.cdi_config: Config | None = None
         #: One supervised MPS control daemon per MPS-shared resource, and its supervisor.
         self.mps: dict[str, MpsDaemon] = {}
         self._mps_tasks: dict[str, asyncio.Task[None]] = {}
@@ -489,13 +491,17 @@ class Daemon:
         plugin = state.config.flags.plugin
         wanted = {DeviceListStrategy.CDI_ANNOTATIONS, DeviceListStrategy.CDI_CRI}
         if not wanted & set(plugin.device_list_strategy) or not state.inventory.gpus:
+            self.cdi_config = state.config
             return
         directory = self.settings.cdi_dir
         try:
             specs = await asyncio.to_thread(cdi.node_specs, state.inventory, state.config)
             for name, spec in specs.items():
-                path = await asyncio.to_thread(cdi.write_spec, spec, str(directory), name)
-                log.info("wrote CDI spec %s (%d devices)", path, len(spec.get("devices", [])))
+                # Unchanged bytes are left alone: most reloads touch nothing CDI-related.
+                path = await asyncio.to_thread(cdi.update_spec, spec, str(directory), name)
+                if path is not None:
+                    count = len(spec.get("devices", []))
+                    log.info("wrote CDI spec %s (%d devices)", path, count)
             # A class switched off (gdsEnabled: false) must stop being named by Allocate.
             for cdi_class in cdi.available_classes(directory):
                 stale = directory / cdi.spec_name(cdi_class)
@@ -509,6 +515,7 @@ class Daemon:
                 directory,
                 exc,
             )
+        self.cdi_config = state.config
 
     async def _follow_mps(self, since: int) -> None:
         """Keep one control daemon per MPS resource of the newest state."""

@@ -22,6 +22,7 @@ from dataclasses import dataclass
 
 from kubegpu.config.v1 import HealthFlags
 from kubegpu.devices.model import DeviceBackend, Health, HealthEvent, HealthEventKind
+from kubegpu.devices.stop import Stop
 from kubegpu.errors import ConfigError
 from kubegpu.metrics import Metrics
 from kubegpu.state import NodeStore
@@ -209,7 +210,7 @@ class HealthMonitor:
         """Watch and probe until cancelled; the watch thread is stopped and joined on exit."""
         loop = asyncio.get_running_loop()
         queue: asyncio.Queue[HealthEvent] = asyncio.Queue()
-        stop = threading.Event()
+        stop = Stop()
 
         def emit(event: HealthEvent) -> None:
             # Called from the watch thread; after shutdown the loop may be gone.
@@ -242,7 +243,7 @@ class HealthMonitor:
                     self._join_timeout,
                 )
 
-    def _watch(self, stop: threading.Event, emit: Callable[[HealthEvent], None]) -> None:
+    def _watch(self, stop: Stop, emit: Callable[[HealthEvent], None]) -> None:
         """Run the backend's watch, restarting it if it crashes (a bug must not end checks)."""
         while not stop.is_set():
             try:

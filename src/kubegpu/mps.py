@@ -30,6 +30,7 @@ from kubegpu.devices.model import Gpu
 from kubegpu.errors import ConfigError, DeviceError
 from kubegpu.nvidia_paths import MPS_CONTAINER_PIPE_DIR as CONTAINER_PIPE_DIR
 from kubegpu.nvidia_paths import MPS_CONTROL_BINARY
+from kubegpu.watch.backoff import Backoff
 
 log = logging.getLogger(__name__)
 
@@ -213,19 +214,18 @@ class MpsDaemon:
 
         Call after a successful `start`; run it as a task.
         """
-        delay = self.backoff[0]
+        backoff = Backoff(*self.backoff)
         while not self._stopping:
-            started = time.monotonic()
+            backoff.mark()
             reason = await self._wait_dead()
             if self._stopping:
                 return
             self._set_ready(False)
             log.warning("MPS daemon for %s died (%s); restarting", self.resource, reason)
-            if time.monotonic() - started > 10 * self.backoff[1]:
-                delay = self.backoff[0]  # it had been healthy for long: start over
+            # One that had been healthy for long starts over; one that keeps dying waits longer.
+            backoff.reset_if_stable(10 * self.backoff[1])
             while not self._stopping:
-                await asyncio.sleep(delay)
-                delay = min(delay * 2, self.backoff[1])
+                await backoff.wait()
                 if self._stopping:
                     return
                 try:

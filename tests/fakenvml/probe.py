@@ -28,6 +28,7 @@ import pynvml
 from kubegpu.config import HealthFlags, parse_config
 from kubegpu.devices.model import HealthEvent, Inventory
 from kubegpu.devices.nvml import NvmlBackend
+from kubegpu.devices.stop import Stop
 from kubegpu.errors import ConfigError
 from kubegpu.health import HealthTracker
 from kubegpu.resources import build_resources
@@ -145,7 +146,7 @@ def watch(expected: int, lines: list[str], events_file: str) -> dict[str, Any]:
             tracker.observe(event)
             changed.notify_all()
 
-    stop = threading.Event()
+    stop = Stop()
     thread = threading.Thread(target=backend.watch, args=(stop, emit), daemon=True)
     thread.start()
     for _ in inventory.gpus:

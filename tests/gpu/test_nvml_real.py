@@ -14,6 +14,7 @@ import pytest
 
 from kubegpu.devices.model import Health, HealthEvent
 from kubegpu.devices.nvml import NvmlBackend
+from kubegpu.devices.stop import Stop
 
 # Counts CUDA devices with the driver API only (no torch needed): libcuda.so.1 is part of
 # the driver. The UUID is read with cuDeviceGetUuid and printed in nvidia-smi's form.
@@ -81,7 +82,7 @@ def test_cuda_visible_devices_uuid_isolates_one_gpu(nvml_backend: NvmlBackend, w
 
 def test_watch_starts_and_stops_cleanly(nvml_backend: NvmlBackend) -> None:
     events: list[HealthEvent] = []
-    stop = threading.Event()
+    stop = Stop()
     thread = threading.Thread(target=nvml_backend.watch, args=(stop, events.append))
     thread.start()
     stop.set()

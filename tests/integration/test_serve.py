@@ -114,6 +114,50 @@ async def test_sigterm_stops_cleanly_and_removes_socket(kubelet: KubeletEmulator
     await kubelet.wait_for_resource(GPU, capacity=4, allocatable=0)
 
 
+def ignores_hup(pid: int) -> bool:
+    """Whether the process's SIGHUP disposition is SIG_IGN (bit 0 of SigIgn)."""
+    status = Path(f"/proc/{pid}/status").read_text()
+    mask = next(line.split()[1] for line in status.splitlines() if line.startswith("SigIgn:"))
+    return bool(int(mask, 16) & (1 << (signal.SIGHUP - 1)))
+
+
+async def test_sighup_storm_from_the_first_python_line_never_kills_start_up(
+    kubelet: KubeletEmulator,
+) -> None:
+    """HUPs from the moment the process ignores them (its first imports; before that only
+    the interpreter's own start runs) until it has registered: it starts as if none came."""
+    # Spawned with SIGHUP at its default, not this process's (importing kubegpu.cli here
+    # ignores it, and an ignored disposition is inherited across exec).
+    previous = signal.signal(signal.SIGHUP, signal.SIG_DFL)
+    try:
+        serve = await start(serve_cmd(kubelet.plugin_dir, "--simulate", "a10g-4"))
+    finally:
+        signal.signal(signal.SIGHUP, previous)
+    registered = asyncio.ensure_future(kubelet.wait_for_resource(GPU, capacity=4, timeout=20))
+    died = asyncio.ensure_future(serve.proc.wait())
+    sent = 0
+    try:
+        async with asyncio.timeout(10):
+            while not ignores_hup(serve.proc.pid):
+                assert serve.proc.returncode is None
+                await asyncio.sleep(0)  # a yield to the loop, not a timed wait
+        while not registered.done() and not died.done():
+            serve.proc.send_signal(signal.SIGHUP)
+            sent += 1
+            # Paces the storm; returns at once when either condition holds.
+            await asyncio.wait({registered, died}, timeout=0.005)
+        assert not died.done(), "".join(serve.lines)
+        await registered
+        assert serve.proc.returncode is None
+    finally:
+        registered.cancel()
+        died.cancel()
+        code, out = await serve.stop()
+    assert sent >= 1
+    assert code == 0, out
+    assert "stopped cleanly" in out and "Traceback" not in out
+
+
 async def test_env_vars_configure_like_nvidia(kubelet: KubeletEmulator) -> None:
     serve = await start(
         serve_cmd(kubelet.plugin_dir, "--simulate", "a100-40gb-mig"), MIG_STRATEGY="mixed"

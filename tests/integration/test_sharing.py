@@ -304,3 +304,33 @@ async def test_an_enabled_mode_gets_its_cdi_spec_and_is_named_until_switched_off
         await eventually(lambda: not gdrcopy_spec.exists())
         b = await k.allocate(GPU, 1, pod="without-gdrcopy")
         assert list(b.cdi_devices) == [cdi_device_name(b.device_ids[0])]
+
+
+async def test_a_reload_that_changes_nothing_cdi_leaves_the_spec_files_alone(
+    socket_dir: Path,
+) -> None:
+    """Replicas 2 -> 3 rewrite the advertised list, not the CDI spec (same bytes)."""
+    cdi_dir = socket_dir / "cdi"
+    config = socket_dir / "config.yaml"
+
+    def write(replicas: int) -> None:
+        flags = {"plugin": {"deviceListStrategy": ["cdi-cri"]}}
+        sharing = {"timeSlicing": {"resources": [{"name": GPU, "replicas": replicas}]}}
+        tmp = config.with_suffix(".tmp")
+        tmp.write_text(json.dumps({"version": "v1", "flags": flags, "sharing": sharing}))
+        tmp.replace(config)
+
+    write(2)
+    async with running_node(socket_dir, "a10g-4", config_file=config, cdi_dir=cdi_dir) as node:
+        k = node.kubelet
+        await k.wait_for_resource(GPU, allocatable=8)
+        (spec_file,) = cdi_dir.iterdir()
+        before = spec_file.stat()
+        write(3)
+        await k.wait_for_resource(GPU, allocatable=12)
+        # The CDI writer follows the store beside the plugins: wait until it has seen 3.
+        await eventually(lambda: node.daemon.cdi_config is node.daemon.store.state.config)
+        after = spec_file.stat()
+        assert (after.st_ino, after.st_mtime_ns) == (before.st_ino, before.st_mtime_ns)
+        a = await k.allocate(GPU, 1)  # a replica is named by its GPU's CDI device
+        assert list(a.cdi_devices) == [cdi_device_name(a.device_ids[0].split("::")[0])]

@@ -22,6 +22,7 @@ from kubegpu.devices.model import (
     LinkKind,
     Vendor,
 )
+from kubegpu.devices.stop import Stop
 from kubegpu.errors import InitError
 from kubegpu.labels_amd import amd_labels, counted, family, product_label, vram_label
 from kubegpu.topology import amd_pair_weight
@@ -120,7 +121,7 @@ def test_probe_and_watch_notice_a_lost_gpu(tmp_path: Path) -> None:
         events.append(event)
         seen.set()
 
-    stop = threading.Event()
+    stop = Stop()
     thread = threading.Thread(target=backend.watch, args=(stop, emit))
     thread.start()
     try:

@@ -373,3 +373,63 @@ def test_available_classes_lists_our_spec_files(tmp_path: Path) -> None:
         (tmp_path / name).write_text("{}")
     assert cdi.available_classes(tmp_path) == {"gpu", "gds"}
     assert cdi.available_classes(tmp_path / "missing") == frozenset()
+
+
+# -- the class cache Allocate reads, and writes only on change ------------------------------
+
+OLD_NS = 1_000_000_000_000_000_000  # a directory mtime far in the past of the fake clock
+
+
+def _age(directory: Path, mtime_ns: int = OLD_NS) -> None:
+    os.utime(directory, ns=(mtime_ns, mtime_ns))
+
+
+def test_class_cache_answers_as_the_listing_and_lists_only_after_a_change(
+    tmp_path: Path,
+) -> None:
+    (tmp_path / cdi.spec_name("gpu")).write_text("{}")
+    _age(tmp_path)
+    cache = cdi.ClassCache(tmp_path, clock_ns=lambda: OLD_NS + 10**10)  # 10 s later
+    assert cache.get() == cdi.available_classes(tmp_path) == {"gpu"}
+    assert [cache.get() for _ in range(3)] == [{"gpu"}] * 3
+    assert cache.listings == 1  # the directory did not change: one stat, no listing
+    (tmp_path / cdi.spec_name("gds")).write_text("{}")  # the mtime moves to now
+    assert cache.get() == {"gpu", "gds"}
+    (tmp_path / cdi.spec_name("gds")).unlink()
+    assert cache.get() == {"gpu"}  # a switched-off class is not named again
+
+
+def test_class_cache_does_not_trust_a_listing_in_the_directory_s_last_tick(
+    tmp_path: Path,
+) -> None:
+    """A change in the same timestamp tick as the listing keeps the mtime: list again."""
+    _age(tmp_path)
+    cache = cdi.ClassCache(tmp_path, clock_ns=lambda: OLD_NS + 10**6)  # 1 ms later
+    assert cache.get() == frozenset()
+    (tmp_path / cdi.spec_name("gpu")).write_text("{}")
+    _age(tmp_path)  # the same mtime as at the listing, as a coarse clock would leave it
+    assert cache.get() == {"gpu"}
+    assert cache.listings == 2
+
+
+def test_class_cache_of_a_missing_directory_is_empty_until_it_appears(tmp_path: Path) -> None:
+    cache = cdi.ClassCache(tmp_path / "cdi")
+    assert cache.get() == frozenset()
+    cdi.write_spec({"kind": cdi.KIND}, str(tmp_path / "cdi"), cdi.spec_name("gpu"))
+    assert cache.get() == {"gpu"}
+
+
+def test_update_spec_writes_only_changed_bytes_and_atomically(tmp_path: Path) -> None:
+    directory, name = str(tmp_path / "cdi"), cdi.DEFAULT_NAME
+    spec = {"cdiVersion": cdi.CDI_VERSION, "kind": cdi.KIND, "devices": []}
+    written = cdi.update_spec(spec, directory, name)
+    assert written == tmp_path / "cdi" / name
+    first = written.stat()
+    assert cdi.update_spec(dict(spec), directory, name) is None  # same bytes: untouched
+    again = written.stat()
+    assert (again.st_ino, again.st_mtime_ns) == (first.st_ino, first.st_mtime_ns)
+    changed = {**spec, "devices": [{"name": "0", "containerEdits": {}}]}
+    assert cdi.update_spec(changed, directory, name) == written
+    assert written.stat().st_ino != first.st_ino  # replaced by rename, never rewritten
+    assert json.loads(written.read_text()) == changed
+    assert stat.S_IMODE(written.stat().st_mode) == 0o644

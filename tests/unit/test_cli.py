@@ -156,16 +156,47 @@ def test_sighup_is_ignored_while_serve_starts_and_restored_after(
     from kubegpu.cli import serve as serve_module
 
     seen: list[object] = []
-    before = signal.getsignal(signal.SIGHUP)
 
     def fake_serve(values: object, env: object) -> int:
         seen.append(signal.getsignal(signal.SIGHUP))
         return 0
 
+    def before(signum: int, frame: object) -> None:
+        """The embedding program's own handler, which `main` must hand back."""
+
     monkeypatch.setattr(serve_module, "run_serve", fake_serve)
-    assert cli.main(["serve"]) == 0
-    assert seen == [signal.SIG_IGN]
-    assert signal.getsignal(signal.SIGHUP) == before
+    previous = signal.signal(signal.SIGHUP, before)
+    try:
+        assert cli.main(["serve"]) == 0
+        assert seen == [signal.SIG_IGN]
+        assert signal.getsignal(signal.SIGHUP) == before
+    finally:
+        signal.signal(signal.SIGHUP, previous)
+
+
+def test_sighup_is_ignored_before_the_cli_loads_click_or_logging() -> None:
+    """A HUP while the interpreter imports the CLI (tens of ms) must not kill `serve`."""
+    import subprocess
+    import sys
+
+    probe = """
+import importlib.abc, signal, sys
+seen = {}
+class Spy(importlib.abc.MetaPathFinder):
+    def find_spec(self, name, path=None, target=None):
+        if name in ("click", "logging") and name not in seen:
+            seen[name] = signal.getsignal(signal.SIGHUP) is signal.SIG_IGN
+        return None
+sys.meta_path.insert(0, Spy())
+for name in ("click", "logging"):
+    sys.modules.pop(name, None)
+import kubegpu.cli
+print(sorted(seen.items()))
+"""
+    out = subprocess.run(
+        [sys.executable, "-c", probe], capture_output=True, text=True, check=True
+    ).stdout
+    assert out.strip() == "[('click', True), ('logging', True)]"
 
 
 def test_cli_paths_match_the_api_and_importing_the_cli_stays_light() -> None:

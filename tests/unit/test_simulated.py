@@ -12,6 +12,7 @@ import pytest
 from kubegpu.devices import open_backend
 from kubegpu.devices.model import Health, HealthEvent, HealthEventKind, LinkKind
 from kubegpu.devices.simulated import PRESETS, SimulatedBackend
+from kubegpu.devices.stop import Stop
 from kubegpu.errors import DeviceError
 
 
@@ -141,7 +142,7 @@ class Watch:
     def __init__(self, backend: SimulatedBackend) -> None:
         self.events: list[HealthEvent] = []
         self._cond = threading.Condition()
-        self.stop = threading.Event()
+        self.stop = Stop()
         self.thread = threading.Thread(target=backend.watch, args=(self.stop, self._emit))
         self.thread.start()
 
@@ -168,6 +169,18 @@ def watched() -> Iterator[tuple[SimulatedBackend, Watch]]:
         yield backend, watch
     finally:
         watch.close()
+
+
+def test_the_watch_is_woken_by_stop_without_a_helper_thread() -> None:
+    backend = SimulatedBackend.load("t4-1")
+    before = set(threading.enumerate())
+    watch = Watch(backend)
+    try:
+        backend.inject_xid(0, 79)  # the watch is running and has handled an injection
+        watch.until(lambda events: len(events) == 1)
+        assert set(threading.enumerate()) - before == {watch.thread}
+    finally:
+        watch.close()  # joins: setting the flag alone woke the blocked watch
 
 
 def test_inject_xid_by_index_and_uuid(watched: tuple[SimulatedBackend, Watch]) -> None:

@@ -3,9 +3,11 @@ directory removed and re-created), the polling fallback, and the backoff helper.
 
 from __future__ import annotations
 
+import ast
 import asyncio
 import errno
 import logging
+import re
 import socket
 import threading
 from collections.abc import Callable, Iterator
@@ -15,6 +17,7 @@ from typing import Any
 import pytest
 from asyncinotify import Inotify
 
+import kubegpu
 from kubegpu.watch import Backoff, BlockingPathWatch, PathWatch, fingerprint, watched_dirs
 
 WAIT = 5.0
@@ -388,6 +391,38 @@ def test_backoff_resets_only_after_a_stable_run() -> None:
     assert backoff.delay == 1.0
 
 
+class RecordingStop(threading.Event):
+    """A stop flag whose timed waits return at once, recorded (a thread's fake clock)."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.waits: list[float | None] = []
+
+    def wait(self, timeout: float | None = None) -> bool:
+        self.waits.append(timeout)
+        return self.is_set()
+
+
+def test_backoff_blocks_a_thread_on_its_stop_flag() -> None:
+    stop = RecordingStop()
+    backoff = Backoff(1.0, 4.0)
+    assert [backoff.block(stop) for _ in range(4)] == [False] * 4
+    assert stop.waits == [1.0, 2.0, 4.0, 4.0]
+    stop.set()
+    assert backoff.block(stop) is True  # stopped: the retry loop ends
+
+
+def test_backoff_block_wakes_when_the_flag_is_set_from_another_thread() -> None:
+    stop = threading.Event()
+    backoff = Backoff(3600.0, 3600.0)  # far beyond the test's timeout unless woken
+    result: list[bool] = []
+    thread = threading.Thread(target=lambda: result.append(backoff.block(stop)))
+    thread.start()
+    stop.set()
+    thread.join(WAIT)
+    assert result == [True]
+
+
 @pytest.mark.parametrize(("start", "cap", "factor"), [(0, 1, 2), (2, 1, 2), (1, 2, 0.5)])
 def test_backoff_refuses_nonsense(start: float, cap: float, factor: float) -> None:
     with pytest.raises(ValueError, match="need 0 < start <= cap and factor >= 1"):
@@ -399,3 +434,82 @@ def test_inotify_instances_are_closed_with_the_watch(tmp_path: Path) -> None:
     for _ in range(20):
         BlockingPathWatch(lambda: [tmp_path / "x"], poll_interval=3600, name="t").close()
     assert sum(1 for _ in Path("/proc/self/fd").iterdir()) <= before
+
+
+# -- one backoff helper (structural) -------------------------------------------------------
+
+SRC = Path(kubegpu.__file__).parent
+#: Words that name a retry delay; a multiplied one is a hand-written exponential backoff.
+DELAY_WORDS = re.compile(r"delay|backoff|sleep|retry|interval|wait", re.IGNORECASE)
+
+
+def _delay_named(node: ast.AST) -> bool:
+    if isinstance(node, ast.Subscript):
+        return _delay_named(node.value)
+    name = node.attr if isinstance(node, ast.Attribute) else getattr(node, "id", None)
+    return bool(name and DELAY_WORDS.search(name))
+
+
+def _grows_a_delay(expr: ast.AST) -> bool:
+    return (
+        isinstance(expr, ast.BinOp)
+        and isinstance(expr.op, ast.Mult | ast.Pow)
+        and (_delay_named(expr.left) or _delay_named(expr.right))
+    )
+
+
+def _hand_written_backoffs(source: str, where: str) -> list[str]:
+    """`min(delay * 2, cap)`, `delay *= 2` and `delay = delay * 2` (any delay-like name)."""
+    found = []
+    for node in ast.walk(ast.parse(source, where)):
+        hit = (
+            (
+                isinstance(node, ast.Call)
+                and getattr(node.func, "id", None) == "min"
+                and any(_grows_a_delay(arg) for arg in node.args)
+            )
+            or (
+                isinstance(node, ast.AugAssign)
+                and isinstance(node.op, ast.Mult | ast.Pow)
+                and _delay_named(node.target)
+            )
+            or (
+                isinstance(node, ast.Assign)
+                and any(_delay_named(t) for t in node.targets)
+                and _grows_a_delay(node.value)
+            )
+        )
+        if hit:
+            found.append(f"{where}:{getattr(node, 'lineno', '?')}")
+    return found
+
+
+def test_no_module_but_watch_backoff_writes_its_own_backoff() -> None:
+    allowed = SRC / "watch" / "backoff.py"
+    offenders = [
+        hit
+        for path in sorted(SRC.rglob("*.py"))
+        if path != allowed
+        for hit in _hand_written_backoffs(path.read_text(), str(path.relative_to(SRC.parent)))
+    ]
+    assert offenders == [], "pace retries with kubegpu.watch.Backoff (block() in threads)"
+
+
+@pytest.mark.parametrize(
+    "source",
+    [
+        "backoff = min(backoff * 2, MAX_BACKOFF_S)",  # the NVML health thread's, before
+        "delay, self._delay = self._delay, min(self._delay * 2, self._cap)",  # kube's, before
+        "delay = min(delay * 2, self.backoff[1])",  # the MPS supervisor's, before
+        "retry_wait *= 2",
+        "self.sleep_s = self.sleep_s * 1.5",
+    ],
+)
+def test_the_backoff_scan_finds_hand_written_doubling(source: str) -> None:
+    assert _hand_written_backoffs(source, "example")
+
+
+def test_the_backoff_scan_sees_the_helper_itself_and_spares_other_products() -> None:
+    assert _hand_written_backoffs((SRC / "watch" / "backoff.py").read_text(), "backoff.py")
+    clean = "amount *= scale\ndeadline = time.monotonic() + 10 * self.backoff[1]\n"
+    assert _hand_written_backoffs(clean, "clean") == []

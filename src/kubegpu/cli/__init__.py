@@ -4,25 +4,42 @@ Options are declared once per command with click (`kubegpu.cli.options`), with t
 var names NVIDIA's plugin and GFD read, shown in `--help`. Every mistake is one line on
 stderr and exit status 2; a problem with the node is one line and exit status 1; never a
 traceback. Commands are imported when run, so `kubegpu serve` loads no other command,
-and importing this package (all that happens before `main` ignores SIGHUP) stays light.
+and importing this package (it ignores SIGHUP first, then loads click) stays light.
 """
 
 from __future__ import annotations
 
-import importlib
-import logging
-import os
+# SIGHUP's default action kills the process, and `serve` re-reads its config on it: ignore
+# it before any other import (click and logging alone take tens of ms) so that a HUP sent
+# while the process starts never kills it. `main` hands the disposition found here back.
 import signal
-import sys
 import threading
-from collections.abc import Sequence
-from typing import Any
 
-import click
+_HUP_BEFORE = (
+    signal.signal(signal.SIGHUP, signal.SIG_IGN)
+    if threading.current_thread() is threading.main_thread()
+    and signal.getsignal(signal.SIGHUP) is signal.SIG_DFL
+    else None
+)
 
-from kubegpu import __version__
-from kubegpu.cli.options import DEVICE_PLUGIN_PATH, KUBELET_SOCKET, Group, UsageError, one_line
-from kubegpu.errors import KubegpuError
+import importlib  # noqa: E402
+import logging  # noqa: E402
+import os  # noqa: E402
+import sys  # noqa: E402
+from collections.abc import Sequence  # noqa: E402
+from typing import Any  # noqa: E402
+
+import click  # noqa: E402
+
+from kubegpu import __version__  # noqa: E402
+from kubegpu.cli.options import (  # noqa: E402
+    DEVICE_PLUGIN_PATH,
+    KUBELET_SOCKET,
+    Group,
+    UsageError,
+    one_line,
+)
+from kubegpu.errors import KubegpuError  # noqa: E402
 
 __all__ = ["DEVICE_PLUGIN_PATH", "KUBELET_SOCKET", "UsageError", "kubegpu", "main"]
 
@@ -78,9 +95,11 @@ def setup_logging(level: str) -> None:
 
 def main(argv: Sequence[str] | None = None) -> int:
     """Run `kubegpu` with `argv` (default: the process's); the exit status."""
-    # SIGHUP's default action kills the process; `serve` re-reads its config on it, so
-    # ignore it from the first line (imports take ~0.2 s) until the loop's handler is in.
+    # Ignored from the import of this package (see the top) until `serve`'s loop handler
+    # is in; the disposition to hand back is the one found before that import, if any.
     previous_hup = _set_hup(signal.SIG_IGN)
+    if _HUP_BEFORE is not None and previous_hup is signal.SIG_IGN:
+        previous_hup = _HUP_BEFORE
     # gRPC's C core logs transport notices (a GOAWAY when the kubelet restarts) at INFO on
     # some builds; they are not errors and would read as one. grpc reads this at import.
     os.environ.setdefault("GRPC_VERBOSITY", "ERROR")

@@ -25,6 +25,7 @@ from kubegpu.devices.model import (
     StopFlag,
     Vendor,
 )
+from kubegpu.devices.stop import Stop
 from kubegpu.errors import InitError
 
 BACKENDS = ("auto", "nvml", "amd", "simulated")
@@ -105,6 +106,7 @@ __all__ = [
     "MigDevice",
     "NullBackend",
     "ResourceName",
+    "Stop",
     "StopFlag",
     "Vendor",
     "open_backend",

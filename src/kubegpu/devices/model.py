@@ -271,8 +271,16 @@ class DeviceBackend(Protocol):
 
 
 class StopFlag(Protocol):
-    """The part of `threading.Event` a watcher needs."""
+    """What a backend's watch thread is told to stop with (`kubegpu.devices.stop.Stop`).
+
+    `on_set` lets a watch blocked elsewhere than in `wait` (in `select` on inotify) be
+    woken the moment it is told to stop.
+    """
 
     def is_set(self) -> bool: ...
 
     def wait(self, timeout: float | None = None) -> bool: ...
+
+    def on_set(self, wake: Callable[[], None]) -> Callable[[], None]:
+        """Call `wake` (from the setting thread) once set, at once if set; the undo."""
+        ...

@@ -629,8 +629,7 @@ class SimulatedBackend:
         """Deliver injected events as they happen; re-read a node file when it changes.
 
         The thread sleeps until something happens: an injection interrupts its wait, an
-        edit of the node file wakes it through inotify, and `stop` (a flag that wakes
-        nobody) is turned into an interrupt by a helper thread that only waits on it.
+        edit of the node file wakes it through inotify, and setting `stop` interrupts it.
         """
         waiter = BlockingPathWatch(
             lambda: [] if self._path is None else [self._path],
@@ -639,9 +638,7 @@ class SimulatedBackend:
         )
         with self._cond:
             self._waiters.add(waiter)
-        threading.Thread(
-            target=_interrupt_when_set, args=(stop, waiter), name="simulated-stop", daemon=True
-        ).start()
+        forget = stop.on_set(waiter.interrupt)
         try:
             while not stop.is_set():
                 with self._cond:
@@ -657,6 +654,7 @@ class SimulatedBackend:
                 if not stop.is_set():
                     waiter.wait()
         finally:
+            forget()
             with self._cond:
                 self._waiters.discard(waiter)
             waiter.close()
@@ -719,11 +717,6 @@ class SimulatedBackend:
             if not structural and gpu.mig != before.mig:
                 self._mig[index] = gpu.mig
                 self._push(HealthEvent(self._uuid(index), HealthEventKind.RECONFIGURED))
-
-
-def _interrupt_when_set(stop: StopFlag, waiter: BlockingPathWatch) -> None:
-    stop.wait()
-    waiter.interrupt()
 
 
 __all__ = ["PRESETS", "GpuSpec", "NodeSpec", "SimulatedBackend", "parse_node", "parse_profile"]

@@ -28,6 +28,7 @@ from kubegpu.kube.objects import (
     NFD_VERSION,
     label_of,
 )
+from kubegpu.watch.backoff import Backoff
 
 log = logging.getLogger(__name__)
 
@@ -250,7 +251,7 @@ class KubeClient:
         """Blocking: offer each new value until stopped; no failure ends the watch."""
         unset = object()
         last: object = unset
-        delay = _Backoff(*self.backoff)
+        delay = Backoff(*self.backoff)
 
         def offer(value: str | None) -> None:
             nonlocal last
@@ -284,15 +285,14 @@ class KubeClient:
                 reason = (
                     str(error) if error is not None else f"{type(exc).__name__}: {first_line(exc)}"
                 )
-                wait = delay.next()
                 log.warning(
                     "node %s: cannot watch label %s: %s; retrying in %.1fs",
                     node,
                     label,
                     reason,
-                    wait,
+                    delay.delay,
                 )
-                state.stop.wait(wait)
+                delay.block(state.stop)
 
 
 @dataclass
@@ -300,25 +300,6 @@ class _WatchState:
     stop: threading.Event = field(default_factory=threading.Event)
     #: The running `watch.Watch`, stopped from the loop's side to end a blocking stream.
     current: Any = None
-
-
-class _Backoff:
-    """Exponential delays: first, doubling, capped; `reset` after a success.
-
-    Local to `kube` until the shared helper (`kubegpu.watch.backoff`) lands.
-    """
-
-    def __init__(self, first: float, cap: float) -> None:
-        self._first = first
-        self._cap = cap
-        self._delay = first
-
-    def next(self) -> float:
-        delay, self._delay = self._delay, min(self._delay * 2, self._cap)
-        return delay
-
-    def reset(self) -> None:
-        self._delay = self._first
 
 
 def _new_watch() -> Any:

@@ -105,6 +105,7 @@ class DevicePluginServicer(pb_grpc.DevicePluginServicer):
         self.spec = spec
         self.config = config
         self.cdi_dir = cdi_dir
+        self._cdi_classes = cdi.ClassCache(cdi_dir)
         self._metrics = metrics
         self._version = 0
         #: The list message of one spec version: every stream opened on that version (the
@@ -194,9 +195,10 @@ class DevicePluginServicer(pb_grpc.DevicePluginServicer):
             extra = _mps_edits(spec, config)
             channels = self._imex_channels(config)
             strategies = config.flags.plugin.device_list_strategy
-            # Only CDI classes with a spec on this node may be named (listed once per call).
+            # Only CDI classes with a spec on this node may be named (a stat per call;
+            # listed again only when the directory changed).
             cdi_used = not CDI_STRATEGIES.isdisjoint(strategies)
-            classes = cdi.available_classes(self.cdi_dir) if cdi_used else None
+            classes = self._cdi_classes.get() if cdi_used else None
             # The response ID only names a CDI annotation; a uuid4 costs a syscall.
             annotate = DeviceListStrategy.CDI_ANNOTATIONS in strategies
             for creq in request.container_requests:

@@ -10,14 +10,21 @@ from __future__ import annotations
 import asyncio
 import time
 from collections.abc import Awaitable, Callable
+from typing import Protocol
 
 from kubegpu.supervisor import until_stopped
+
+
+class StopWait(Protocol):
+    """What a thread's retry loop blocks on: `threading.Event.wait`, True once stopped."""
+
+    def wait(self, timeout: float | None = None) -> bool: ...
 
 
 class Backoff:
     """Delays `start`, `start*factor`, ... up to `cap`; `reset()` starts over.
 
-    Async loops call `await backoff.wait()`; threads call `stop.wait(backoff.advance())`.
+    Async loops call `await backoff.wait()`; threads call `backoff.block(stop)`.
     """
 
     def __init__(
@@ -72,6 +79,14 @@ class Backoff:
     def mark(self) -> None:
         """Note now as the start of a run, for `reset_if_stable`."""
         self._since = self._clock()
+
+    def block(self, stop: StopWait) -> bool:
+        """Threads: block the next delay on `stop`, so setting it ends the wait; True if set.
+
+        The wait goes through `stop.wait` rather than an injected sleep: a thread must
+        wake the moment it is told to stop, and tests pass a flag that records the delays.
+        """
+        return stop.wait(self.advance())
 
     async def wait(self, wake: asyncio.Event | None = None) -> bool:
         """Sleep the next delay, or less if `wake` is set first; True when woken.

@@ -13,6 +13,7 @@ from kubegpu.devices.model import HealthEvent, HealthEventKind
 from kubegpu.devices.nvml import (
     NvmlBackend,
 )
+from kubegpu.devices.stop import Stop
 from kubegpu.testing import FakeNvml
 from tests.unit.nvml.conftest import open_backend as _open
 
@@ -37,7 +38,7 @@ def test_probe_mig_uuid() -> None:
 # -- watch ----------------------------------------------------------------------------------
 
 
-class InstantBackoff(threading.Event):
+class InstantBackoff(Stop):
     """A stop flag whose timed waits (the watch's back-off) return at once, recorded.
 
     The back-off is a length of time, not a behaviour worth waiting for in real time.
@@ -204,7 +205,7 @@ def test_mig_layout_change_reports_reconfigured() -> None:
 def test_watch_never_raises_when_event_set_cannot_be_created(fake: FakeNvml) -> None:
     fake.fail("nvmlEventSetCreate", pynvml.NVML_ERROR_UNKNOWN)
     backend = _open(fake)
-    stop = threading.Event()
+    stop = Stop()
     thread = threading.Thread(target=backend.watch, args=(stop, lambda e: None))
     thread.start()
     stop.set()

@@ -15,6 +15,7 @@ from typing import Any
 
 from kubegpu.devices.model import HealthEvent, HealthEventKind, StopFlag
 from kubegpu.devices.nvml.session import Session
+from kubegpu.watch.backoff import Backoff
 
 log = logging.getLogger("kubegpu.devices.nvml")
 
@@ -22,7 +23,8 @@ log = logging.getLogger("kubegpu.devices.nvml")
 XID_DOUBLE_BIT_ECC = 48
 #: gpuInstanceId/computeInstanceId of an event that concerns a whole GPU.
 NO_ID = 0xFFFFFFFF
-#: Longest wait between attempts to (re)create the event set.
+#: First and longest wait between attempts to (re)create the event set.
+FIRST_BACKOFF_S = 1.0
 MAX_BACKOFF_S = 30.0
 
 
@@ -49,7 +51,7 @@ def watch(
     nvml = s.nvml
     event_set: Any = None
     watched: dict[str, Any] = {}
-    backoff = 1.0
+    backoff = Backoff(FIRST_BACKOFF_S, MAX_BACKOFF_S)
     layout = mig_layout(s)
     next_layout_check = clock() + layout_check_seconds
     try:
@@ -57,15 +59,16 @@ def watch(
             if event_set is None:
                 event_set, watched = register_events(s, emit, watched)
                 if event_set is None:
-                    stop.wait(backoff)
-                    backoff = min(backoff * 2, MAX_BACKOFF_S)
+                    backoff.block(stop)
                     continue
             try:
                 data = nvml.nvmlEventSetWait_v2(event_set, wait_timeout_ms)
             except s.error as err:
                 if err.value != nvml.NVML_ERROR_TIMEOUT:
                     log.warning(
-                        "waiting for NVML events failed (%s); retrying in %.0fs", err, backoff
+                        "waiting for NVML events failed (%s); retrying in %.0fs",
+                        err,
+                        backoff.delay,
                     )
                     # Free first: a fresh set is registered after the back-off.
                     free_event_set(s, event_set)
@@ -76,10 +79,9 @@ def watch(
                                 uuid, HealthEventKind.PROBE_FAILED, detail=f"event wait: {err}"
                             )
                         )
-                    stop.wait(backoff)
-                    backoff = min(backoff * 2, MAX_BACKOFF_S)
+                    backoff.block(stop)
             else:
-                backoff = 1.0
+                backoff.reset()
                 dispatch(s, data, watched, emit)
             if clock() >= next_layout_check:
                 next_layout_check = clock() + layout_check_seconds
