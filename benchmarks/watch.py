@@ -28,6 +28,7 @@ from __future__ import annotations
 
 import argparse
 import asyncio
+import gc
 import json
 import logging
 import os
@@ -126,8 +127,21 @@ def _summary(key: str, runs_ms: list[float]) -> Figures:
     }
 
 
+def _freeze_heap() -> None:
+    """Move this process's objects to the permanent generation before timing.
+
+    The emulator stands in for the kubelet, whose Go collector runs concurrently; a full
+    collection of this process's Python heap (~25 ms, the benchmark's own objects) landing
+    inside a restart would be charged to the plugin. `kubegpu serve` freezes its own heap
+    after start-up (cli/serve.py), so the plugin side is measured as it runs on a node.
+    """
+    gc.collect()
+    gc.freeze()
+
+
 async def bench_reregister(restarts: int) -> Figures:
     figures: Figures = {}
+    _freeze_heap()
     with harness.temp_dir("kgw-") as work:
         plugin_dir = work / "dp"
         async with (
@@ -160,6 +174,7 @@ async def bench_reregister(restarts: int) -> Figures:
 
 async def bench_reload_and_idle(reloads: int, idle_seconds: float) -> Figures:
     figures: Figures = {}
+    _freeze_heap()
     with harness.temp_dir("kgw-") as work:
         for key, configmap in (("reload_write", False), ("reload_configmap", True)):
             plugin_dir = work / f"dp-{key}"
