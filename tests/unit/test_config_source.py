@@ -396,6 +396,48 @@ async def test_a_file_is_applied_only_once_it_reads_the_same_twice(tmp_path: Pat
     assert reader.reads >= 3
 
 
+class CountingReader:
+    """`read_bytes`, counting the reads of the file."""
+
+    def __init__(self) -> None:
+        self.reads = 0
+
+    def __call__(self, path: Path) -> bytes:
+        self.reads += 1
+        return path.read_bytes()
+
+
+async def test_a_reload_renamed_into_place_is_read_once(tmp_path: Path) -> None:
+    # The rename is atomic and inotify saw it: no second read a settle interval later.
+    path = tmp_path / "config.yaml"
+    path.write_text(mig("mixed"))
+    reader = CountingReader()
+    source = ConfigSource(config_file=path, overrides={}, poll_interval=3600, reader=reader)
+    async with running(source) as s:
+        assert strategy(await next_update(s)) is MigStrategy.MIXED
+        assert reader.reads == 2, "the first load settles: two reads that agree"
+        staged = tmp_path / ".config.yaml.tmp"
+        staged.write_text(mig("single"))
+        staged.replace(path)
+        assert strategy(await next_update(s)) is MigStrategy.SINGLE
+        assert reader.reads == 3
+
+
+async def test_a_reload_of_a_file_still_open_for_writing_settles(tmp_path: Path) -> None:
+    path = tmp_path / "config.yaml"
+    path.write_text(mig("mixed"))
+    reader = CountingReader()
+    source = ConfigSource(config_file=path, overrides={}, poll_interval=3600, reader=reader)
+    async with running(source) as s:
+        assert strategy(await next_update(s)) is MigStrategy.MIXED
+        before = reader.reads
+        with path.open("w") as writer:
+            writer.write(mig("single"))
+            writer.flush()  # modified, not closed: the writer may have more to say
+            assert strategy(await next_update(s)) is MigStrategy.SINGLE
+            assert reader.reads - before >= 2, "applied only after two reads agreed"
+
+
 async def test_loading_runs_off_the_event_loop(tmp_path: Path) -> None:
     path = tmp_path / "config.yaml"
     path.write_text(mig("mixed"))

@@ -160,6 +160,72 @@ async def test_a_configmap_symlink_swap_wakes_the_owner(tmp_path: Path) -> None:
         await wakes.after(lambda: target.read_text() == "three")
 
 
+# -- whether a write is complete (quiet) ----------------------------------------------------
+
+
+async def test_a_file_renamed_into_place_is_quiet(tmp_path: Path) -> None:
+    target = tmp_path / "config.yaml"
+    target.write_text("a")
+    before = _ino(target)
+    wakes = Wakes()
+    with PathWatch(lambda: [target], wakes, poll_interval=3600, name="t") as watch:
+        staged = tmp_path / ".config.yaml.tmp"
+        staged.write_text("b")  # modified, then closed, then renamed: whole
+        staged.rename(target)
+        await wakes.after(lambda: _ino(target) != before)
+        assert watch.quiet()
+
+
+async def test_a_configmap_swap_is_quiet(tmp_path: Path) -> None:
+    mount = tmp_path / "mount"
+    mount.mkdir()
+    _configmap_swap(mount, "2026_11_23_04_00_00.1", "one")
+    (mount / "config.yaml").symlink_to("..data/config.yaml")
+    target = mount / "config.yaml"
+    wakes = Wakes()
+    with PathWatch(lambda: [target], wakes, poll_interval=3600, name="t") as watch:
+        _configmap_swap(mount, "2026_11_23_04_00_01.2", "two")
+        await wakes.after(lambda: target.read_text() == "two")
+        assert watch.quiet()
+
+
+async def test_a_file_modified_and_still_open_is_not_quiet_until_closed(tmp_path: Path) -> None:
+    target = tmp_path / "config.yaml"
+    target.write_text("a")
+    wakes = Wakes()
+    with PathWatch(lambda: [target], wakes, poll_interval=3600, name="t") as watch:
+        with target.open("a") as writer:
+            writer.write("half")
+            writer.flush()
+            await wakes.after(lambda: target.read_text() == "ahalf")
+            assert not watch.quiet(), "modified and not closed: the writer may not be done"
+        await wakes.after(watch.quiet)  # IN_CLOSE_WRITE: the write is complete
+
+
+async def test_a_write_queued_after_the_wake_is_not_quiet_and_wakes_the_owner(
+    tmp_path: Path,
+) -> None:
+    target = tmp_path / "config.yaml"
+    wakes = Wakes()
+    with PathWatch(lambda: [target], wakes, poll_interval=3600, name="t") as watch:
+        target.write_text("one")
+        await wakes.after(target.exists)
+        before = wakes.count
+        target.write_text("two")  # events queued, not yet read by the loop
+        assert not watch.quiet(), "queued events mean the owner must look again"
+        assert wakes.count == before + 1, "the queued events reached the owner"
+
+
+async def test_a_polling_watch_is_never_quiet(tmp_path: Path) -> None:
+    target = tmp_path / "config.yaml"
+    target.write_text("a")
+    with PathWatch(
+        lambda: [target], Wakes(), poll_interval=3600, name="t", inotify=_no_inotify
+    ) as watch:
+        assert watch.polling is not None
+        assert not watch.quiet(), "without events nothing says a write has ended"
+
+
 async def test_a_directory_removed_and_re_created_is_watched_again(tmp_path: Path) -> None:
     plugins = tmp_path / "device-plugins"
     plugins.mkdir()

@@ -8,9 +8,12 @@ over a new `..2026_...` directory is seen as it happens; without inotify the wat
 `stat` every `POLL_INTERVAL`.
 
 Every read runs in a worker thread (`asyncio.to_thread`), so a slow disk or a large file
-never stalls gRPC, `/healthz` or SIGTERM. A file is applied only once it reads the same
-twice, `SETTLE_INTERVAL` apart (a file rewritten in place is never applied half-written),
-and on a reload an empty or whitespace-only file is refused, keeping the last good config
+never stalls gRPC, `/healthz` or SIGTERM. A file is applied only once it is known whole:
+on a reload woken by inotify whose events show every write finished (closed, or renamed
+into place as a ConfigMap swap does) one read is enough; otherwise (the first load, a
+SIGHUP, polling, a file modified and still open) it must read the same twice,
+`SETTLE_INTERVAL` apart, so a file rewritten in place is never applied half-written.
+On a reload an empty or whitespace-only file is refused, keeping the last good config
 (a ConfigMap being replaced can show up empty for a moment; taking it as "all defaults"
 would silently turn sharing off).
 
@@ -114,9 +117,9 @@ def _default_loader(data: bytes | None, overrides: Mapping[str, Any], source: st
 #: How often the config file and the named-config directory are checked where inotify is
 #: unavailable (the fallback); with inotify nothing is polled.
 POLL_INTERVAL = 0.2
-#: A file is applied once two reads this far apart agree. Every reload pays it once, so it
-#: is short: a writer that is still writing after it sends inotify another event, and the
-#: re-read that follows applies the finished file (docs/performance.md: reload <= 30 ms).
+#: A file is applied once two reads this far apart agree, unless inotify showed its write
+#: finished. Short: a writer that is still writing after it sends inotify another event,
+#: and the re-read that follows applies the finished file (docs/performance.md).
 SETTLE_INTERVAL = 0.01
 
 
@@ -206,7 +209,9 @@ class ConfigSource:
             key = (selection.path, selection.origin, str(selection.error), _stat(selection))
             if key != last_key or forced or last is None:
                 last_key = key
-                update = await self._load(selection, reload=last is not None)
+                # Only a reload woken by the watch itself may trust its events.
+                whole = watch.quiet if last is not None and not forced else None
+                update = await self._load(selection, reload=last is not None, whole=whole)
                 if _is_news(update, last, last_good):
                     last = update
                     if update.config is not None:
@@ -240,12 +245,18 @@ class ConfigSource:
             return _Selection(self._config_file, f"file {self._config_file}")
         return select_named(self._named, self._label_value)
 
-    async def _load(self, selection: _Selection, *, reload: bool) -> ConfigUpdate:
+    async def _load(
+        self,
+        selection: _Selection,
+        *,
+        reload: bool,
+        whole: Callable[[], bool] | None = None,
+    ) -> ConfigUpdate:
         """Read (settled), parse and validate off the loop; every failure is an update."""
         if selection.error is not None:
             return ConfigUpdate(None, selection.error, selection.origin)
         try:
-            data = await self._read_settled(selection.path)
+            data = await self._read_settled(selection.path, whole)
             if reload and data is not None and not data.strip():
                 raise ConfigError(
                     f"{selection.path}: the file is empty; keeping the last good config "
@@ -260,11 +271,16 @@ class ConfigSource:
             return ConfigUpdate(None, error, selection.origin)
         return ConfigUpdate(config, None, selection.origin)
 
-    async def _read_settled(self, path: Path | None) -> bytes | None:
-        """The file's bytes once two reads one poll apart agree (it is not being written)."""
+    async def _read_settled(
+        self, path: Path | None, whole: Callable[[], bool] | None = None
+    ) -> bytes | None:
+        """The file's bytes once known whole: `whole()` says so right after the read (no
+        write open, nothing new queued), or two reads a settle interval apart agree."""
         if path is None:
             return None
         data = await asyncio.to_thread(self._reader, path)
+        if whole is not None and whole():
+            return data
         while True:
             await asyncio.sleep(self._settle)
             again = await asyncio.to_thread(self._reader, path)

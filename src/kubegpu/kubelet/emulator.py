@@ -250,8 +250,10 @@ class KubeletEmulator:
             len(ep.devices),
             sum(d.healthy for d in ep.devices.values()),
         )
-        self._save()
+        # The kubelet's order (genericDeviceUpdateCallback): devices in memory first, then
+        # the checkpoint write, so the new capacity does not wait for the disk.
         await self._changed(ep.resource)
+        self._save()
 
     async def _on_disconnect(self, ep: Endpoint, reason: str) -> None:
         ep.alive = False

@@ -15,6 +15,11 @@ moves the watch to the new inode.
 Where inotify is unavailable (no kernel support, the per-user instance or watch limit
 reached), the watch says so once in the log and compares `stat` fingerprints every
 `poll_interval` instead.
+
+The events also tell whether a write is complete: a file modified (IN_MODIFY) stays
+"being written" until it is closed (IN_CLOSE_WRITE), renamed or deleted, while a file
+renamed into place (a ConfigMap swap, an editor's save) arrives whole. `PathWatch.quiet()`
+lets an owner read such a file once instead of twice, a settle interval apart.
 """
 
 from __future__ import annotations
@@ -57,6 +62,13 @@ def _masks() -> tuple[Any, Any]:
     moves = Mask.CREATE | Mask.DELETE | Mask.MOVED_FROM | Mask.MOVED_TO
     own = Mask.DELETE_SELF | Mask.MOVE_SELF | Mask.ONLYDIR | Mask.EXCL_UNLINK
     return moves | Mask.MODIFY | Mask.CLOSE_WRITE | Mask.ATTRIB | own, moves | own
+
+
+def _write_masks() -> tuple[Any, Any]:
+    """(events that open a write on a name, events after which the name is complete)."""
+    from asyncinotify import Mask
+
+    return Mask.MODIFY, Mask.CLOSE_WRITE | Mask.MOVED_FROM | Mask.MOVED_TO | Mask.DELETE
 
 
 def _existing_dir(directory: Path) -> Path:
@@ -134,6 +146,16 @@ class _Core:
         self._names: dict[int, frozenset[str] | None] = {}
         #: Why this watch polls (one line), or None while inotify serves it.
         self.polling: str | None = None
+        #: (watch descriptor, entry name) of files modified and not yet closed or moved.
+        self._writing: set[tuple[int, str]] = set()
+        #: The queue overflowed since the last look: writes may have gone unseen.
+        self._overflowed = False
+
+    def settled(self) -> bool:
+        """No watched file half-written (as of the events drained so far); a queue overflow
+        counts as a possible write once."""
+        overflowed, self._overflowed = self._overflowed, False
+        return not self._writing and not overflowed
 
     @property
     def fd(self) -> int | None:
@@ -178,10 +200,13 @@ class _Core:
                     self._inotify.rm_watch(watch)
         self._watches = wanted
         self._names = names
+        self._writing = {key for key in self._writing if key[0] in wanted}
 
     def _matters(self, event: Any) -> bool:
         """Whether an event can change what the owner looks at (a sibling's churn cannot)."""
         watch = event.watch
+        if watch is not None and watch.wd not in self._watches:
+            return False  # a watch re-arming dropped (its IN_IGNORED), or events before that
         if event.name is None or watch is None:
             return True  # the directory itself, an overflow, a watch that ended
         only = self._names.get(watch.wd)
@@ -195,6 +220,7 @@ class _Core:
         try:
             while (event := self._inotify.sync_get()) is not None:
                 seen = seen or self._matters(event)
+                self._track(event)
         except BlockingIOError:
             pass
         except OSError as exc:
@@ -202,11 +228,26 @@ class _Core:
             return True
         return seen
 
+    def _track(self, event: Any) -> None:
+        """Follow which entries are being written (see `writing`)."""
+        if event.watch is None:  # the queue overflowed: events, writes among them, lost
+            self._overflowed = True
+            return
+        if event.name is None:
+            return
+        opens, completes = _write_masks()
+        key = (event.watch.wd, str(event.name))
+        if event.mask & completes:
+            self._writing.discard(key)
+        elif event.mask & opens:
+            self._writing.add(key)
+
     def close(self) -> None:
         if self._inotify is not None:
             self._inotify.close()
             self._inotify = None
         self._watches = {}
+        self._writing = set()
 
     def _fall_back(self, exc: BaseException) -> None:
         reason = exc.strerror if isinstance(exc, OSError) and exc.strerror else str(exc)
@@ -266,6 +307,23 @@ class PathWatch:
         """Cover `paths()` again now (the owner's set changed)."""
         self._core.rearm()
         self._follow()
+
+    def quiet(self) -> bool:
+        """Whether the watched files are complete now: inotify serves this watch, no event
+        is queued, and no file was modified without being closed, moved or deleted since.
+
+        For an owner that has just read a file it was woken for: True means the bytes it
+        read are a finished write (no second read needed). Events found queued are handed
+        on as usual (`on_change`), so the owner looks again.
+        """
+        if self._core.fd is None:
+            return False  # polling: nothing says when a write ends
+        if self._core.drain():
+            self._core.rearm()
+            self._follow()
+            self._on_change()
+            return False
+        return self._core.settled()
 
     def close(self) -> None:
         self._stop_reading()
