@@ -55,7 +55,17 @@ def preferred_allocation(
     else:
         pool_ids = available
     by_id = spec.by_id
-    if not pool_ids <= by_id.keys():
+    shared = spec.sharing is not SharingKind.NONE
+    # Replicas: the pool's IDs per unit, counted by intersecting each unit's (spec-owned,
+    # hash-cached) ID set with the pool. The units partition the spec's IDs, so the counts
+    # add up to the pool exactly when every pooled ID is known: the check costs nothing more.
+    free_per_row: list[int] = []
+    if shared:
+        free_per_row = [len(pool_ids & ids) for ids in replica_index(spec).id_sets]
+        all_known = sum(free_per_row) == len(pool_ids)
+    else:
+        all_known = pool_ids <= by_id.keys()
+    if not all_known:
         unknown = [i for i in pool_ids if i not in by_id]
         if not isinstance(pool_ids, KeysView):
             unknown.sort()  # a set has no order of its own; the message must not vary
@@ -77,9 +87,9 @@ def preferred_allocation(
     need = size - len(chosen)
     if not need:
         return [d.id for d in chosen]
-    if spec.sharing is not SharingKind.NONE:
+    if shared:
         # Replicas: counted per unit in C-level passes, no sort of the (possibly huge) pool.
-        chosen += _replicas(spec, chosen, pool_ids, need, policy)
+        chosen += _replicas(spec, chosen, pool_ids, free_per_row, need, policy)
         return [d.id for d in chosen]
     taken = set(required)
     # Healthy devices first, then by (GPU, GPU instance, compute instance): the kubelet
@@ -929,21 +939,21 @@ def _replicas(
     spec: ResourceSpec,
     chosen: list[AdvertisedDevice],
     free: AbstractSet[str],
+    count: list[int],
     need: int,
     policy: AllocationPolicy,
 ) -> list[AdvertisedDevice]:
     """Replicas by `policy`; among equally used units, the one that talks best (under
     `objective`) with the units already in the request, then the lowest index.
 
-    `free` holds the offered IDs (it may hold `chosen` ones too; they are skipped). Free
-    replicas are counted per unit in one C-level pass and handed out by replica number
-    from the spec's index, so a request costs no sort and no Python loop over the pool.
+    `free` holds the offered IDs (it may hold `chosen` ones too; they are skipped) and
+    `count` how many of them each unit has (row order; counted by the caller in C-level
+    set intersections, and consumed here). Replicas are handed out by replica number from
+    the spec's index, so a request costs no sort and no Python loop over the pool.
     """
     index = replica_index(spec)
     link = spec_terms(spec).link
     taken = {d.id for d in chosen}
-    # Free replicas per unit: set intersections, each a C-level pass over one unit's IDs.
-    count = [len(free & ids) for ids in index.id_sets]
     in_request: dict[int, int] = {}
     for d in chosen:
         r = index.row_of[d.id]
