@@ -27,6 +27,7 @@ import math
 from collections.abc import Iterable, KeysView, Mapping, Sequence
 from collections.abc import Set as AbstractSet
 from dataclasses import dataclass
+from typing import cast
 
 from kubegpu.config import AllocationPolicy
 from kubegpu.devices import DeviceID, Gpu, Health, LinkKind, Vendor
@@ -101,6 +102,30 @@ def preferred_allocation(
     else:
         chosen += _best_units(chosen, pool, need, spec_terms(spec))
     return [d.id for d in chosen]
+
+
+def advertised(spec: ResourceSpec, ids: Iterable[str]) -> set[str]:
+    """The IDs among `ids` that `spec` advertises, as a set of the spec's own ID strings.
+
+    One C-level pass over `ids` (a request's protobuf field can carry thousands): each ID
+    is hashed and looked up once, and what lands in the set is the spec's string, whose
+    hash is cached and which later set operations against the spec's own sets (the replica
+    index) match by identity instead of by comparing characters.
+    """
+    hit = _canonical_cache.get(id(spec))
+    if hit is not None and hit[0] is spec:
+        canonical = hit[1]
+    else:
+        canonical = {d.id: d.id for d in spec.devices}
+        if len(_canonical_cache) >= TERMS_CACHE_SIZE:
+            del _canonical_cache[next(iter(_canonical_cache))]
+        _canonical_cache[id(spec)] = (spec, canonical)
+    found: set[str | None] = set(map(canonical.get, ids))
+    found.discard(None)  # the unknown ones
+    return cast(set[str], found)
+
+
+_canonical_cache: dict[int, tuple[ResourceSpec, dict[str, str]]] = {}
 
 
 def device_rank(spec: ResourceSpec) -> Mapping[str, int]:

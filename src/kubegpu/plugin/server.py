@@ -37,7 +37,7 @@ from kubegpu.metrics import Metrics
 from kubegpu.plugin.registration import register
 from kubegpu.plugin.status import status_for
 from kubegpu.resources import ResourceSpec, SharingKind
-from kubegpu.topology import preferred_allocation
+from kubegpu.topology import advertised, preferred_allocation
 
 log = logging.getLogger("kubegpu.plugin")
 
@@ -251,11 +251,11 @@ def _prefer(
     the hint is built from the rest. The kubelet makes the final choice anyway.
     """
     # The offered IDs that are still advertised, as a set, in one C-level pass (a request
-    # can carry thousands): each ID is created, hashed and looked up once, and `topology`
-    # takes the set as is. Fewer than offered means vanished IDs (or repeats: set semantics).
+    # can carry thousands), which `topology` takes as is. Fewer than offered means
+    # vanished IDs (or repeats: set semantics, as the kubelet's own sets have).
     offered = req.available_deviceIDs
     known = spec.by_id.keys()
-    available = known & offered
+    available = advertised(spec, offered)
     must_include = dict.fromkeys(req.must_include_deviceIDs)
     if len(available) < len(offered) or not must_include.keys() <= known:
         order = dict.fromkeys([*req.must_include_deviceIDs, *offered])
