@@ -24,6 +24,7 @@ from __future__ import annotations
 import itertools
 import logging
 import math
+import operator
 from collections.abc import Iterable, KeysView, Mapping, Sequence
 from collections.abc import Set as AbstractSet
 from dataclasses import dataclass
@@ -915,6 +916,9 @@ class ReplicaIndex:
     unhealthy: tuple[int, ...]
     #: Per row, its place in (GPU index, GPU instance, compute instance) order.
     rank: tuple[int, ...]
+    #: Per row, its pair weight with every row in choice-key units (`_RANK` apiece): what
+    #: each unit's key drops by when that row joins a request.
+    gain_steps: tuple[tuple[int, ...], ...]
 
 
 def replica_index(spec: ResourceSpec) -> ReplicaIndex:
@@ -940,6 +944,7 @@ def replica_index(spec: ResourceSpec) -> ReplicaIndex:
         id_sets=tuple(frozenset(d.id for d in devices) for devices in by_row),
         unhealthy=tuple(int(d.health is not Health.HEALTHY) for d in first),
         rank=tuple(rank),
+        gain_steps=tuple(tuple(w * _RANK for w in row) for row in terms.link),
     )
     if len(_replica_cache) >= TERMS_CACHE_SIZE:
         del _replica_cache[next(iter(_replica_cache))]
@@ -1021,8 +1026,9 @@ def _replicas(
         else:
             key[target] += (1 << 32) * _TAIL + 2 * _TAIL
         if not in_request.get(target):
-            # A new unit in the request: every unit gains its pair weight with it once.
-            row = link[target]
-            key = [k if k >= _GONE else k - w * _RANK for k, w in zip(key, row, strict=True)]
+            # A new unit in the request: every unit gains its pair weight with it once, in
+            # one C-level pass. A gone unit's key drops too, harmlessly: `_GONE` is so far
+            # above every live key that a request's gains never bring it near one.
+            key = list(map(operator.sub, key, index.gain_steps[target]))
         in_request[target] = in_request.get(target, 0) + 1
     return picked
