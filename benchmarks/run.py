@@ -714,9 +714,11 @@ TARGETS: list[tuple[str, str, str, Callable[[Figures], bool] | None]] = [
     (
         "placement_socket_worst_over_floor_p50",
         "×",
-        "≤ 1.5 × floor at 8/16/64 GPUs, 64×48",
+        "≤ 1.5 × typed floor at 8/16/64 GPUs, 64×48",
         lambda f: f["placement_socket_worst_over_floor_p50"] <= 1.5,
     ),
+    # The stricter floor (no protobuf at all), shown beside the judged one.
+    ("placement_socket_worst_over_raw_floor_p50", "×", "", None),
     # Issue 9, from benchmarks/watch.py: kubelet restart -> re-registered over 200 restarts
     # (sockets wiped; whole directory wiped), config change -> new list at the kubelet.
     ("reregister_median_ms", "ms", "≤ 6 ms", lambda f: f["reregister_median_ms"] <= 6),

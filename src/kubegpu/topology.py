@@ -24,9 +24,11 @@ from __future__ import annotations
 import itertools
 import logging
 import math
+import operator
 from collections.abc import Iterable, KeysView, Mapping, Sequence
 from collections.abc import Set as AbstractSet
 from dataclasses import dataclass
+from typing import cast
 
 from kubegpu.config import AllocationPolicy
 from kubegpu.devices import DeviceID, Gpu, Health, LinkKind, Vendor
@@ -55,7 +57,17 @@ def preferred_allocation(
     else:
         pool_ids = available
     by_id = spec.by_id
-    if not pool_ids <= by_id.keys():
+    shared = spec.sharing is not SharingKind.NONE
+    # Replicas: the pool's IDs per unit, counted by intersecting each unit's (spec-owned,
+    # hash-cached) ID set with the pool. The units partition the spec's IDs, so the counts
+    # add up to the pool exactly when every pooled ID is known: the check costs nothing more.
+    free_per_row: list[int] = []
+    if shared:
+        free_per_row = [len(pool_ids & ids) for ids in replica_index(spec).id_sets]
+        all_known = sum(free_per_row) == len(pool_ids)
+    else:
+        all_known = pool_ids <= by_id.keys()
+    if not all_known:
         unknown = [i for i in pool_ids if i not in by_id]
         if not isinstance(pool_ids, KeysView):
             unknown.sort()  # a set has no order of its own; the message must not vary
@@ -77,9 +89,9 @@ def preferred_allocation(
     need = size - len(chosen)
     if not need:
         return [d.id for d in chosen]
-    if spec.sharing is not SharingKind.NONE:
+    if shared:
         # Replicas: counted per unit in C-level passes, no sort of the (possibly huge) pool.
-        chosen += _replicas(spec, chosen, pool_ids, need, policy)
+        chosen += _replicas(spec, chosen, pool_ids, free_per_row, need, policy)
         return [d.id for d in chosen]
     taken = set(required)
     # Healthy devices first, then by (GPU, GPU instance, compute instance): the kubelet
@@ -91,6 +103,30 @@ def preferred_allocation(
     else:
         chosen += _best_units(chosen, pool, need, spec_terms(spec))
     return [d.id for d in chosen]
+
+
+def advertised(spec: ResourceSpec, ids: Iterable[str]) -> set[str]:
+    """The IDs among `ids` that `spec` advertises, as a set of the spec's own ID strings.
+
+    One C-level pass over `ids` (a request's protobuf field can carry thousands): each ID
+    is hashed and looked up once, and what lands in the set is the spec's string, whose
+    hash is cached and which later set operations against the spec's own sets (the replica
+    index) match by identity instead of by comparing characters.
+    """
+    hit = _canonical_cache.get(id(spec))
+    if hit is not None and hit[0] is spec:
+        canonical = hit[1]
+    else:
+        canonical = {d.id: d.id for d in spec.devices}
+        if len(_canonical_cache) >= TERMS_CACHE_SIZE:
+            del _canonical_cache[next(iter(_canonical_cache))]
+        _canonical_cache[id(spec)] = (spec, canonical)
+    found: set[str | None] = set(map(canonical.get, ids))
+    found.discard(None)  # the unknown ones
+    return cast(set[str], found)
+
+
+_canonical_cache: dict[int, tuple[ResourceSpec, dict[str, str]]] = {}
 
 
 def device_rank(spec: ResourceSpec) -> Mapping[str, int]:
@@ -880,6 +916,9 @@ class ReplicaIndex:
     unhealthy: tuple[int, ...]
     #: Per row, its place in (GPU index, GPU instance, compute instance) order.
     rank: tuple[int, ...]
+    #: Per row, its pair weight with every row in choice-key units (`_RANK` apiece): what
+    #: each unit's key drops by when that row joins a request.
+    gain_steps: tuple[tuple[int, ...], ...]
 
 
 def replica_index(spec: ResourceSpec) -> ReplicaIndex:
@@ -905,6 +944,7 @@ def replica_index(spec: ResourceSpec) -> ReplicaIndex:
         id_sets=tuple(frozenset(d.id for d in devices) for devices in by_row),
         unhealthy=tuple(int(d.health is not Health.HEALTHY) for d in first),
         rank=tuple(rank),
+        gain_steps=tuple(tuple(w * _RANK for w in row) for row in terms.link),
     )
     if len(_replica_cache) >= TERMS_CACHE_SIZE:
         del _replica_cache[next(iter(_replica_cache))]
@@ -929,21 +969,21 @@ def _replicas(
     spec: ResourceSpec,
     chosen: list[AdvertisedDevice],
     free: AbstractSet[str],
+    count: list[int],
     need: int,
     policy: AllocationPolicy,
 ) -> list[AdvertisedDevice]:
     """Replicas by `policy`; among equally used units, the one that talks best (under
     `objective`) with the units already in the request, then the lowest index.
 
-    `free` holds the offered IDs (it may hold `chosen` ones too; they are skipped). Free
-    replicas are counted per unit in one C-level pass and handed out by replica number
-    from the spec's index, so a request costs no sort and no Python loop over the pool.
+    `free` holds the offered IDs (it may hold `chosen` ones too; they are skipped) and
+    `count` how many of them each unit has (row order; counted by the caller in C-level
+    set intersections, and consumed here). Replicas are handed out by replica number from
+    the spec's index, so a request costs no sort and no Python loop over the pool.
     """
     index = replica_index(spec)
     link = spec_terms(spec).link
     taken = {d.id for d in chosen}
-    # Free replicas per unit: set intersections, each a C-level pass over one unit's IDs.
-    count = [len(free & ids) for ids in index.id_sets]
     in_request: dict[int, int] = {}
     for d in chosen:
         r = index.row_of[d.id]
@@ -986,8 +1026,9 @@ def _replicas(
         else:
             key[target] += (1 << 32) * _TAIL + 2 * _TAIL
         if not in_request.get(target):
-            # A new unit in the request: every unit gains its pair weight with it once.
-            row = link[target]
-            key = [k if k >= _GONE else k - w * _RANK for k, w in zip(key, row, strict=True)]
+            # A new unit in the request: every unit gains its pair weight with it once, in
+            # one C-level pass. A gone unit's key drops too, harmlessly: `_GONE` is so far
+            # above every live key that a request's gains never bring it near one.
+            key = list(map(operator.sub, key, index.gain_steps[target]))
         in_request[target] = in_request.get(target, 0) + 1
     return picked

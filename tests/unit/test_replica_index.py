@@ -5,13 +5,18 @@ on random NVLink fabrics, random free replicas, must-include IDs and unhealthy G
 from __future__ import annotations
 
 import itertools
+import logging
 
+import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
+from kubegpu.api import pb
 from kubegpu.config import AllocationPolicy, parse_config
 from kubegpu.devices import Health, Link, LinkKind
 from kubegpu.devices.model import DeviceID
+from kubegpu.errors import AllocationError
+from kubegpu.plugin.server import _prefer
 from kubegpu.resources import AdvertisedDevice, ResourceSpec, build_resources
 from kubegpu.topology import link_weight, preferred_allocation
 from tests.builders import gpu, inventory
@@ -114,3 +119,46 @@ def test_replicas_follow_the_policy_rules(
     # The server hands the offered IDs over as a set (a dict is taken as is too): the same.
     assert preferred_allocation(spec, set(free), must, size, policy) == expected
     assert preferred_allocation(spec, dict.fromkeys(free), must, size, policy) == expected
+    # The server's own path: the protobuf field turned into a set in one pass. An ID
+    # offered twice counts once (set semantics), so repeating every ID changes nothing.
+    req = pb.ContainerPreferredAllocationRequest(
+        available_deviceIDs=[*free, *reversed(free)],
+        must_include_deviceIDs=must,
+        allocation_size=size,
+    )
+    assert _prefer(spec, req, policy) == expected
+
+
+def _shared(replicas: int = 3) -> ResourceSpec:
+    config = (
+        "version: v1\nsharing:\n  timeSlicing:\n    resources:\n"
+        f"    - name: nvidia.com/gpu\n      replicas: {replicas}\n"
+    )
+    (spec,) = build_resources(inventory(gpu(0), gpu(1)), parse_config(config))
+    return spec
+
+
+def test_unknown_replica_id_is_refused_by_name() -> None:
+    # Replica pools are checked by counting IDs per unit (no separate pass): an unknown
+    # ID must still be named, before any size check.
+    spec = _shared()
+    ids = [d.id for d in spec.devices]
+    with pytest.raises(AllocationError, match=r"unknown device ID\(s\) 'GPU-gone::0'"):
+        preferred_allocation(spec, {*ids, "GPU-gone::0"}, [], 99)
+
+
+def test_repeated_offers_are_not_reported_as_vanished(caplog: pytest.LogCaptureFixture) -> None:
+    spec = _shared()
+    ids = [d.id for d in spec.devices]
+    req = pb.ContainerPreferredAllocationRequest(
+        available_deviceIDs=[ids[0], ids[0], ids[4]], allocation_size=2
+    )
+    with caplog.at_level(logging.INFO, "kubegpu.plugin"):
+        got = _prefer(spec, req, AllocationPolicy.DISTRIBUTED)
+    assert sorted(got) == sorted([ids[0], ids[4]])
+    assert "no longer advertised" not in caplog.text
+    # A vanished ID among them is still reported, and only it.
+    req.available_deviceIDs.append("GPU-gone::1")
+    with caplog.at_level(logging.INFO, "kubegpu.plugin"):
+        assert sorted(_prefer(spec, req, AllocationPolicy.DISTRIBUTED)) == sorted(got)
+    assert "ignoring 1 ID(s) no longer advertised" in caplog.text

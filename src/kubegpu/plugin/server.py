@@ -37,7 +37,7 @@ from kubegpu.metrics import Metrics
 from kubegpu.plugin.registration import register
 from kubegpu.plugin.status import status_for
 from kubegpu.resources import ResourceSpec, SharingKind
-from kubegpu.topology import preferred_allocation
+from kubegpu.topology import advertised, preferred_allocation
 
 log = logging.getLogger("kubegpu.plugin")
 
@@ -252,20 +252,23 @@ def _prefer(
     refusing the whole call would fail the pod, so vanished IDs are dropped (logged) and
     the hint is built from the rest. The kubelet makes the final choice anyway.
     """
-    # The offered IDs as a set, each hashed once: a request can carry thousands.
-    available = set(req.available_deviceIDs)
-    must_include = dict.fromkeys(req.must_include_deviceIDs)
+    # The offered IDs that are still advertised, as a set, in one C-level pass (a request
+    # can carry thousands), which `topology` takes as is. Fewer than offered means
+    # vanished IDs (or repeats: set semantics, as the kubelet's own sets have).
+    offered = req.available_deviceIDs
     known = spec.by_id.keys()
-    if not (available <= known and must_include.keys() <= known):
-        order = dict.fromkeys([*req.must_include_deviceIDs, *req.available_deviceIDs])
+    available = advertised(spec, offered)
+    must_include = dict.fromkeys(req.must_include_deviceIDs)
+    if len(available) < len(offered) or not must_include.keys() <= known:
+        order = dict.fromkeys([*req.must_include_deviceIDs, *offered])
         gone = [i for i in order if i not in known]
-        log.info(
-            "GetPreferredAllocation for %s: ignoring %d ID(s) no longer advertised: %s",
-            spec.name,
-            len(gone),
-            describe_ids(gone),
-        )
-        available = {i for i in available if i in known}
+        if gone:
+            log.info(
+                "GetPreferredAllocation for %s: ignoring %d ID(s) no longer advertised: %s",
+                spec.name,
+                len(gone),
+                describe_ids(gone),
+            )
         must_include = {i: None for i in must_include if i in known}
     size = req.allocation_size
     if size <= 0:
