@@ -15,8 +15,10 @@ import ast
 import re
 from pathlib import Path
 
+import click
 import pytest
 
+from kubegpu.cli.serve import serve
 from kubegpu.metrics import Metrics
 
 REPO = Path(__file__).resolve().parents[2]
@@ -190,3 +192,17 @@ def test_paths_named_in_the_map_exist(document: Path) -> None:
     assert named, f"no paths found in {document.name}: the pattern is broken"
     missing = sorted(p for p in named if not (REPO / p).exists())
     assert not missing, f"{document.name} names paths that do not exist: {missing}"
+
+
+def test_every_serve_option_and_its_env_vars_are_in_configuration_md() -> None:
+    """README promises "every config key, flag and env var" in docs/configuration.md."""
+    text = (REPO / "docs" / "configuration.md").read_text(encoding="utf-8")
+    options = [p for p in serve.params if isinstance(p, click.Option) and p.envvar]
+    assert len(options) > 30, "serve's options were not read"
+    missing: list[str] = []
+    for option in options:
+        envvar = option.envvar or ()
+        envvars = [envvar] if isinstance(envvar, str) else list(envvar)
+        names = [option.opts[0], *envvars]
+        missing += [n for n in names if f"`{n}`" not in text]
+    assert not missing, f"docs/configuration.md does not mention serve's {missing}"
