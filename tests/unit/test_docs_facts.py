@@ -12,6 +12,8 @@ silently matches nothing, so an alert written from the docs would never fire.
 from __future__ import annotations
 
 import ast
+import importlib
+import importlib.util
 import re
 from pathlib import Path
 
@@ -206,3 +208,61 @@ def test_every_serve_option_and_its_env_vars_are_in_configuration_md() -> None:
         names = [option.opts[0], *envvars]
         missing += [n for n in names if f"`{n}`" not in text]
     assert not missing, f"docs/configuration.md does not mention serve's {missing}"
+
+
+def _class_members() -> dict[str, set[str]]:
+    """Class name -> its methods and attributes (`self.x = ...` included), over src/."""
+    members: dict[str, set[str]] = {}
+    for path in SRC.rglob("*.py"):
+        for node in ast.walk(ast.parse(path.read_text(encoding="utf-8"))):
+            if not isinstance(node, ast.ClassDef):
+                continue
+            found = members.setdefault(node.name, set())
+            for item in node.body:
+                if isinstance(item, ast.FunctionDef | ast.AsyncFunctionDef):
+                    found.add(item.name)
+                elif isinstance(item, ast.AnnAssign) and isinstance(item.target, ast.Name):
+                    found.add(item.target.id)
+            # Instance attributes: `self.x = ...` in any method.
+            found.update(
+                item.attr
+                for item in ast.walk(node)
+                if isinstance(item, ast.Attribute)
+                and isinstance(item.ctx, ast.Store)
+                and isinstance(item.value, ast.Name)
+                and item.value.id == "self"
+            )
+    return members
+
+
+def test_the_classes_and_members_the_map_names_exist() -> None:
+    """A stale `Daemon._refresh` in the map would send a newcomer nowhere."""
+    members = _class_members()
+    named = set(re.findall(r"`([A-Z]\w+)\.(\w+)`", ARCHITECTURE.read_text(encoding="utf-8")))
+    assert ("NodeState", "check") in named, "the pattern no longer finds Class.member"
+    missing = sorted(f"{c}.{m}" for c, m in named if m not in members.get(c, set()))
+    assert not missing, f"architecture.md names members that do not exist: {missing}"
+    assert "_refresh" not in members["Daemon"], "the check would not see a stale Daemon._refresh"
+
+
+def _importable(module: str) -> bool:
+    try:
+        return importlib.util.find_spec(module) is not None
+    except ModuleNotFoundError:  # a name under a module, not a package
+        return False
+
+
+def test_the_kubegpu_names_the_map_gives_import() -> None:
+    named = set(re.findall(r"`(kubegpu(?:\.\w+)+)`", ARCHITECTURE.read_text(encoding="utf-8")))
+    assert named, "the pattern no longer finds kubegpu.* names"
+    missing = []
+    for name in sorted(named):
+        parts = name.split(".")
+        # The longest importable prefix, then attributes (`kubegpu.kube.FakeKube`).
+        cut = next(i for i in range(len(parts), 0, -1) if _importable(".".join(parts[:i])))
+        obj: object = importlib.import_module(".".join(parts[:cut]))
+        for attribute in parts[cut:]:
+            obj = getattr(obj, attribute, None)
+        if obj is None:
+            missing.append(name)
+    assert not missing, f"architecture.md names {missing}, which do not exist"
