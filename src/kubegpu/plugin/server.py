@@ -37,7 +37,6 @@ from kubegpu.metrics import Metrics
 from kubegpu.plugin.registration import register
 from kubegpu.plugin.status import status_for
 from kubegpu.resources import ResourceSpec, SharingKind
-from kubegpu.topology import preferred_allocation
 
 log = logging.getLogger("kubegpu.plugin")
 
@@ -271,6 +270,9 @@ def _prefer(
     pool = len(available) + sum(1 for i in must_include if i not in available)
     if pool == 0:
         return []
+    # Imported on the first request, not before registering (~1,000 lines of placement).
+    from kubegpu.topology import preferred_allocation
+
     # Fewer devices left than asked for: prefer all of them; the kubelet decides.
     return list(preferred_allocation(spec, available, must_include, min(size, pool), policy))
 
