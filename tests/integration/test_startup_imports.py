@@ -71,6 +71,7 @@ async def test_importing_the_daemon_loads_no_kubernetes_labeller_yaml_or_prometh
         "kubegpu.topology",
         "yaml",
         "prometheus_client",
+        "difflib",
     )
     loaded = await _loaded_by(code, watched=watched, report=report)
     # The first name proves the probe ran; the others must not have come with it.
@@ -87,7 +88,8 @@ async def test_serve_registers_and_allocates_without_the_kubernetes_client(
     nor kubegpu's adapter to it, also with NODE_NAME set (events on): both load with the
     first Event sent. Nor prometheus_client without a metrics port: it loads on the first
     scrape. Placement (`kubegpu.topology`) loads with the first GetPreferredAllocation,
-    which the kubelet sends before Allocate, and not before."""
+    which the kubelet sends before Allocate, and not before. Nor difflib: the config
+    loader needs it only to suggest a fix for an unknown key."""
     kubelet = KubeletEmulator(socket_dir / "dp", grace_period=0.5)
     await kubelet.start()
     report = socket_dir / "loaded"
@@ -97,6 +99,7 @@ async def test_serve_registers_and_allocates_without_the_kubernetes_client(
         "kubegpu.kube",
         "kubegpu.topology",
         "prometheus_client",
+        "difflib",
     )
     args = ["serve", "--simulate", "a10g-4", "--device-plugin-path", str(kubelet.plugin_dir)]
     env = _env(**({"NODE_NAME": node_name} if node_name else {}))
