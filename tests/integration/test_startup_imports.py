@@ -178,3 +178,14 @@ async def test_pydantic_plugins_are_not_looked_for_unless_the_user_sets_the_vari
     _, err = await asyncio.wait_for(proc.communicate(), 30)
     assert proc.returncode == 0, err.decode()
     assert set(report.read_text().split()) == scanned
+
+
+def test_events_still_answers_to_the_old_name_of_kube_errors() -> None:
+    """`events.EventError` (before `kubegpu.kube`) resolves on use, to `KubeError`, now that
+    importing events no longer imports the adapter; other missing names still fail."""
+    from kubegpu import events
+    from kubegpu.kube import KubeError
+
+    assert events.EventError is KubeError
+    with pytest.raises(AttributeError, match="no attribute 'NoSuchName'"):
+        _ = events.NoSuchName
