@@ -25,11 +25,14 @@ from collections.abc import Callable, Mapping
 from dataclasses import dataclass, field
 from datetime import UTC, datetime
 from enum import StrEnum
-from typing import Any, Protocol
+from typing import TYPE_CHECKING, Any, Protocol
 
-from kubegpu.kube import Kube, KubeError, default_client
 from kubegpu.metrics import Metrics
 from kubegpu.supervisor import spawn
+
+if TYPE_CHECKING:
+    # The adapter is imported with the first event sent (`LazySink`), not at start-up.
+    from kubegpu.kube import Kube, KubeError
 
 log = logging.getLogger(__name__)
 
@@ -55,8 +58,14 @@ class Reason(StrEnum):
     MPS_DAEMON_FAILED = "MPSDaemonFailed"
 
 
-#: The name events' failures had before `kubegpu.kube`; every API failure is a `KubeError` now.
-EventError = KubeError
+def __getattr__(name: str) -> type[KubeError]:
+    """`EventError`: the name events' failures had before `kubegpu.kube`; every API
+    failure is a `KubeError` now (resolved on use, so importing events loads no adapter)."""
+    if name == "EventError":
+        from kubegpu.kube import KubeError
+
+        return KubeError
+    raise AttributeError(f"module {__name__!r} has no attribute {name!r}")
 
 
 @dataclass(frozen=True)
@@ -89,6 +98,8 @@ class KubernetesEventSink:
     @classmethod
     def connect(cls) -> KubernetesEventSink:
         """On the process's one client, its credentials loaded now (raises `KubeError`)."""
+        from kubegpu.kube import default_client
+
         return cls(default_client().connect())
 
     def body(self, event: NodeEvent) -> dict[str, Any]:
@@ -216,6 +227,8 @@ class NodeEvents:
             return cls.disabled()
         if lazy:
             return cls(node, LazySink(connect), metrics=metrics)
+        from kubegpu.kube import KubeError
+
         try:
             sink = connect()
         except KubeError as e:

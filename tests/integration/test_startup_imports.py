@@ -1,6 +1,7 @@
 """What `kubegpu serve` imports: start-up time and RSS pay for every module loaded before
-registering, so the clients of outside worlds (Kubernetes) and the parts only some runs
-need (the labeller, PyYAML without a config file) load when first used, not at import.
+registering, so the clients of outside worlds (Kubernetes, and kubegpu's own adapter to
+it), the parts only some runs need (the labeller, PyYAML without a config file) and the
+parts only some requests need (placement) load when first used, not at import.
 
 Each probe runs in a fresh interpreter: `sys.modules` of the test process is shared with
 every other test and says nothing.
@@ -62,23 +63,44 @@ async def test_importing_the_daemon_loads_no_kubernetes_labeller_yaml_or_prometh
         "import kubegpu.daemon; "
         "open(report, 'w').write(' '.join(m for m in watched if m in sys.modules))"
     )
-    watched = ("kubegpu.daemon", "kubernetes", "kubegpu.labeller", "yaml", "prometheus_client")
+    watched = (
+        "kubegpu.daemon",
+        "kubernetes",
+        "kubegpu.kube",
+        "kubegpu.labeller",
+        "kubegpu.topology",
+        "yaml",
+        "prometheus_client",
+        "difflib",
+    )
     loaded = await _loaded_by(code, watched=watched, report=report)
     # The first name proves the probe ran; the others must not have come with it.
     assert loaded == {"kubegpu.daemon"}
 
 
-@pytest.mark.parametrize("node_name", [None, "node-a"])
+@pytest.mark.parametrize(
+    ("node_name", "allocate"), [(None, True), ("node-a", True), (None, False), ("node-a", False)]
+)
 async def test_serve_registers_and_allocates_without_the_kubernetes_client(
-    socket_dir: Path, node_name: str | None
+    socket_dir: Path, node_name: str | None, allocate: bool
 ) -> None:
     """`serve` up to registered, one Allocate and a clean stop load no Kubernetes client,
-    also with NODE_NAME set (events on): the client loads with the first Event sent. Nor
-    prometheus_client without a metrics port: it loads on the first scrape."""
+    nor kubegpu's adapter to it, also with NODE_NAME set (events on): both load with the
+    first Event sent. Nor prometheus_client without a metrics port: it loads on the first
+    scrape. Placement (`kubegpu.topology`) loads with the first GetPreferredAllocation,
+    which the kubelet sends before Allocate, and not before. Nor difflib: the config
+    loader needs it only to suggest a fix for an unknown key."""
     kubelet = KubeletEmulator(socket_dir / "dp", grace_period=0.5)
     await kubelet.start()
     report = socket_dir / "loaded"
-    watched = ("kubegpu.daemon", "kubernetes", "prometheus_client")
+    watched = (
+        "kubegpu.daemon",
+        "kubernetes",
+        "kubegpu.kube",
+        "kubegpu.topology",
+        "prometheus_client",
+        "difflib",
+    )
     args = ["serve", "--simulate", "a10g-4", "--device-plugin-path", str(kubelet.plugin_dir)]
     env = _env(**({"NODE_NAME": node_name} if node_name else {}))
     proc = await asyncio.create_subprocess_exec(
@@ -94,10 +116,76 @@ async def test_serve_registers_and_allocates_without_the_kubernetes_client(
     )
     try:
         await kubelet.wait_for_resource(GPU, capacity=4, allocatable=4, timeout=20)
-        await kubelet.allocate(GPU, 1, pod="p")
+        if allocate:
+            await kubelet.allocate(GPU, 1, pod="p")
     finally:
         proc.send_signal(signal.SIGTERM)
         _, err = await asyncio.wait_for(proc.communicate(), 20)
         await kubelet.stop()
     assert proc.returncode == 0, err.decode()
-    assert set(report.read_text().split()) == {"kubegpu.daemon"}
+    placement = {"kubegpu.topology"} if allocate else set()
+    assert set(report.read_text().split()) == {"kubegpu.daemon", *placement}
+
+
+#: Runs `kubegpu <args>` as PROBE does and writes the entry-point groups scanned (pydantic
+#: scans group "pydantic" for plugins when it builds its first model, unless disabled).
+SCAN_PROBE = """
+import atexit, importlib.metadata, runpy, sys
+report, scanned, scan = sys.argv[1], [], importlib.metadata.entry_points
+def entry_points(**params):
+    scanned.append(str(params.get("group")))
+    return scan(**params)
+importlib.metadata.entry_points = entry_points
+def write():
+    with open(report, "w") as f:
+        f.write(" ".join(["ran", *scanned]))
+atexit.register(write)
+sys.argv = ["kubegpu", *sys.argv[2:]]
+runpy.run_module("kubegpu.cli", run_name="__main__", alter_sys=True)
+"""
+
+
+@pytest.mark.parametrize(
+    ("user_value", "scanned"),
+    [(None, {"ran"}), ("", {"ran", "pydantic"}), ("some-plugin", {"ran", "pydantic"})],
+)
+async def test_pydantic_plugins_are_not_looked_for_unless_the_user_sets_the_variable(
+    tmp_path: Path, user_value: str | None, scanned: set[str]
+) -> None:
+    """kubegpu uses no pydantic plugins, so the CLI sets PYDANTIC_DISABLE_PLUGINS=__all__
+    and pydantic skips its scan of every installed distribution; a value the user set
+    (even empty) is theirs and pydantic looks for plugins as it always does."""
+    config = tmp_path / "config.yaml"
+    config.write_text("version: v1\n")
+    report = tmp_path / "scanned"
+    env = _env()
+    env.pop("PYDANTIC_DISABLE_PLUGINS", None)
+    if user_value is not None:
+        env["PYDANTIC_DISABLE_PLUGINS"] = user_value
+    proc = await asyncio.create_subprocess_exec(
+        sys.executable,
+        "-c",
+        SCAN_PROBE,
+        str(report),
+        "check",
+        str(config),
+        "--simulate",
+        "a10g-4",
+        env=env,
+        stdout=asyncio.subprocess.DEVNULL,
+        stderr=asyncio.subprocess.PIPE,
+    )
+    _, err = await asyncio.wait_for(proc.communicate(), 30)
+    assert proc.returncode == 0, err.decode()
+    assert set(report.read_text().split()) == scanned
+
+
+def test_events_still_answers_to_the_old_name_of_kube_errors() -> None:
+    """`events.EventError` (before `kubegpu.kube`) resolves on use, to `KubeError`, now that
+    importing events no longer imports the adapter; other missing names still fail."""
+    from kubegpu import events
+    from kubegpu.kube import KubeError
+
+    assert events.EventError is KubeError
+    with pytest.raises(AttributeError, match="no attribute 'NoSuchName'"):
+        _ = events.NoSuchName

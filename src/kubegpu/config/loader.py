@@ -17,7 +17,6 @@ from __future__ import annotations
 
 import contextlib
 import copy
-import difflib
 import json
 import typing
 from collections.abc import Iterator, Mapping, Sequence
@@ -262,6 +261,8 @@ def _unknown_key(loc: Sequence[Any]) -> str:
     by_lower = {v.lower().replace("_", ""): v for v in valid}
     guess = by_lower.get(key.lower().replace("_", ""))
     if guess is None:
+        import difflib  # only a config with a typo pays for it
+
         close = difflib.get_close_matches(key, valid, n=1, cutoff=0.6)
         guess = close[0] if close else None
     if guess is not None:

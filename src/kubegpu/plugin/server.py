@@ -37,7 +37,6 @@ from kubegpu.metrics import Metrics
 from kubegpu.plugin.registration import register
 from kubegpu.plugin.status import status_for
 from kubegpu.resources import ResourceSpec, SharingKind
-from kubegpu.topology import advertised, preferred_allocation
 
 log = logging.getLogger("kubegpu.plugin")
 
@@ -252,6 +251,9 @@ def _prefer(
     refusing the whole call would fail the pod, so vanished IDs are dropped (logged) and
     the hint is built from the rest. The kubelet makes the final choice anyway.
     """
+    # Placement is imported on the first request, not before registering (~1,000 lines).
+    from kubegpu.topology import advertised, preferred_allocation
+
     # The offered IDs that are still advertised, as a set, in one C-level pass (a request
     # can carry thousands), which `topology` takes as is. Fewer than offered means
     # vanished IDs (or repeats: set semantics, as the kubelet's own sets have).
