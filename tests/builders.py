@@ -1,9 +1,11 @@
-"""Small hand-built inventories for unit tests of the pure layers."""
+"""Small hand-built inventories for unit tests of the pure layers, and the labeller's
+one-GPU node with a recording sink."""
 
 from __future__ import annotations
 
-from collections.abc import Sequence
+from collections.abc import Callable, Mapping, Sequence
 
+from kubegpu.config import Config
 from kubegpu.devices import Gpu, Inventory, Link, LinkKind, MigDevice
 
 
@@ -66,3 +68,36 @@ def nvlinked(count: int, *, numa_split: int | None = None) -> Inventory:
         numa = 0 if numa_split is None or i < numa_split else 1
         gpus.append(gpu(i, numa=numa, links=links))
     return inventory(*gpus)
+
+
+# -- the labeller's one-GPU node and a sink that records what it was given --------------
+
+T4 = Gpu(
+    index=0,
+    uuid="GPU-t4",
+    minor=0,
+    product="Tesla T4",
+    memory_mib=15360,
+    pci_bus_id="0000:00:1e.0",
+    numa_node=0,
+    compute_capability=(7, 5),
+    brand="Tesla",
+)
+NODE = Inventory(gpus=(T4,), driver_version="550.54.15", cuda_driver_version=(12, 4))
+
+
+def config() -> Config:
+    """The default config, as a `load_config` callable for the labeller."""
+    return Config()
+
+
+class RecordingSink:
+    """A `LabelSink` that keeps every label set; `on_publish` sees the running count."""
+
+    def __init__(self, on_publish: Callable[[int], None] = lambda n: None) -> None:
+        self.published: list[dict[str, str]] = []
+        self.on_publish = on_publish
+
+    async def publish(self, labels: Mapping[str, str]) -> None:
+        self.published.append(dict(labels))
+        self.on_publish(len(self.published))

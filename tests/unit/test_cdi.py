@@ -291,10 +291,13 @@ def test_cli_without_subcommand_is_usage_error(capsys: pytest.CaptureFixture[str
     assert "usage:" in capsys.readouterr().err
 
 
-def test_cli_backend_failure_is_exit_1(capsys: pytest.CaptureFixture[str]) -> None:
-    args = parse(["cdi", "generate", "--device-discovery-strategy", "bogus"])
-    args["simulate"] = None
-    assert cdi_cli.run_generate(args) == 1
+def test_cli_backend_failure_is_exit_1(
+    monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture[str]
+) -> None:
+    from kubegpu.cli import main
+
+    monkeypatch.delenv("SIMULATE", raising=False)
+    assert main(["cdi", "generate", "--device-discovery-strategy", "bogus"]) == 1
     assert "unknown backend 'bogus'" in capsys.readouterr().err
 
 

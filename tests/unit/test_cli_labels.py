@@ -12,38 +12,12 @@ import pytest
 import kubegpu.devices
 from kubegpu.cli import kubegpu as kubegpu_command
 from kubegpu.cli.labels import labels, labels_main
-from kubegpu.config import Config
-from kubegpu.devices.model import Gpu, HealthEvent, Inventory, StopFlag
+from kubegpu.devices.model import HealthEvent, Inventory, StopFlag
 from kubegpu.kube import FakeKube, KubeError
 from kubegpu.kube.client import default_client
+from tests.builders import NODE
 
 FIXTURES = Path(__file__).parent.parent / "fixtures"
-T4 = Gpu(
-    index=0,
-    uuid="GPU-t4",
-    minor=0,
-    product="Tesla T4",
-    memory_mib=15360,
-    pci_bus_id="0000:00:1e.0",
-    numa_node=0,
-    compute_capability=(7, 5),
-    brand="Tesla",
-)
-NODE = Inventory(gpus=(T4,), driver_version="550.54.15", cuda_driver_version=(12, 4))
-
-
-def config() -> Config:
-    return Config()
-
-
-class RecordingSink:
-    def __init__(self, on_publish: Callable[[int], None] = lambda n: None) -> None:
-        self.published: list[dict[str, str]] = []
-        self.on_publish = on_publish
-
-    async def publish(self, labels: Mapping[str, str]) -> None:
-        self.published.append(dict(labels))
-        self.on_publish(len(self.published))
 
 
 # --- CLI -----------------------------------------------------------------------------

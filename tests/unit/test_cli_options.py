@@ -224,3 +224,85 @@ def test_config_keys_are_keys_of_the_schema() -> None:
             for part in key.split("."):
                 assert isinstance(node, dict) and part in node, key
                 node = node[part]
+
+
+def _by_name(command: click.Command) -> dict[str, EnvOption]:
+    return {o.name: o for o in env_options(command) if o.name}
+
+
+#: Options `serve` and `labels` share with one meaning: one declaration, so the same
+#: `--help` words, env names (but GFD's own `GFD_` twins first) and config key.
+SAME_IN_SERVE_AND_LABELS = [
+    "config_dir",
+    "default_config",
+    "fallback_strategies",
+    "node_label",
+    "mig_strategy",
+    "config_file",
+    "driver_root",
+]
+
+
+@pytest.mark.parametrize("name", SAME_IN_SERVE_AND_LABELS)
+def test_an_option_shared_by_serve_and_labels_reads_the_same(name: str) -> None:
+    mine, gfds = _by_name(serve)[name], _by_name(labels)[name]
+    assert mine.help == gfds.help
+    assert mine.opts == gfds.opts
+    assert mine.config_key == gfds.config_key
+    assert mine.show_default == gfds.show_default and mine.default == gfds.default
+    # GFD reads GFD_<NAME> before the plugin's name; the plugin's names come in the same order.
+    assert [e for e in gfds.envs if not e.startswith("GFD_")] == list(mine.envs)
+
+
+@pytest.mark.parametrize("name", ["dev_root", "device_id_strategy", "nvidia_ctk_path"])
+def test_an_option_shared_by_serve_and_cdi_reads_the_same_env_vars(name: str) -> None:
+    mine, cdis = _by_name(serve)[name], _by_name(generate)[name]
+    assert mine.envs == cdis.envs and mine.opts == cdis.opts
+    # cdi generate reads no config file: its defaults are its own, shown without
+    # the parentheses that mean "the config file's value, else this".
+    assert mine.config_key is not None and cdis.config_key is None
+
+
+def test_defaults_without_a_config_key_are_not_shown_as_the_files(
+    capsys: pytest.CaptureFixture[str],
+) -> None:
+    serve_help, labels_help = _help(["serve"], capsys), _help(["labels"], capsys)
+    for text in (serve_help, labels_help):
+        # (click may wrap the line after the hyphen)
+        assert "env var: NODE_LABEL; default: nvidia.com/device-" in text
+        assert "default: (nvidia.com/device-" not in text
+    assert "env var: WITH_LABELS; default: (false)" in serve_help
+    assert "default: False" not in serve_help
+    assert "env var: DEVICE_ID_STRATEGY; default: uuid" in _help(["cdi", "generate"], capsys)
+
+
+def test_device_discovery_strategy_says_which_meaning_it_has(
+    capsys: pytest.CaptureFixture[str],
+) -> None:
+    assert "NVIDIA's device discovery strategy: auto, nvml, tegra (kubegpu's is --backend)" in (
+        _help(["serve"], capsys)
+    )
+    assert "NVIDIA's device discovery strategy: auto, nvml, tegra, vfio" in _help(
+        ["labels"], capsys
+    )
+    assert "kubegpu's backend (as --backend elsewhere): auto, nvml, simulated" in _help(
+        ["cdi", "generate"], capsys
+    )
+    assert (
+        parse(labels, ["--device-discovery-strategy", "vfio"], {})["device_discovery_strategy"]
+        == "vfio"
+    )
+    with pytest.raises(click.UsageError, match="invalid choice 'vfio'"):
+        parse(serve, ["--device-discovery-strategy", "vfio"], {})
+
+
+def test_cdi_generate_errors_are_one_line_from_main(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture[str]
+) -> None:
+    monkeypatch.delenv("SIMULATE", raising=False)
+    target = tmp_path / "taken"
+    target.mkdir()  # a directory where the spec file should go
+    assert main(["cdi", "generate", "--simulate", "t4-1", "-o", str(target)]) == 1
+    err = capsys.readouterr().err
+    assert err.startswith(f"kubegpu: cannot write {target}: ") and err.count("\n") == 1
+    assert "Traceback" not in err

@@ -4,13 +4,13 @@ from __future__ import annotations
 
 import asyncio
 import math
-from collections.abc import Callable, Mapping
+from collections.abc import Mapping
 from pathlib import Path
 
 import pytest
 
 from kubegpu.config import Config, parse_config
-from kubegpu.devices.model import Gpu, Inventory
+from kubegpu.devices.model import Inventory
 from kubegpu.errors import InitError
 from kubegpu.labeller import (
     PublishError,
@@ -18,34 +18,9 @@ from kubegpu.labeller import (
     read_machine_type,
     run_labeller,
 )
+from tests.builders import NODE, RecordingSink, config
 
 FIXTURES = Path(__file__).parent.parent / "fixtures"
-T4 = Gpu(
-    index=0,
-    uuid="GPU-t4",
-    minor=0,
-    product="Tesla T4",
-    memory_mib=15360,
-    pci_bus_id="0000:00:1e.0",
-    numa_node=0,
-    compute_capability=(7, 5),
-    brand="Tesla",
-)
-NODE = Inventory(gpus=(T4,), driver_version="550.54.15", cuda_driver_version=(12, 4))
-
-
-def config() -> Config:
-    return Config()
-
-
-class RecordingSink:
-    def __init__(self, on_publish: Callable[[int], None] = lambda n: None) -> None:
-        self.published: list[dict[str, str]] = []
-        self.on_publish = on_publish
-
-    async def publish(self, labels: Mapping[str, str]) -> None:
-        self.published.append(dict(labels))
-        self.on_publish(len(self.published))
 
 
 async def test_oneshot_publishes_once_with_present_and_mode_from_sysfs() -> None:

@@ -9,15 +9,15 @@ from typing import Any
 import click
 
 from kubegpu.cli.options import (
-    PATH,
     TEXT,
     Command,
     Group,
-    Parsed,
-    choice,
     container_driver_root_option,
+    dev_root_option,
+    device_id_strategy_option,
     driver_root_option,
     files_root,
+    nvidia_ctk_path_option,
     option,
     simulate_option,
 )
@@ -25,40 +25,38 @@ from kubegpu.errors import KubegpuError
 
 
 def run_generate(values: dict[str, Any]) -> int:
-    """Discover, build the spec, write it; 1 with one line when the node or file fails."""
+    """Discover, build the spec, write it; `KubegpuError` when the node or file fails."""
     from kubegpu import cdi as spec
     from kubegpu.devices import open_backend
 
     host = values["driver_root"] or "/"
     local_root = files_root(values)
     output = values["output"]
+    # Errors go to `kubegpu.cli.main`'s one boundary (one line, exit 1); only a failed
+    # write gets its own words, naming the file.
+    backend = open_backend(
+        values["device_discovery_strategy"], simulate=values["simulate"], driver_root=local_root
+    )
     try:
-        backend = open_backend(
-            values["device_discovery_strategy"], simulate=values["simulate"], driver_root=local_root
-        )
-        try:
-            inventory = backend.discover()
-        finally:
-            backend.close()
-        written = spec.generate_spec(
-            inventory,
-            driver_root=host,
-            container_driver_root=local_root,
-            device_id_strategy=values["device_id_strategy"],
-            dev_root=values["dev_root"],
-            nvidia_ctk_path=values["nvidia_ctk_path"],
-        )
-        if output == "-":
-            sys.stdout.write(spec.dump(written, values["format"]))
-        else:
-            out = Path(output)
-            spec.write_spec(written, str(out.parent), out.name, format=values["format"])
-    except KubegpuError as e:
-        print(f"kubegpu cdi generate: {e}", file=sys.stderr)
-        return 1
+        inventory = backend.discover()
+    finally:
+        backend.close()
+    written = spec.generate_spec(
+        inventory,
+        driver_root=host,
+        container_driver_root=local_root,
+        device_id_strategy=values["device_id_strategy"],
+        dev_root=values["dev_root"],
+        nvidia_ctk_path=values["nvidia_ctk_path"],
+    )
+    if output == "-":
+        sys.stdout.write(spec.dump(written, values["format"]))
+        return 0
+    out = Path(output)
+    try:
+        spec.write_spec(written, str(out.parent), out.name, format=values["format"])
     except OSError as e:
-        print(f"kubegpu cdi generate: cannot write {output}: {e}", file=sys.stderr)
-        return 1
+        raise KubegpuError(f"cannot write {output}: {e}") from e
     return 0
 
 
@@ -71,35 +69,20 @@ GENERATE_OPTIONS: list[click.Parameter] = [
     ),
     driver_root_option(),
     container_driver_root_option("--container-driver-root", "--driver-root-ctr-path"),
-    option(
-        "--dev-root",
-        "--nvidia-dev-root",
-        envvar="NVIDIA_DEV_ROOT",
-        type=PATH,
-        show_default="the driver root",
-        help="host root of the /dev nodes",
-    ),
-    option(
-        "--device-id-strategy",
-        envvar="DEVICE_ID_STRATEGY",
-        type=Parsed("strategy", choice("uuid", "index")),
-        default="uuid",
-        help="name devices by UUID or index",
-    ),
+    dev_root_option(config_key=None),
+    device_id_strategy_option(config_key=None),
+    # Not NVIDIA's --device-discovery-strategy (how the plugin finds GPUs): here it has
+    # always picked kubegpu's backend, and keeps its name and values for existing scripts.
     option(
         "--device-discovery-strategy",
         envvar="DEVICE_DISCOVERY_STRATEGY",
         type=TEXT,
         default="auto",
-        help="backend: auto, nvml, simulated",
+        help="kubegpu's backend (as --backend elsewhere): auto, nvml, simulated",
     ),
     simulate_option(help="simulated node: preset name or YAML file"),
-    option(
-        "--nvidia-ctk-path",
-        "--nvidia-cdi-hook-path",
-        envvar=("NVIDIA_CDI_HOOK_PATH", "NVIDIA_CTK_PATH"),
-        type=PATH,
-        help="host path of nvidia-ctk; adds an ldcache update hook",
+    nvidia_ctk_path_option(
+        config_key=None, help="host path of nvidia-ctk; adds an ldcache update hook"
     ),
 ]
 

@@ -369,6 +369,158 @@ def backend_option() -> EnvOption:
     )
 
 
+MIG_STRATEGIES = ("none", "single", "mixed")
+#: The named-config selection's label, as NVIDIA's chart sets it.
+DEFAULT_NODE_LABEL = "nvidia.com/device-plugin.config"
+
+
+def _envs(name: str, gfd: bool) -> tuple[str, ...]:
+    """NVIDIA's env var for a flag; GFD reads its `GFD_` twin first (cmd/gpu-feature-discovery)."""
+    return ("GFD_" + name, name) if gfd else (name,)
+
+
+def _layered(default: str, config_key: str | None) -> dict[str, Any]:
+    """A flag over a config key has no default of its own: `--help` shows the config's
+    default in parentheses ("the config file's value, else this"). A command without a
+    config file (`cdi generate`) takes the plain default instead."""
+    if config_key is None:
+        return {"default": default}
+    return {"config_key": config_key, "show_default": default}
+
+
+def config_file_option(*, gfd: bool = False) -> EnvOption:
+    return option(
+        "--config-file",
+        envvar=_envs("CONFIG_FILE", gfd),
+        type=PATH,
+        help="a v1 config file (NVIDIA's)",
+    )
+
+
+def mig_strategy_option(*, gfd: bool = False) -> EnvOption:
+    return option(
+        "--mig-strategy",
+        envvar=_envs("MIG_STRATEGY", gfd),
+        type=Parsed("strategy", choice(*MIG_STRATEGIES)),
+        config_key="flags.migStrategy",
+        show_default="none",
+        help="how MIG devices are advertised: none, single or mixed",
+    )
+
+
+def fail_on_init_error_option(*, gfd: bool = False, help: str) -> EnvOption:
+    """`help` says what failing means for the command (exit, or keep running without GPUs)."""
+    return bool_option(
+        "--fail-on-init-error",
+        envvar=_envs("FAIL_ON_INIT_ERROR", gfd),
+        config_key="flags.failOnInitError",
+        show_default="true",
+        help=help,
+    )
+
+
+def mps_root_option(*, absolute: bool = True) -> EnvOption:
+    # `labels` has always taken any path here (the config's own check still applies).
+    check = Parsed("path", check_absolute) if absolute else PATH
+    return option(
+        "--mps-root",
+        envvar="MPS_ROOT",
+        type=check,
+        config_key="flags.mpsRoot",
+        help="host directory for MPS pipes and logs"
+        + (" (absolute)" if absolute else "; the config needs it when sharing.mps is set"),
+    )
+
+
+def device_discovery_strategy_option(*choices: str, config_key: str | None) -> EnvOption:
+    """NVIDIA's strategy (how GPUs are found: NVML, Tegra's CSV files, VFIO), with the
+    values the peer command accepts: the plugin's auto/nvml/tegra, GFD's adds vfio. Not
+    kubegpu's backend (`--backend`; `cdi generate` names that one differently)."""
+    return option(
+        "--device-discovery-strategy",
+        envvar="DEVICE_DISCOVERY_STRATEGY",
+        type=Parsed("strategy", choice(*choices)),
+        config_key=config_key,
+        show_default="auto",
+        help=f"NVIDIA's device discovery strategy: {', '.join(choices)} (kubegpu's is --backend)",
+    )
+
+
+def dev_root_option(*, config_key: str | None = "flags.nvidiaDevRoot") -> EnvOption:
+    return option(
+        "--dev-root",
+        "--nvidia-dev-root",
+        envvar="NVIDIA_DEV_ROOT",
+        type=PATH,
+        config_key=config_key,
+        show_default="the driver root",
+        help="root of the host's /dev nodes",
+    )
+
+
+def device_id_strategy_option(
+    *, config_key: str | None = "flags.plugin.deviceIDStrategy"
+) -> EnvOption:
+    return option(
+        "--device-id-strategy",
+        envvar="DEVICE_ID_STRATEGY",
+        type=Parsed("strategy", choice("uuid", "index")),
+        help="how GPUs are named to the runtime: uuid or index",
+        **_layered("uuid", config_key),
+    )
+
+
+def nvidia_ctk_path_option(
+    *,
+    config_key: str | None = "flags.plugin.nvidiaCTKPath",
+    help: str = "path of nvidia-ctk (or nvidia-cdi-hook) on the host, for CDI hooks",
+) -> EnvOption:
+    """Without a config key (`cdi generate`) it has no default: unset writes no hooks."""
+    defaults = _layered("/usr/bin/nvidia-ctk", config_key) if config_key else {}
+    return option(
+        "--nvidia-ctk-path",
+        "--nvidia-cdi-hook-path",
+        envvar=("NVIDIA_CDI_HOOK_PATH", "NVIDIA_CTK_PATH"),
+        type=PATH,
+        help=help,
+        **defaults,
+    )
+
+
+def named_config_options(*, node_name_help: str) -> list[click.Parameter]:
+    """The named-config selection (NVIDIA's config-manager settings), the same for `serve`
+    and `labels` so the labeller picks the config the plugin picks; `node_name_help`
+    says what else the command uses the node's name for."""
+    return [
+        option(
+            "--config-dir",
+            envvar="CONFIG_FILE_SRCDIR",
+            type=PATH,
+            help="directory of named configs (the chart's config.map); the node label picks one",
+        ),
+        option(
+            "--default-config",
+            envvar="DEFAULT_CONFIG",
+            type=TEXT,
+            help="named config used when the node has no label",
+        ),
+        list_option(
+            "--fallback-strategies",
+            envvar="FALLBACK_STRATEGIES",
+            show_default="named,single",
+            help="named, single, empty (comma list) when the node has no label",
+        ),
+        option("--node-name", envvar="NODE_NAME", type=TEXT, help=node_name_help),
+        option(
+            "--node-label",
+            envvar="NODE_LABEL",
+            type=Parsed("key", check_label_key),
+            default=DEFAULT_NODE_LABEL,
+            help="node label that picks a named config",
+        ),
+    ]
+
+
 def config_keys(command: click.Command) -> dict[str, str]:
     """Each option's config-file key, by value name (for `kubegpu.config.flag_overrides`)."""
     return {o.name: o.config_key for o in env_options(command) if o.name and o.config_key}

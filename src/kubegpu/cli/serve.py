@@ -19,7 +19,6 @@ import click
 
 from kubegpu.cli.options import (
     DEVICE_PLUGIN_PATH,
-    PATH,
     PORT,
     TEXT,
     Command,
@@ -27,17 +26,24 @@ from kubegpu.cli.options import (
     UsageError,
     backend_option,
     bool_option,
-    check_absolute,
     check_kubelet_socket,
-    check_label_key,
     check_plugin_path,
     check_simulate_backend,
     choice,
+    config_file_option,
     config_keys,
     container_driver_root_option,
+    dev_root_option,
+    device_discovery_strategy_option,
+    device_id_strategy_option,
     driver_root_option,
     environment,
+    fail_on_init_error_option,
     list_option,
+    mig_strategy_option,
+    mps_root_option,
+    named_config_options,
+    nvidia_ctk_path_option,
     option,
     parse_imex_channels,
     simulate_option,
@@ -57,32 +63,13 @@ def _float(text: str) -> float:
 
 
 SERVE_OPTIONS: list[click.Parameter] = [
-    option("--config-file", envvar="CONFIG_FILE", type=PATH, help="a v1 config file (NVIDIA's)"),
-    option(
-        "--mig-strategy",
-        envvar="MIG_STRATEGY",
-        type=Parsed("strategy", choice("none", "single", "mixed")),
-        config_key="flags.migStrategy",
-        show_default="none",
-        help="how MIG devices are advertised: none, single or mixed",
-    ),
-    bool_option(
-        "--fail-on-init-error",
-        envvar="FAIL_ON_INIT_ERROR",
-        config_key="flags.failOnInitError",
-        show_default="true",
-        help="exit 1 when no GPU/NVML is found (false: stay up, advertise nothing)",
+    config_file_option(),
+    mig_strategy_option(),
+    fail_on_init_error_option(
+        help="exit 1 when no GPU/NVML is found (false: stay up, advertise nothing)"
     ),
     driver_root_option(),
-    option(
-        "--dev-root",
-        "--nvidia-dev-root",
-        envvar="NVIDIA_DEV_ROOT",
-        type=PATH,
-        config_key="flags.nvidiaDevRoot",
-        show_default="the driver root",
-        help="root of the host's /dev nodes",
-    ),
+    dev_root_option(),
     bool_option(
         "--pass-device-specs",
         envvar="PASS_DEVICE_SPECS",
@@ -97,14 +84,7 @@ SERVE_OPTIONS: list[click.Parameter] = [
         show_default="envvar",
         help="envvar, volume-mounts, cdi-annotations, cdi-cri (comma list)",
     ),
-    option(
-        "--device-id-strategy",
-        envvar="DEVICE_ID_STRATEGY",
-        type=Parsed("strategy", choice("uuid", "index")),
-        config_key="flags.plugin.deviceIDStrategy",
-        show_default="uuid",
-        help="how GPUs are named to the runtime: uuid or index",
-    ),
+    device_id_strategy_option(),
     option(
         "--cdi-annotation-prefix",
         envvar="CDI_ANNOTATION_PREFIX",
@@ -113,15 +93,7 @@ SERVE_OPTIONS: list[click.Parameter] = [
         show_default="cdi.k8s.io/",
         help="prefix of CDI annotations",
     ),
-    option(
-        "--nvidia-ctk-path",
-        "--nvidia-cdi-hook-path",
-        envvar=("NVIDIA_CDI_HOOK_PATH", "NVIDIA_CTK_PATH"),
-        type=PATH,
-        config_key="flags.plugin.nvidiaCTKPath",
-        show_default="/usr/bin/nvidia-ctk",
-        help="path of nvidia-ctk (or nvidia-cdi-hook) on the host, for CDI hooks",
-    ),
+    nvidia_ctk_path_option(),
     container_driver_root_option("--container-driver-root", "--driver-root-ctr-path"),
     option(
         "--shared-devices-allocation-policy",
@@ -155,13 +127,7 @@ SERVE_OPTIONS: list[click.Parameter] = [
         envvar="CDI_DISABLE_HOOKS",
         help="OCI hooks to leave out of CDI specs (comma list, or all); serve writes none",
     ),
-    option(
-        "--mps-root",
-        envvar="MPS_ROOT",
-        type=Parsed("path", check_absolute),
-        config_key="flags.mpsRoot",
-        help="host directory for MPS pipes and logs (absolute)",
-    ),
+    mps_root_option(),
     bool_option(
         "--gds-enabled",
         envvar="GDS_ENABLED",
@@ -183,13 +149,8 @@ SERVE_OPTIONS: list[click.Parameter] = [
         show_default="false",
         help="ask the runtime for GDRCopy",
     ),
-    option(
-        "--device-discovery-strategy",
-        envvar="DEVICE_DISCOVERY_STRATEGY",
-        type=Parsed("strategy", choice("auto", "nvml", "tegra")),
-        config_key="flags.deviceDiscoveryStrategy",
-        show_default="auto",
-        help="auto, nvml or tegra",
+    device_discovery_strategy_option(
+        "auto", "nvml", "tegra", config_key="flags.deviceDiscoveryStrategy"
     ),
     option(
         "--health-recovery-seconds",
@@ -214,37 +175,7 @@ SERVE_OPTIONS: list[click.Parameter] = [
     ),
     backend_option(),
     simulate_option(),
-    option(
-        "--config-dir",
-        envvar="CONFIG_FILE_SRCDIR",
-        type=PATH,
-        help="directory of named configs (the chart's config.map)",
-    ),
-    option(
-        "--default-config",
-        envvar="DEFAULT_CONFIG",
-        type=TEXT,
-        help="named config used when the node has no label",
-    ),
-    list_option(
-        "--fallback-strategies",
-        envvar="FALLBACK_STRATEGIES",
-        show_default="named,single",
-        help="named, single, empty (comma list)",
-    ),
-    option(
-        "--node-name",
-        envvar="NODE_NAME",
-        type=TEXT,
-        help="this node's name (for the config label and events)",
-    ),
-    option(
-        "--node-label",
-        envvar="NODE_LABEL",
-        type=Parsed("key", check_label_key),
-        default="nvidia.com/device-plugin.config",
-        help="node label that picks a named config",
-    ),
+    *named_config_options(node_name_help="this node's name (for the config label and events)"),
     option(
         "--metrics-port",
         envvar="METRICS_PORT",
@@ -277,6 +208,7 @@ SERVE_OPTIONS: list[click.Parameter] = [
         "--with-labels",
         envvar="WITH_LABELS",
         default=False,
+        show_default="false",
         help="also write GPU Feature Discovery labels (to flags.gfd.outputFile)",
     ),
     option(
