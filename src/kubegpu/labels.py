@@ -1,10 +1,11 @@
 """Node labels in GPU Feature Discovery's names and formats, from one `Inventory`.
 
-Pure: the labeller (`kubegpu.labeller`) does the I/O and hands in what it read
-(machine type, clock, PCI classes). Keeping the exact GFD keys and value formats
-matters more than elegance here: clusters select nodes with
-`nvidia.com/gpu.product=Tesla-T4` or `nvidia.com/gpu.family=ampere`, and switching
-plugins must not silently unschedule their pods.
+Pure: the labeller (`kubegpu.labeller`) hands in the clock and what `kubegpu.devices`
+read (the machine type from `devices.host`; PCI presence, classes and config spaces
+from `devices.pci`). Keeping the exact GFD keys and value formats matters more than
+elegance here: clusters select nodes with `nvidia.com/gpu.product=Tesla-T4` or
+`nvidia.com/gpu.family=ampere`, and switching plugins must not silently unschedule
+their pods.
 
 Differences from GFD, all deliberate: with several GPU models on a node, GFD labels
 whichever model its map iteration ends on (full GPUs win over MIG-enabled ones); we
@@ -18,17 +19,16 @@ from __future__ import annotations
 import re
 from collections import Counter
 from collections.abc import Iterable, Mapping, Sequence
-from pathlib import Path
 
 from kubegpu.config.names import qualify_resource_name
 from kubegpu.config.v1 import Config, MigStrategy, ReplicatedResource, SharingStrategy
 from kubegpu.devices.model import Gpu, Inventory, MigDevice, Vendor
+from kubegpu.devices.pci import CONFIG_SPACE_SIZE
 from kubegpu.errors import ConfigError
 
 PREFIX = "nvidia.com"
 GPU_RESOURCE = f"{PREFIX}/gpu"
 PRESENT_LABEL = f"{PREFIX}/gpu.present"
-NVIDIA_PCI_VENDOR = "0x10de"
 
 #: PCI class codes (sysfs `class`) → GFD's `gpu.mode` values.
 PCI_CLASS_MODES = {"0x030000": "graphics", "0x030200": "compute"}
@@ -106,67 +106,6 @@ def _mode_hint(gpu: Gpu) -> str:
     return "unknown"
 
 
-def pci_present(root: str = "/") -> bool:
-    """Whether any PCI device under `<root>/sys/bus/pci/devices` is NVIDIA's (no driver needed)."""
-    devices = Path(root, "sys/bus/pci/devices")
-    try:
-        entries = list(devices.iterdir())
-    except OSError:
-        return False
-    for entry in entries:
-        try:
-            vendor = (entry / "vendor").read_text(encoding="ascii").strip().lower()
-        except OSError:
-            continue
-        if vendor == NVIDIA_PCI_VENDOR:
-            return True
-    return False
-
-
-def pci_classes(root: str = "/") -> dict[str, str]:
-    """PCI bus id → class code for NVIDIA devices, for `gpu.mode`."""
-    out: dict[str, str] = {}
-    devices = Path(root, "sys/bus/pci/devices")
-    try:
-        entries = list(devices.iterdir())
-    except OSError:
-        return out
-    for entry in entries:
-        try:
-            if (entry / "vendor").read_text(encoding="ascii").strip().lower() != NVIDIA_PCI_VENDOR:
-                continue
-            out[entry.name.lower()] = (entry / "class").read_text(encoding="ascii").strip()
-        except OSError:
-            continue
-    return out
-
-
-def pci_configs(root: str = "/") -> list[bytes] | None:
-    """The PCI config space of every NVIDIA function, for the `vgpu.*` labels.
-
-    None when the bus cannot be read or a config space is cut short (an unprivileged
-    container sees only 64 bytes): GFD then writes no `vgpu.*` labels, and so do we.
-    """
-    devices = Path(root, "sys/bus/pci/devices")
-    try:
-        entries = sorted(devices.iterdir())
-    except OSError:
-        return None
-    out: list[bytes] = []
-    for entry in entries:
-        try:
-            if (entry / "vendor").read_text(encoding="ascii").strip().lower() != NVIDIA_PCI_VENDOR:
-                continue
-            config = (entry / "config").read_bytes()
-        except OSError:
-            return None
-        if len(config) < _PCI_CONFIG_SIZE:
-            return None
-        out.append(config)
-    return out
-
-
-_PCI_CONFIG_SIZE = 256
 _PCI_STATUS = 0x06
 _PCI_STATUS_CAP_LIST = 0x10
 _PCI_CAP_POINTER = 0x34
@@ -180,7 +119,7 @@ _VGPU_FIELD = 10
 
 def vendor_capability(config: bytes) -> bytes | None:
     """The PCI vendor-specific capability (id 0x09) of a config space, if it has one."""
-    if len(config) < _PCI_CONFIG_SIZE or not config[_PCI_STATUS] & _PCI_STATUS_CAP_LIST:
+    if len(config) < CONFIG_SPACE_SIZE or not config[_PCI_STATUS] & _PCI_STATUS_CAP_LIST:
         return None
     seen: set[int] = set()
     pos = config[_PCI_CAP_POINTER]

@@ -15,7 +15,6 @@ from kubegpu.errors import InitError
 from kubegpu.labeller import (
     PublishError,
     parse_duration,
-    read_machine_type,
     run_labeller,
 )
 from tests.builders import NODE, RecordingSink, config
@@ -152,13 +151,6 @@ def test_durations(text: str, seconds: float) -> None:
 def test_bad_durations(text: str) -> None:
     with pytest.raises(ValueError, match="duration"):
         parse_duration(text)
-
-
-def test_machine_type_file(tmp_path: Path) -> None:
-    f = tmp_path / "product_name"
-    f.write_text("Standard PC (Q35 + ICH9, 2009)\n")
-    assert read_machine_type(str(f)) == "Standard PC (Q35 + ICH9, 2009)"
-    assert read_machine_type(str(tmp_path / "missing")) == "unknown"
 
 
 SHARE_4 = """version: v1

@@ -9,7 +9,8 @@ import pytest
 from kubegpu.config import parse_config
 from kubegpu.config.v1 import Config
 from kubegpu.devices.model import Gpu, Inventory, MigDevice, Vendor
-from kubegpu.labels import family, gpu_labels, gpu_mode, pci_classes, pci_present, sanitise
+from kubegpu.devices.pci import pci_classes
+from kubegpu.labels import family, gpu_labels, gpu_mode, sanitise
 
 FIXTURES = Path(__file__).parent.parent / "fixtures"
 
@@ -306,19 +307,6 @@ def test_mig_strategy_none_adds_no_mig_labels() -> None:
     assert not any(k.startswith("nvidia.com/mig-") for k in labels)
 
 
-def test_pci_present_reads_vendor_files() -> None:
-    assert pci_present(str(FIXTURES / "pci-nvidia"))
-    assert not pci_present(str(FIXTURES / "pci-none"))
-    assert not pci_present(str(FIXTURES / "does-not-exist"))
-
-
-def test_pci_classes_lists_nvidia_devices_only() -> None:
-    assert pci_classes(str(FIXTURES / "pci-nvidia")) == {
-        "0000:00:1e.0": "0x030200",
-        "0000:17:00.0": "0x030000",
-    }
-
-
 def test_pci_class_feeds_gpu_mode() -> None:
     t4 = gpu(pci_bus_id="0000:17:00.0")
     labels = gpu_labels(
@@ -408,16 +396,3 @@ def test_vendor_capability_survives_bad_chains() -> None:
     found = _config_space({0x40: b"\x05\x60\x00", 0x60: b"\x09\x00\x04\x00"}, 0x40)
     assert vendor_capability(found) == b"\x09\x00\x04\x00"
     assert vendor_capability(found[:64]) is None  # what an unprivileged read returns
-
-
-def test_pci_configs_give_up_on_a_short_read(tmp_path: Path) -> None:
-    from kubegpu.labels import pci_configs
-
-    dev = tmp_path / "sys/bus/pci/devices/0000:17:00.0"
-    dev.mkdir(parents=True)
-    (dev / "vendor").write_text("0x10de\n")
-    (dev / "config").write_bytes(bytes(64))
-    assert pci_configs(str(tmp_path)) is None
-    (dev / "config").write_bytes(bytes(256))
-    assert pci_configs(str(tmp_path)) == [bytes(256)]
-    assert pci_configs(str(tmp_path / "nowhere")) is None

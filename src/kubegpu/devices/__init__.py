@@ -4,6 +4,10 @@
 `auto`) and translates "nothing here" into `InitError`, which the daemon turns into
 either exit 1 or, with `--fail-on-init-error=false`, the `NullBackend` that advertises
 nothing and says what to fix.
+
+Besides the backends (`nvml/`, `amd`, `simulated`), the host's other sysfs facts are
+read here too, for the labels: `pci` (NVIDIA functions on the PCI bus: presence, class,
+config space) and `host` (the DMI machine type). `kubegpu.labels` only formats them.
 """
 
 from __future__ import annotations

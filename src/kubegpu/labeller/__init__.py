@@ -6,9 +6,13 @@
 - `kubegpu.labeller.sinks`: where labels go (features.d file, NodeFeature, Node patch),
   the last two through the one Kubernetes adapter, `kubegpu.kube`.
 
-The `kubegpu labels` command (GFD's flags and env vars) is `kubegpu.cli.labels`.
+The `kubegpu labels` command (GFD's flags and env vars) is `kubegpu.cli.labels`. The
+labeller reads the host through `kubegpu.devices` (the only package that reads sysfs):
+`devices.pci` for the bus, `devices.host.read_machine_type` (re-exported here, where
+the commands that label find it) for `gpu.machine`.
 """
 
+from kubegpu.devices.host import read_machine_type
 from kubegpu.labeller.loop import (
     VENDOR_LABELS,
     LiveConfig,
@@ -17,7 +21,6 @@ from kubegpu.labeller.loop import (
     discoverer,
     named_configs,
     parse_duration,
-    read_machine_type,
     run_labeller,
     run_until_signalled,
 )

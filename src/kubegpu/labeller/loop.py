@@ -28,9 +28,10 @@ from kubegpu.config.source import (
     NodeLabels,
 )
 from kubegpu.devices.model import Inventory
+from kubegpu.devices.pci import pci_classes, pci_configs, pci_present
 from kubegpu.errors import ConfigError, InitError, KubegpuError
 from kubegpu.labeller.sinks import LabelSink
-from kubegpu.labels import gpu_labels, pci_classes, pci_configs, pci_present
+from kubegpu.labels import gpu_labels
 from kubegpu.labels_amd import amd_labels
 from kubegpu.supervisor import spawn
 
@@ -123,20 +124,6 @@ def _compute(
     for vendor in vendor_labels:
         labels.update(vendor(inventory, cfg))
     return labels
-
-
-def read_machine_type(path: str) -> str:
-    """The DMI product name, trimmed; `unknown` when no file is set or it is unreadable.
-
-    As GFD: an empty file gives an empty value (labels sanitise it later).
-    """
-    if not path:
-        return "unknown"
-    try:
-        return Path(path).read_text(encoding="utf-8", errors="replace").strip()
-    except OSError as exc:
-        log.warning("cannot read machine type from %s: %s", path, exc.strerror)
-        return "unknown"
 
 
 _DURATION_PART = re.compile(r"(\d+(?:\.\d+)?)(ns|us|µs|ms|s|m|h)")
