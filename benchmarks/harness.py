@@ -23,6 +23,20 @@ from pathlib import Path
 from kubegpu.kubelet import KubeletEmulator
 
 RESOURCE = "nvidia.com/gpu"
+
+
+def timeslicing_config(replicas: int) -> str:
+    """A v1 config that time-slices every GPU of `RESOURCE` into `replicas` replicas."""
+    return (
+        "version: v1\n"
+        "sharing:\n"
+        "  timeSlicing:\n"
+        "    resources:\n"
+        f"    - name: {RESOURCE}\n"
+        f"      replicas: {replicas}\n"
+    )
+
+
 _REGISTERED = re.compile(r"registered \S+ with the kubelet \(socket \S+\) in ([0-9.]+) s")
 
 

@@ -83,21 +83,10 @@ Figures = dict[str, Any]
 # -- helpers ----------------------------------------------------------------------------
 
 
-def _config_text(replicas: int) -> str:
-    return (
-        "version: v1\n"
-        "sharing:\n"
-        "  timeSlicing:\n"
-        "    resources:\n"
-        f"    - name: {RESOURCE}\n"
-        f"      replicas: {replicas}\n"
-    )
-
-
 def _write_config(path: Path, replicas: int) -> None:
     """Write atomically (rename), as a ConfigMap update does: never a half-written file."""
     tmp = path.with_suffix(".tmp")
-    tmp.write_text(_config_text(replicas))
+    tmp.write_text(harness.timeslicing_config(replicas))
     tmp.replace(path)
 
 

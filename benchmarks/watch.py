@@ -47,20 +47,9 @@ GPUS = 8
 Figures = dict[str, Any]
 
 
-def _config_text(replicas: int) -> str:
-    return (
-        "version: v1\n"
-        "sharing:\n"
-        "  timeSlicing:\n"
-        "    resources:\n"
-        f"    - name: {RESOURCE}\n"
-        f"      replicas: {replicas}\n"
-    )
-
-
 def _write_by_rename(path: Path, replicas: int, _: int) -> None:
     staged = path.with_name(".config.yaml.tmp")
-    staged.write_text(_config_text(replicas))
+    staged.write_text(harness.timeslicing_config(replicas))
     staged.replace(path)
 
 
@@ -68,7 +57,7 @@ def _configmap_publish(mount: Path, replicas: int, version: int) -> None:
     """The kubelet's atomic writer: a new `..<timestamp>` dir, `..data` renamed over to it."""
     data = mount / f"..2026_11_23_{version:08d}"
     data.mkdir()
-    (data / "config.yaml").write_text(_config_text(replicas))
+    (data / "config.yaml").write_text(harness.timeslicing_config(replicas))
     staged = mount / "..data_tmp"
     staged.symlink_to(data.name)
     staged.replace(mount / "..data")
