@@ -19,6 +19,8 @@ from typing import Any
 
 import grpc
 
+from benchmarks.reply_server import serve_until_stdin_closes
+
 SERVICE = "bench.Echo"
 METHOD = f"/{SERVICE}/Echo"
 LIST_METHOD = f"/{SERVICE}/List"
@@ -45,13 +47,7 @@ async def serve(socket: str, payload_file: str | None = None) -> None:
         payload = Path(payload_file).read_bytes()
         handlers["List"] = grpc.unary_stream_rpc_method_handler(_lister(payload))
     server.add_generic_rpc_handlers((grpc.method_handlers_generic_handler(SERVICE, handlers),))
-    if not server.add_insecure_port(f"unix://{socket}"):
-        raise SystemExit(f"cannot listen on {socket}")
-    await server.start()
-    print("ready", flush=True)
-    # Stop when the parent closes our stdin (or kills us).
-    await asyncio.to_thread(sys.stdin.read)
-    await server.stop(0)
+    await serve_until_stdin_closes(server, socket)
 
 
 if __name__ == "__main__":

@@ -236,3 +236,28 @@ def machine() -> dict[str, str | int]:
         "affinity": len(os.sched_getaffinity(0)),
         "python": sys.version.split()[0],
     }
+
+
+async def wait_registered(
+    kubelet: KubeletEmulator, capacity: int, child: Child, timeout: float = 30
+) -> None:
+    """Until the kubelet reads `capacity` healthy devices; fails fast if `serve` exits."""
+    registered = asyncio.ensure_future(
+        kubelet.wait_for_resource(
+            RESOURCE, capacity=capacity, allocatable=capacity, timeout=timeout
+        )
+    )
+    exited = asyncio.ensure_future(child.proc.wait())
+    try:
+        await asyncio.wait({registered, exited}, return_when=asyncio.FIRST_COMPLETED)
+    finally:
+        exited.cancel()
+    if not registered.done():
+        registered.cancel()
+        raise RuntimeError(
+            f"kubegpu serve exited ({child.proc.returncode}) before registering:\n{child.tail()}"
+        )
+    try:
+        registered.result()
+    except TimeoutError as exc:
+        raise RuntimeError(f"{exc}\n--- kubegpu serve log:\n{child.tail()}") from None

@@ -54,8 +54,7 @@ from kubegpu.resources import ResourceSpec, build_resources
 from kubegpu.topology import (
     DEFAULT_NVLINK_GBPS,
     NVLINK_GBPS,
-    link_weight,
-    numa_term,
+    objective,
     preferred_allocation,
 )
 
@@ -126,11 +125,6 @@ def ring_busbw(units: Sequence[Any]) -> float:
     return best
 
 
-def _score(units: Sequence[Any]) -> tuple[int, int]:
-    pairs = list(itertools.combinations(units, 2))
-    return sum(link_weight(a, b) for a, b in pairs), sum(numa_term(a, b) for a, b in pairs)
-
-
 def quality(name: str, inv: Inventory, rng: random.Random) -> Figures:
     spec = _spec(inv)
     ids: list[str] = [d.id for d in spec.devices]
@@ -145,8 +139,8 @@ def quality(name: str, inv: Inventory, rng: random.Random) -> Figures:
     for free, size in offers:
         got = [spec.by_id[i].unit for i in preferred_allocation(spec, free, [], size)]
         pool = [spec.by_id[i].unit for i in free]
-        best = max(_score(list(c)) for c in itertools.combinations(pool, size))
-        mine = _score(got)
+        best = max(objective(list(c)) for c in itertools.combinations(pool, size))
+        mine = objective(got)
         optimal += mine == best
         if best[0]:
             worst = min(worst, mine[0] / best[0])
@@ -304,22 +298,6 @@ def socket_cases() -> list[tuple[str, str | dict[str, Any], int | None, int]]:
     ]
 
 
-async def _registered(kubelet: Any, count: int, plugin: Any) -> None:
-    """Until the kubelet reads `count` healthy devices; fails fast if `serve` exits."""
-    waiting = asyncio.ensure_future(
-        kubelet.wait_for_resource(RESOURCE, capacity=count, allocatable=count, timeout=60)
-    )
-    exited = asyncio.ensure_future(plugin.proc.wait())
-    try:
-        await asyncio.wait({waiting, exited}, return_when=asyncio.FIRST_COMPLETED)
-    finally:
-        exited.cancel()
-    if not waiting.done():
-        waiting.cancel()
-        raise RuntimeError(f"kubegpu serve exited before registering:\n{plugin.tail()}")
-    waiting.result()
-
-
 #: The DevicePlugin method every server of the socket benchmark answers (the raw floor
 #: answers its own generic method of the same shape).
 PREFERRED_METHOD = "/v1beta1.DevicePlugin/GetPreferredAllocation"
@@ -355,7 +333,7 @@ async def _socket_case(
         harness.emulator(case / "dp") as kubelet,
         harness.serve(case / "dp", case / "serve.log", *extra, simulate=node) as plugin,
     ):
-        await _registered(kubelet, count, plugin)
+        await harness.wait_registered(kubelet, count, plugin, timeout=60)
         endpoint = kubelet.plugin_dir / kubelet.registrations[-1].endpoint
         request = pb.PreferredAllocationRequest(
             container_requests=[

@@ -31,11 +31,17 @@ async def serve(socket: str, reply_file: str) -> None:
         "Reply": grpc.unary_unary_rpc_method_handler(_reply)
     }
     server.add_generic_rpc_handlers((grpc.method_handlers_generic_handler(SERVICE, handlers),))
+    await serve_until_stdin_closes(server, socket)
+
+
+async def serve_until_stdin_closes(server: grpc.aio.Server, socket: str) -> None:
+    """Listen on the unix `socket`, print "ready", serve until the parent closes our stdin
+    (or kills us): how every floor server of the benchmarks runs."""
     if not server.add_insecure_port(f"unix://{socket}"):
         raise SystemExit(f"cannot listen on {socket}")
     await server.start()
     print("ready", flush=True)
-    await asyncio.to_thread(sys.stdin.read)  # stop when the parent closes our stdin
+    await asyncio.to_thread(sys.stdin.read)
     await server.stop(0)
 
 

@@ -109,27 +109,6 @@ async def _round_trips(
     return samples
 
 
-async def _wait_registered(kubelet: KubeletEmulator, capacity: int, child: harness.Child) -> None:
-    """Until the kubelet reads `capacity` healthy devices; fails fast if `serve` exits."""
-    registered = asyncio.ensure_future(
-        kubelet.wait_for_resource(RESOURCE, capacity=capacity, allocatable=capacity, timeout=30)
-    )
-    exited = asyncio.ensure_future(child.proc.wait())
-    try:
-        await asyncio.wait({registered, exited}, return_when=asyncio.FIRST_COMPLETED)
-    finally:
-        exited.cancel()
-    if not registered.done():
-        registered.cancel()
-        raise RuntimeError(
-            f"kubegpu serve exited ({child.proc.returncode}) before registering:\n{child.tail()}"
-        )
-    try:
-        registered.result()
-    except TimeoutError as exc:
-        raise RuntimeError(f"{exc}\n--- kubegpu serve log:\n{child.tail()}") from None
-
-
 def _phases(count: int) -> list[float]:
     """`count` phases spread evenly over a poll cycle, as fractions of it."""
     return [(i + 0.5) / count for i in range(count)]
@@ -169,7 +148,7 @@ async def _start_once(work: Path, name: str, env: dict[str, str] | None = None) 
         harness.emulator(plugin_dir) as kubelet,
         harness.serve(plugin_dir, work / f"serve-{name}.log", env=env) as plugin,
     ):
-        await _wait_registered(kubelet, GPUS, plugin)
+        await harness.wait_registered(kubelet, GPUS, plugin)
         return time.perf_counter() - plugin.spawned
 
 
@@ -192,7 +171,7 @@ async def bench_subprocess_8() -> Figures:
                 harness.emulator(plugin_dir) as kubelet,
                 harness.serve(plugin_dir, work / f"serve{trial}.log") as plugin,
             ):
-                await _wait_registered(kubelet, GPUS, plugin)
+                await harness.wait_registered(kubelet, GPUS, plugin)
                 starts.append(time.perf_counter() - plugin.spawned)
                 if trial < START_TRIALS - 1:
                     continue
@@ -297,7 +276,7 @@ async def bench_deployed() -> Figures:
             harness.emulator(plugin_dir) as kubelet,
             harness.serve(plugin_dir, work / "serve.log", env=env) as plugin,
         ):
-            await _wait_registered(kubelet, GPUS, plugin)
+            await harness.wait_registered(kubelet, GPUS, plugin)
             start_s = time.perf_counter() - plugin.spawned
             rss = harness.proc_status(plugin.pid)["VmRSS"]
     return {"start_to_registered_deployed_s": round(start_s, 3), "rss_deployed_mb": round(rss, 1)}
@@ -316,7 +295,7 @@ async def bench_subprocess_1k() -> Figures:
             harness.emulator(plugin_dir) as kubelet,
             harness.serve(plugin_dir, work / "serve.log", "--config-file", str(config)) as plugin,
         ):
-            await _wait_registered(kubelet, devices, plugin)
+            await harness.wait_registered(kubelet, devices, plugin)
             start_s = time.perf_counter() - plugin.spawned
             rss = harness.proc_status(plugin.pid)["VmRSS"]
             device = sorted(kubelet.devices(RESOURCE))[-1]
@@ -364,7 +343,7 @@ async def bench_list_8k() -> Figures:
             harness.emulator(plugin_dir) as kubelet,
             harness.serve(plugin_dir, work / "serve.log", "--config-file", str(config)) as plugin,
         ):
-            await _wait_registered(kubelet, devices, plugin)
+            await harness.wait_registered(kubelet, devices, plugin)
             async with grpc.aio.insecure_channel(f"unix://{_plugin_socket(kubelet)}") as channel:
                 listed = channel.unary_stream(method, None, None)(b"")
                 payload = await listed.read()

@@ -17,6 +17,7 @@ from pathlib import Path
 
 import grpc
 
+from benchmarks.reply_server import serve_until_stdin_closes
 from kubegpu.api import add_device_plugin_servicer, pb, pb_grpc
 
 
@@ -40,12 +41,7 @@ async def serve(socket: str, reply_file: str) -> None:
     reply = pb.PreferredAllocationResponse.FromString(Path(reply_file).read_bytes())
     server = grpc.aio.server()
     add_device_plugin_servicer(ConstantServicer(reply), server)
-    if not server.add_insecure_port(f"unix://{socket}"):
-        raise SystemExit(f"cannot listen on {socket}")
-    await server.start()
-    print("ready", flush=True)
-    await asyncio.to_thread(sys.stdin.read)  # stop when the parent closes our stdin
-    await server.stop(0)
+    await serve_until_stdin_closes(server, socket)
 
 
 if __name__ == "__main__":
