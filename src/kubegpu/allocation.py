@@ -16,7 +16,6 @@ from dataclasses import dataclass, field
 from kubegpu.config import Config, DeviceIDStrategy, DeviceListStrategy
 from kubegpu.devices import Vendor
 from kubegpu.errors import AllocationError, PreconditionError
-from kubegpu.nvidia_paths import CDI_KIND as CDI_KIND
 from kubegpu.nvidia_paths import CDI_VENDOR as CDI_VENDOR
 from kubegpu.nvidia_paths import IMEX_CHANNEL_DIR as IMEX_CHANNEL_DIR
 from kubegpu.nvidia_paths import VOLUME_MOUNT_ROOT as VOLUME_MOUNT_ROOT

@@ -45,6 +45,7 @@ from kubegpu.nvidia_paths import LIBRARY_DIRS as LIBRARY_DIRS
 from kubegpu.nvidia_paths import LIBRARY_PATTERNS as LIBRARY_PATTERNS
 from kubegpu.nvidia_paths import OPTIONAL_CONTROL_DEVICES as OPTIONAL_CONTROL_NODES
 from kubegpu.nvidia_paths import REQUIRED_CONTROL_DEVICES as REQUIRED_CONTROL_NODES
+from kubegpu.nvidia_paths import gpu_device_node
 
 #: The CDI spec version written; 0.6.0 is understood by containerd >= 1.7 and CRI-O >= 1.28.
 CDI_VERSION = "0.6.0"
@@ -94,7 +95,7 @@ def generate_spec(
     devices: list[dict[str, Any]] = []
     all_paths: dict[str, None] = {}
     for gpu in inventory.gpus:
-        own = gpu.device_paths or (f"/dev/nvidia{gpu.minor}",)
+        own = gpu.device_paths or (gpu_device_node(gpu.minor),)
         all_paths.update(dict.fromkeys(own))
         devices.append(_device(gpu_name(gpu, device_id_strategy), [node(p) for p in own]))
         for mig in gpu.mig_devices:

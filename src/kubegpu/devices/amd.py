@@ -139,18 +139,6 @@ def pci_group(props: Mapping[str, int]) -> str:
     return f"{props.get('domain', 0):04x}:{bus:02x}:{dev:02x}:0"
 
 
-def kfd_render_minors(root: str | Path) -> dict[int, str]:
-    """Render minor -> ROCm devID for every GPU node of the KFD topology under `root`."""
-    out: dict[int, str] = {}
-    base = Path(root, KFD_TOPOLOGY)
-    for node in base.iterdir() if base.is_dir() else ():
-        props = _properties(node / "properties")
-        render = props.get("drm_render_minor", 0)
-        if node.name.isdigit() and render > 0:
-            out[render] = pci_group(props)
-    return out
-
-
 _FIRMWARE = re.compile(r"(\w+) feature version: (\d+), firmware version: (0x[0-9a-fA-F]+)")
 
 

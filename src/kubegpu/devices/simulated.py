@@ -69,8 +69,6 @@ PRESETS = (
     "hgx-h100",
     "hgx-h100-2x8",
 )
-#: What a simulated node reports: the control nodes every CUDA container needs.
-CONTROL_DEVICES = REQUIRED_CONTROL_DEVICES
 #: How often a file-backed node checks its file where inotify is unavailable (the fallback).
 POLL_SECONDS = 0.2
 _UUID_NS = uuidlib.UUID("0b6f3f0e-8f5e-4c1a-9a57-6b5d2f4c9e21")
@@ -419,13 +417,13 @@ class SimulatedBackend:
         self._spec = spec
         self._path = path
         self._stamp = self._file_stamp()
-        self._cond = threading.Condition()
+        self._lock = threading.RLock()
         self._pending: deque[HealthEvent] = deque()
         self._mig: dict[int, tuple[str, ...] | None] = {i: g.mig for i, g in enumerate(spec.gpus)}
         self._probe_errors: dict[str, str] = {}
         #: The watch threads' waits, interrupted by every injection.
         self._waiters: set[BlockingPathWatch] = set()
-        with self._cond:
+        with self._lock:
             for index, gpu in enumerate(spec.gpus):
                 self._initial_faults(index, gpu)
 
@@ -513,7 +511,7 @@ class SimulatedBackend:
         return tuple(links)
 
     def discover(self) -> Inventory:
-        with self._cond:
+        with self._lock:
             spec = self._spec
             uuids = [self._uuid(i) for i in range(len(spec.gpus))]
             gpus = []
@@ -544,7 +542,7 @@ class SimulatedBackend:
                 gpus=tuple(gpus),
                 driver_version=spec.driver_version,
                 cuda_driver_version=spec.cuda_version,
-                control_device_paths=CONTROL_DEVICES,
+                control_device_paths=REQUIRED_CONTROL_DEVICES,
                 backend=self.name,
             )
 
@@ -569,13 +567,12 @@ class SimulatedBackend:
 
     def _push(self, event: HealthEvent) -> None:
         self._pending.append(event)
-        self._cond.notify_all()
         for waiter in self._waiters:
             waiter.interrupt()
 
     def inject_xid(self, gpu: int | str, xid: int) -> None:
         """Report Xid `xid` on a GPU (index or UUID) or MIG slice (UUID)."""
-        with self._cond:
+        with self._lock:
             self._push(HealthEvent(self._target(gpu), HealthEventKind.XID, xid, "injected"))
 
     def _fail(self, gpu: int | str, message: str) -> None:
@@ -585,17 +582,17 @@ class SimulatedBackend:
 
     def fail_probe(self, gpu: int | str, message: str) -> None:
         """Make probes of the device fail with `message` (and report it at once)."""
-        with self._cond:
+        with self._lock:
             self._fail(gpu, message)
 
     def clear_fault(self, gpu: int | str) -> None:
         """Probes pass again, silently: a transient fault the health probes should notice."""
-        with self._cond:
+        with self._lock:
             self._probe_errors.pop(self._target(gpu), None)
 
     def heal(self, gpu: int | str) -> None:
         """Probes pass again; the device (and a GPU's MIG slices) are declared healthy."""
-        with self._cond:
+        with self._lock:
             uuid = self._target(gpu)
             targets = [uuid]
             if isinstance(gpu, int) or uuid.startswith("GPU-"):
@@ -608,7 +605,7 @@ class SimulatedBackend:
 
     def set_mig_layout(self, gpu: int | str, profiles: list[str]) -> None:
         """Repartition a GPU (`[]`: MIG on, no slices); the next discover shows it."""
-        with self._cond:
+        with self._lock:
             index = self._index(gpu)
             where = f"GPU {index}"
             _check_layout(self._spec.gpus[index], tuple(profiles), where)
@@ -618,7 +615,7 @@ class SimulatedBackend:
     # -- health -----------------------------------------------------------------------
 
     def probe(self, uuid: str) -> str | None:
-        with self._cond:
+        with self._lock:
             try:
                 index = self._index(uuid)
             except DeviceError as err:
@@ -636,32 +633,31 @@ class SimulatedBackend:
             poll_interval=POLL_SECONDS,
             name=f"simulated node file {self._path}",
         )
-        with self._cond:
+        with self._lock:
             self._waiters.add(waiter)
         forget = stop.on_set(waiter.interrupt)
         try:
             while not stop.is_set():
-                with self._cond:
+                with self._lock:
                     events = list(self._pending)
                     self._pending.clear()
                 for event in events:
                     emit(event)
                 if self._path is not None:
                     self._reload_if_changed()
-                with self._cond:
+                with self._lock:
                     if self._pending:
                         continue
                 if not stop.is_set():
                     waiter.wait()
         finally:
             forget()
-            with self._cond:
+            with self._lock:
                 self._waiters.discard(waiter)
             waiter.close()
 
     def close(self) -> None:
-        with self._cond:
-            self._cond.notify_all()
+        """Nothing to release: watches end with their stop flag."""
 
     # -- node file ----------------------------------------------------------------------
 
@@ -685,7 +681,7 @@ class SimulatedBackend:
         except DeviceError as err:
             log.warning("ignoring the edit of %s: %s", self._path, err)
             return
-        with self._cond:
+        with self._lock:
             self._apply(new)
 
     def _apply(self, new: NodeSpec) -> None:

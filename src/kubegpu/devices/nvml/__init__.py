@@ -16,16 +16,10 @@ The `nvml` module is injectable (`kubegpu.testing.FakeNvml`), as are the roots o
 /sys, so everything here runs in unit tests without a GPU.
 """
 
-from kubegpu.devices.nvml.backend import LIBRARY, NvmlBackend, find_library
-from kubegpu.devices.nvml.health import XID_DOUBLE_BIT_ECC
+from kubegpu.devices.nvml.backend import NvmlBackend, find_library
 from kubegpu.devices.nvml.names import cuda_version, mig_profile_name, normalize_bus_id
-from kubegpu.nvidia_paths import CONTROL_DEVICES, LIBRARY_DIRS
 
 __all__ = [
-    "CONTROL_DEVICES",
-    "LIBRARY",
-    "LIBRARY_DIRS",
-    "XID_DOUBLE_BIT_ECC",
     "NvmlBackend",
     "cuda_version",
     "find_library",

@@ -20,13 +20,11 @@ from kubegpu.devices.nvml.session import Session, log
 from kubegpu.errors import InitError
 from kubegpu.nvidia_paths import LIBRARY_DIRS, NVML_LIBRARY
 
-LIBRARY = NVML_LIBRARY
-
 
 def find_library(driver_root: str) -> Path | None:
     """The first `libnvidia-ml.so.1` under the usual library directories of `driver_root`."""
     for directory in LIBRARY_DIRS:
-        candidate = Path(driver_root, directory, LIBRARY)
+        candidate = Path(driver_root, directory, NVML_LIBRARY)
         if candidate.exists():
             return candidate
     return None
@@ -35,7 +33,7 @@ def find_library(driver_root: str) -> Path | None:
 def _missing_library(driver_root: str) -> str:
     # Env names, not flags: every command (serve, labels, info, check, cdi) reads these.
     return (
-        f"NVML library {LIBRARY} not found under {driver_root}: install the NVIDIA driver, "
+        f"NVML library {NVML_LIBRARY} not found under {driver_root}: install the NVIDIA driver, "
         "or give its root (NVIDIA_DRIVER_ROOT on the host, CONTAINER_DRIVER_ROOT where a "
         "container mounts it)"
     )
