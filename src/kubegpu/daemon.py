@@ -227,10 +227,9 @@ class Daemon:
         config = first.config
         log.info("effective config (%s): %s", first.origin, config_to_json(config))
         inventory = await self._open_backend(config)
-        # Checked before it is stored: a config that cannot serve this node ends start-up.
-        state = self.store.state.check(inventory=inventory, config=config)
-        self._check_socket_paths(state.planned)
+        # A config that cannot serve this node raises here and ends start-up.
         state = self.store.update(inventory=inventory, config=config)
+        self._check_socket_paths(state.planned)
         await self._write_cdi_spec(state)
         # MPS daemons before the first list, so the kubelet's first view is the right one.
         await self._reconcile_mps(state)
@@ -405,11 +404,10 @@ class Daemon:
                 self._reject(update.origin, update.error)
                 continue
             try:
-                self.store.state.check(config=update.config)
+                self.store.update(config=update.config)
             except ConfigError as exc:
                 self._reject(update.origin, exc)
                 continue
-            self.store.update(config=update.config)
             self.metrics.config_reload(ok=True)
             log.info("config reloaded from %s: %s", update.origin, config_to_json(update.config))
 

@@ -271,12 +271,10 @@ class HealthMonitor:
             log.error("re-discovery failed, keeping the last device list: %s", exc)
             return
         try:
-            self.store.state.check(inventory=inventory)
+            self.store.update(inventory=inventory)
         except ConfigError as exc:
             # A MIG layout the config can't use (e.g. single with mixed profiles).
             log.error("the new device layout does not fit the config; keeping the last: %s", exc)
-            return
-        self.store.update(inventory=inventory)
 
     async def _probe_loop(self) -> None:
         while True:

@@ -10,10 +10,10 @@ Consumers subscribe instead of being called back, as grpc's aio health service w
 a condition: `NodeStore.subscribe()` yields the newest snapshot whenever the version
 moves (intermediate versions may be skipped: right for the plugins, which only need the
 latest list), `NodeStore.changes()` yields every (before, after) pair (for metrics and
-Node events, which count transitions), `NodeStore.wait_for(version)` waits for one.
+Node events, which count transitions).
 
-A config or device layout that cannot be served never enters the store: writers check it
-with `NodeState.check` first, so the last good state keeps serving.
+A config or device layout that cannot be served never enters the store: `update` builds the
+resources before it commits and raises `ConfigError`, so the last good state keeps serving.
 """
 
 from __future__ import annotations
@@ -36,7 +36,7 @@ class NodeState:
 
     #: Devices as last discovered (a MIG layout change brings a new one).
     inventory: Inventory = field(default_factory=lambda: Inventory(gpus=()))
-    #: The config in force (only ever one that `check` accepted).
+    #: The config in force (only ever one that could serve the inventory).
     config: Config = field(default_factory=Config)
     #: Unhealthy devices (GPU or MIG UUIDs) by the health policy; absent means healthy.
     health: Mapping[str, Health] = field(default_factory=dict)
@@ -73,13 +73,6 @@ class NodeState:
         owners.update({d.unit.gpu.uuid: s.name for s in self.planned for d in s.devices})
         return owners
 
-    def check(self, **fields: Any) -> NodeState:
-        """This state with `fields` replaced, its resources built once: raises
-        `ConfigError` when the config cannot serve the inventory (nothing changes)."""
-        candidate = dataclasses.replace(self, **fields)
-        candidate.planned  # noqa: B018 - built now so a ConfigError surfaces here
-        return candidate
-
 
 class NodeStore:
     """Holds the current `NodeState`; every change goes through `update` (loop thread)."""
@@ -95,23 +88,25 @@ class NodeStore:
         return self._state
 
     def update(self, **fields: Any) -> NodeState:
-        """Replace `fields` (inventory, config, health, mps_ready) in a new version."""
+        """Replace `fields` (inventory, config, health, mps_ready) in a new version.
+
+        Raises `ConfigError` when the config cannot serve the inventory; the store then
+        keeps the last good state (the resources are built here, once per version).
+        """
         before = self._state
         if all(getattr(before, k) == v for k, v in fields.items()):
             return before  # nothing changed: no new version, nobody woken
         after = dataclasses.replace(before, version=before.version + 1, **fields)
+        if "planned" in before.__dict__ and fields.keys() <= {"mps_ready"}:
+            # Only readiness moved: the resources are the same (cached_property's slot).
+            after.__dict__["planned"] = before.planned
+        after.planned  # noqa: B018 - built now, so a ConfigError leaves the store as it was
         self._state = after
         for queue in self._queues:
             queue.put_nowait((before, after))
         changed, self._changed = self._changed, asyncio.Event()
         changed.set()
         return after
-
-    async def wait_for(self, version: int) -> NodeState:
-        """The state once its version is at least `version`."""
-        while self._state.version < version:
-            await self._changed.wait()
-        return self._state
 
     async def subscribe(self, since: int = -1) -> AsyncIterator[NodeState]:
         """The current state, then the newest one after each change (coalescing)."""

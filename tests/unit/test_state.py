@@ -9,8 +9,7 @@ import pytest
 from kubegpu.config import Config, parse_config
 from kubegpu.devices import Health
 from kubegpu.errors import ConfigError
-from kubegpu.state import NodeState, NodeStore
-from kubegpu.supervisor import spawn
+from kubegpu.state import NodeStore
 from tests.builders import gpu, inventory
 
 INV = inventory(gpu(0), gpu(1))
@@ -51,12 +50,12 @@ def test_mps_devices_are_unhealthy_until_their_daemon_is_ready() -> None:
     assert state.specs[0].healthy_count == 4
 
 
-def test_check_refuses_a_config_that_cannot_serve_and_the_store_keeps_the_last() -> None:
+def test_update_refuses_a_config_that_cannot_serve_and_the_store_keeps_the_last() -> None:
     store = NodeStore()
     good = store.update(inventory=inventory(gpu(0, migs=["1g.10gb", "2g.20gb"])))
     single = parse_config("version: v1\nflags: {migStrategy: single}")
     with pytest.raises(ConfigError, match="one MIG profile"):
-        store.state.check(config=single)
+        store.update(config=single)
     assert store.state is good and store.state.config == Config()
 
 
@@ -82,12 +81,3 @@ async def test_changes_yields_every_update_in_order() -> None:
     pairs = [await asyncio.wait_for(anext(changes), 5) for _ in range(3)]
     assert [(b.version, a.version) for b, a in pairs] == [(0, 1), (1, 2), (2, 3)]
     assert [dict(a.health) for _, a in pairs] == [{}, {U0: Health.UNHEALTHY}, {}]
-
-
-async def test_wait_for_a_version() -> None:
-    store = NodeStore()
-    waiter = spawn("wait", store.wait_for(2))
-    store.update(inventory=INV)
-    store.update(health={U0: Health.UNHEALTHY})
-    state = await asyncio.wait_for(waiter, 5)
-    assert state.version == 2 and isinstance(state, NodeState)
