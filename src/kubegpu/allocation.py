@@ -143,7 +143,8 @@ def select_imex_channels(config: Config, exists: Callable[[str], bool]) -> tuple
 
 
 #: The strategies that name devices by CDI (built once: `build_response` runs per Allocate).
-_CDI_STRATEGIES = frozenset({DeviceListStrategy.CDI_ANNOTATIONS, DeviceListStrategy.CDI_CRI})
+#: The device-list strategies that name CDI devices (and need a CDI spec on the node).
+CDI_STRATEGIES = frozenset({DeviceListStrategy.CDI_ANNOTATIONS, DeviceListStrategy.CDI_CRI})
 
 
 def build_response(
@@ -184,7 +185,7 @@ def build_response(
     cdi: tuple[str, ...] = ()
     specs: tuple[DeviceNodeSpec, ...] = ()
 
-    if not _CDI_STRATEGIES.isdisjoint(strategies):
+    if not CDI_STRATEGIES.isdisjoint(strategies):
         names = [cdi_device_name(i) for i in ids]
         if has_spec("imex-channel"):
             names += [cdi_device_name(c.id, "imex-channel") for c in imex_channels]
@@ -212,7 +213,7 @@ def build_response(
 
     # CDI only: the runtime injects everything from the CDI spec; no env list, mounts or
     # device nodes (NVIDIA answers the same), so a legacy hook has nothing to act on.
-    if not _CDI_STRATEGIES.issuperset(strategies):
+    if not CDI_STRATEGIES.issuperset(strategies):
         if DeviceListStrategy.ENVVAR in strategies:
             envs[VISIBLE_DEVICES] = ",".join(ids)
             if imex_channels:
@@ -284,7 +285,7 @@ def device_node_specs(
     ordered = [*control_paths, *own] if control_first else [*own, *control_paths]
     paths = dict.fromkeys([*ordered, *extra_paths])
     return tuple(
-        DeviceNodeSpec(container_path=p, host_path=_under(dev_root, p), permissions="rw")
+        DeviceNodeSpec(container_path=p, host_path=under_root(dev_root, p), permissions="rw")
         for p in paths
     )
 
@@ -305,7 +306,8 @@ def merge(first: ContainerEdits, second: ContainerEdits) -> ContainerEdits:
     )
 
 
-def _under(root: str, path: str) -> str:
+def under_root(root: str, path: str) -> str:
+    """`path` (absolute) as seen under `root`; "" or "/" means the path itself."""
     if root in ("", "/"):
         return path
     return posixpath.join(root, path.lstrip("/"))

@@ -29,7 +29,7 @@ from collections.abc import Callable, Iterable, Sequence
 from pathlib import Path
 from typing import Any
 
-from kubegpu.allocation import ImexChannel, cdi_device_name
+from kubegpu.allocation import ImexChannel, cdi_device_name, under_root
 from kubegpu.config import Config
 from kubegpu.devices.model import Gpu, Inventory, MigDevice
 from kubegpu.errors import ConfigError
@@ -89,7 +89,7 @@ def generate_spec(
     def node(path: str) -> dict[str, Any]:
         entry: dict[str, Any] = {"path": path}
         if host_dev_root not in ("", "/"):
-            entry["hostPath"] = _host(host_dev_root, path)
+            entry["hostPath"] = under_root(host_dev_root, path)
         return entry
 
     devices: list[dict[str, Any]] = []
@@ -194,7 +194,7 @@ def _find(root: Path, rel_paths: Iterable[str]) -> list[tuple[str, str]]:
 def _mounts(found: Iterable[tuple[str, str]], host_root: str) -> list[dict[str, Any]]:
     return [
         {
-            "hostPath": _host(host_root, rel),
+            "hostPath": under_root(host_root, rel),
             "containerPath": container_path,
             "options": list(MOUNT_OPTIONS),
         }
@@ -204,12 +204,6 @@ def _mounts(found: Iterable[tuple[str, str]], host_root: str) -> list[dict[str, 
 
 def _rel(root: Path, path: Path) -> str:
     return "/" + str(path.relative_to(root))
-
-
-def _host(root: str, path: str) -> str:
-    if root in ("", "/"):
-        return path
-    return posixpath.join(root, path.lstrip("/"))
 
 
 def _exists(root: Path, path: str) -> bool:
@@ -230,7 +224,7 @@ def generate_imex_spec(
     for channel in channels:
         node: dict[str, Any] = {"path": channel.path}
         if dev_root not in ("", "/"):
-            node["hostPath"] = _host(dev_root, channel.path)
+            node["hostPath"] = under_root(dev_root, channel.path)
         devices.append(_device(channel.id, [node]))
     return {"cdiVersion": CDI_VERSION, "kind": IMEX_KIND, "devices": devices}
 
@@ -271,14 +265,14 @@ def generate_mode_spec(
             path = "/dev/" + found.relative_to(local_dev).as_posix()
             entry: dict[str, Any] = {"path": path}
             if host_dev_root not in ("", "/"):
-                entry["hostPath"] = _host(host_dev_root, path)
+                entry["hostPath"] = under_root(host_dev_root, path)
             nodes.append(entry)
     if not nodes:
         return None
     edits: dict[str, Any] = {"deviceNodes": nodes}
     mounts = [
         {
-            "hostPath": _host(driver_root, p),
+            "hostPath": under_root(driver_root, p),
             "containerPath": p,
             "options": list(MOUNT_OPTIONS),
         }

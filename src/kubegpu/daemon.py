@@ -25,8 +25,9 @@ from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
 from kubegpu import cdi
+from kubegpu.allocation import CDI_STRATEGIES
 from kubegpu.api import DEVICE_PLUGIN_PATH
-from kubegpu.config import Config, DeviceListStrategy, Flags
+from kubegpu.config import Config, Flags
 from kubegpu.config import driver_files_root as config_driver_files_root
 from kubegpu.config.loader import config_to_json
 from kubegpu.config.names import parse_quantity
@@ -487,8 +488,7 @@ class Daemon:
 
     async def _write_cdi_spec(self, state: NodeState) -> None:
         plugin = state.config.flags.plugin
-        wanted = {DeviceListStrategy.CDI_ANNOTATIONS, DeviceListStrategy.CDI_CRI}
-        if not wanted & set(plugin.device_list_strategy) or not state.inventory.gpus:
+        if CDI_STRATEGIES.isdisjoint(plugin.device_list_strategy) or not state.inventory.gpus:
             self.cdi_config = state.config
             return
         directory = self.settings.cdi_dir

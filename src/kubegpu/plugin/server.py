@@ -23,11 +23,13 @@ from google.protobuf.message import DecodeError
 
 from kubegpu import cdi, mps
 from kubegpu.allocation import (
+    CDI_STRATEGIES,
     ContainerEdits,
     ImexChannel,
     build_response,
     describe_ids,
     select_imex_channels,
+    under_root,
     validate_request,
 )
 from kubegpu.api import add_device_plugin_servicer, pb, pb_grpc
@@ -39,8 +41,6 @@ from kubegpu.plugin.status import status_for
 from kubegpu.resources import ResourceSpec, SharingKind
 
 log = logging.getLogger("kubegpu.plugin")
-
-CDI_STRATEGIES = {DeviceListStrategy.CDI_ANNOTATIONS, DeviceListStrategy.CDI_CRI}
 
 
 def plugin_options() -> pb.DevicePluginOptions:
@@ -229,7 +229,7 @@ class DevicePluginServicer(pb_grpc.DevicePluginServicer):
             return ()
         root = config.flags.dev_root
         return select_imex_channels(
-            config, lambda path: _is_char_device(_under(root, path)) or _is_char_device(path)
+            config, lambda path: _is_char_device(under_root(root, path)) or _is_char_device(path)
         )
 
     async def PreStartContainer(
@@ -295,10 +295,6 @@ def _is_char_device(path: str) -> bool:
         return stat.S_ISCHR(Path(path).stat().st_mode)
     except (OSError, ValueError):
         return False
-
-
-def _under(root: str, path: str) -> str:
-    return path if root in ("", "/") else str(Path(root) / path.lstrip("/"))
 
 
 class _Undecodable:
