@@ -76,9 +76,7 @@ class MpsDaemon:
     """One supervised MPS control daemon serving `replicas` clients per GPU of a resource.
 
     `root` is the MPS root as this process sees it; `host_root` (default the same) is
-    the host path that containers mount. `shm_dir` is the host directory mounted as the
-    clients' `/dev/shm`: it must be the daemon's own `/dev/shm`, because MPS server and
-    clients exchange data through shared memory.
+    the host path that containers mount (`container_edits` gives their mounts).
     """
 
     def __init__(
@@ -93,7 +91,6 @@ class MpsDaemon:
         control_binary: str = MPS_CONTROL_BINARY,
         env: Mapping[str, str] | None = None,
         host_root: Path | None = None,
-        shm_dir: Path = Path("/dev/shm"),
         ready_timeout: float = 30.0,
         command_timeout: float = 10.0,
         probe_interval: float = 0.1,
@@ -123,7 +120,6 @@ class MpsDaemon:
         self.log_dir = self.dir / "log"
         self.host_root = Path(host_root or root)
         self.host_pipe_dir = pipe_dir(self.host_root, resource)
-        self.shm_dir = shm_dir
         self.ready_timeout = ready_timeout
         self.command_timeout = command_timeout
         self.probe_interval = probe_interval
@@ -154,11 +150,6 @@ class MpsDaemon:
             g.uuid: self.memory_limit_mib or max(1, g.memory_mib // self.replicas)
             for g in self.gpus
         }
-
-    def allocate_edits(self) -> tuple[dict[str, str], tuple[MountSpec, ...]]:
-        """What a container of this resource needs to reach the daemon."""
-        edits = container_edits(self.resource, self.host_root, self.shm_dir)
-        return dict(edits.envs), edits.mounts
 
     # --- lifecycle -----------------------------------------------------------------
 

@@ -223,18 +223,10 @@ async def test_stop_ends_supervision_without_restart(tmp_path: Path) -> None:
     assert not d.ready
 
 
-def test_allocate_edits(tmp_path: Path) -> None:
-    d = MpsDaemon(
-        RESOURCE,
-        tmp_path,
-        GPUS,
-        2,
-        host_root=Path("/run/nvidia/mps"),
-        shm_dir=Path("/run/nvidia/mps/shm"),
-    )
-    envs, mounts = d.allocate_edits()
-    assert envs == {"CUDA_MPS_PIPE_DIRECTORY": CONTAINER_PIPE_DIR}
-    assert mounts == (
+def test_container_edits_with_another_shm_dir() -> None:
+    edits = container_edits(RESOURCE, "/run/nvidia/mps", "/run/nvidia/mps/shm")
+    assert dict(edits.envs) == {"CUDA_MPS_PIPE_DIRECTORY": CONTAINER_PIPE_DIR}
+    assert edits.mounts == (
         MountSpec(CONTAINER_PIPE_DIR, "/run/nvidia/mps/nvidia.com_gpu.shared/pipe"),
         MountSpec("/dev/shm", "/run/nvidia/mps/shm"),
     )
@@ -252,7 +244,6 @@ def test_container_edits_follow_from_the_root_alone_and_match_the_daemons(
         MountSpec("/dev/shm", "/dev/shm"),
     )
     d = MpsDaemon(RESOURCE, tmp_path, GPUS, 2)
-    assert container_edits(RESOURCE, tmp_path).mounts == d.allocate_edits()[1]
     assert container_edits(RESOURCE, tmp_path).mounts[0].host_path == str(d.pipe_dir)
 
 
