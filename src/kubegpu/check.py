@@ -13,15 +13,10 @@ from collections.abc import Sequence
 from pathlib import Path
 from typing import TextIO
 
-from kubegpu.config import Config, config_to_json, effective_config
+from kubegpu.config import config_to_json, effective_config
 from kubegpu.devices import Inventory, open_backend
 from kubegpu.errors import ConfigError, InitError
 from kubegpu.resources import ResourceSpec, build_resources
-
-
-def check(config: Config, inventory: Inventory) -> tuple[ResourceSpec, ...]:
-    """The resources `serve` would advertise; `ConfigError` when it would refuse the config."""
-    return build_resources(inventory, config)
 
 
 def format_resources(specs: Sequence[ResourceSpec], inventory: Inventory) -> str:
@@ -78,7 +73,7 @@ def run_check(
         print(f"{path}: valid; effective config: {config_to_json(config)}", file=out)
         return 0
     try:
-        specs = check(config, inventory)
+        specs = build_resources(inventory, config)  # as serve would, ConfigError if not
     except ConfigError as exc:
         print(f"kubegpu: {path}: {exc}", file=err)
         return 1

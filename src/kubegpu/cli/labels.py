@@ -251,10 +251,8 @@ async def _label(
         cfg = load_config()
     try:
         gfd = cfg.flags.gfd
-        try:
-            interval = None if gfd.oneshot else parse_duration(gfd.sleep_interval)
-        except ValueError as exc:  # only a config file can get here: flags were checked
-            raise UsageError(f"flags.gfd.sleepInterval: {exc}") from exc
+        # The config has checked and normalised the interval already (no error here).
+        interval = None if gfd.oneshot else parse_duration(gfd.sleep_interval)
         sink = _make_sink(values, gfd, values.get("node_name"), env, api_factory)
         machine_file = gfd.machine_type_file
         sysfs_root = values.get("sysfs_root") or "/"

@@ -27,6 +27,7 @@ import pydantic
 
 from kubegpu.config.v1 import SUPPORTED_VERSIONS, VERSION, Config
 from kubegpu.errors import ConfigError
+from kubegpu.gosyntax import GO_FALSE, GO_TRUE
 
 #: How errors caused by an override (rather than the file) name their source.
 OVERRIDE_SOURCE: Final = "flag/env"
@@ -318,10 +319,7 @@ def _leaf_annotation(parts: Sequence[str]) -> Any:
 
 
 #: The spellings Go's strconv.ParseBool (and so NVIDIA's flags and env vars) accepts.
-_GO_BOOLS: Final = {
-    **dict.fromkeys(("1", "t", "T", "TRUE", "true", "True"), True),
-    **dict.fromkeys(("0", "f", "F", "FALSE", "false", "False"), False),
-}
+_GO_BOOLS: Final = {**dict.fromkeys(GO_TRUE, True), **dict.fromkeys(GO_FALSE, False)}
 
 
 def _coerce_string(annotation: Any, value: str) -> Any:

@@ -157,11 +157,6 @@ def device_entry_kind(entry: object) -> str:
     raise ValueError("is not a GPU index, MIG index (i:j) or UUID")
 
 
-def is_mig_entry(entry: object) -> bool:
-    """Whether a (valid) `devices` entry names a MIG device rather than a full GPU."""
-    return device_entry_kind(entry) in ("mig-index", "mig-uuid")
-
-
 #: Go's `time.ParseDuration` units, in nanoseconds (both micro signs are Go's).
 _GO_UNITS: Final = {
     "ns": 1,

@@ -12,13 +12,13 @@ import asyncio
 import contextlib
 import logging
 import math
-import re
 import time
 from collections.abc import AsyncIterator, Callable, Mapping, Sequence
 from pathlib import Path
 from typing import Any
 
 from kubegpu.config import Config, load_file, resolve
+from kubegpu.config.names import INFINITE_NS, parse_go_duration
 from kubegpu.config.source import (
     DEFAULT_NODE_LABEL,
     ConfigSource,
@@ -126,33 +126,17 @@ def _compute(
     return labels
 
 
-_DURATION_PART = re.compile(r"(\d+(?:\.\d+)?)(ns|us|µs|ms|s|m|h)")
-_UNIT_SECONDS = {
-    "ns": 1e-9,
-    "us": 1e-6,
-    "µs": 1e-6,
-    "ms": 1e-3,
-    "s": 1.0,
-    "m": 60.0,
-    "h": 3600.0,
-}
-
-
 def parse_duration(text: str) -> float:
-    """Go-style duration (`60s`, `1m30s`, `500ms`) or `infinite`, in seconds."""
-    value = text.strip().lower()
-    if value in ("infinite", "inf"):
-        return math.inf
-    pos, total = 0, 0.0
-    for match in _DURATION_PART.finditer(value):
-        if match.start() != pos:
-            break
-        total += float(match[1]) * _UNIT_SECONDS[match[2]]
-        pos = match.end()
-    # 0s is valid (NVIDIA's GFD relabels without pause); a bare number is not (no unit).
-    if not value or pos != len(value) or total < 0:
-        raise ValueError(f"invalid duration {text!r}; use e.g. 60s, 5m, 1h30m or infinite")
-    return total
+    """Go-style duration (`60s`, `1m30s`, `500ms`) or `infinite`, in seconds: the config's
+    own reader (`config.names.parse_go_duration`), as GFD's `--sleep-interval` is a Go
+    duration."""
+    try:
+        ns = parse_go_duration(text)
+    except ValueError:
+        raise ValueError(
+            f"invalid duration {text!r}; use e.g. 60s, 5m, 1h30m or infinite"
+        ) from None
+    return math.inf if ns >= INFINITE_NS else max(ns, 0) / 1e9
 
 
 def config_loader(path: str | None, overrides: Mapping[str, Any]) -> Callable[[], Config]:
