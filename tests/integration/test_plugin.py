@@ -537,6 +537,34 @@ async def test_list_is_built_once_per_spec_version_and_rebuilt_on_change(
     assert builds == [4, 2]
 
 
+async def test_an_update_with_the_same_devices_sends_nothing(
+    socket_dir: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """The store wakes every resource on any change (another resource's health, MPS
+    readiness); a resource whose devices are unchanged neither rebuilds nor resends."""
+    from kubegpu.plugin import server as server_module
+
+    builds: list[int] = []
+    real = server_module.device_list
+
+    def counted(spec: ResourceSpec) -> pb.ListAndWatchResponse:
+        builds.append(len(spec.devices))
+        return real(spec)
+
+    monkeypatch.setattr(server_module, "device_list", counted)
+    async with serving(socket_dir, _spec(2)) as (server, stub):
+        stream = stub.ListAndWatch(pb.Empty())
+        assert len((await stream.read()).devices) == 2
+        await server.servicer.update(_spec(2), Config())  # equal devices, a new object
+        # A round trip on the server's loop: a woken stream would have sent by now.
+        await stub.GetDevicePluginOptions(pb.Empty())
+        await server.servicer.update(_spec(3), Config())
+        # Had the equal update been sent, this read would show 2 devices again.
+        assert len((await stream.read()).devices) == 3
+        stream.cancel()
+    assert builds == [2, 3]
+
+
 async def test_mps_mounts_follow_from_the_config_alone(socket_dir: Path) -> None:
     """Allocate computes the MPS pipe and shm mounts from the spec and `flags.mpsRoot`;
     no daemon object is asked (its readiness only gates health, in the store)."""

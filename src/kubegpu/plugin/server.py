@@ -117,9 +117,16 @@ class DevicePluginServicer(pb_grpc.DevicePluginServicer):
         self.list_sent = asyncio.Event()
 
     async def update(self, spec: ResourceSpec, config: Config) -> None:
-        """Swap in a new spec; open ListAndWatch streams send the new list at once."""
+        """Swap in a new spec; open ListAndWatch streams send the new list at once.
+
+        Every store version reaches every resource; one whose devices (and so its list)
+        did not change sends nothing, rather than the same list again to the kubelet.
+        """
         async with self._changed:
+            same_list = spec.devices == self.spec.devices
             self.spec, self.config = spec, config
+            if same_list:
+                return
             self._version += 1
             self._changed.notify_all()
 
