@@ -25,10 +25,10 @@ import itertools
 import logging
 import math
 import operator
-from collections.abc import Iterable, KeysView, Mapping, Sequence
+from collections.abc import Callable, Iterable, KeysView, Mapping, Sequence
 from collections.abc import Set as AbstractSet
 from dataclasses import dataclass
-from typing import cast
+from typing import TypeVar, cast
 
 from kubegpu.config import AllocationPolicy
 from kubegpu.devices import DeviceID, Gpu, Health, LinkKind, Vendor
@@ -105,6 +105,24 @@ def preferred_allocation(
     return [d.id for d in chosen]
 
 
+K = TypeVar("K")
+V = TypeVar("V")
+
+
+def per_object(cache: dict[int, tuple[K, V]], obj: K, build: Callable[[K], V]) -> V:
+    """`build(obj)`, cached per object: keyed by `id`, the entry holds `obj` itself so the
+    id cannot be reused while cached; at most `TERMS_CACHE_SIZE` entries, oldest evicted
+    first (a reload or health flip makes new specs, and the old ones must be let go)."""
+    hit = cache.get(id(obj))
+    if hit is not None and hit[0] is obj:
+        return hit[1]
+    value = build(obj)
+    if len(cache) >= TERMS_CACHE_SIZE:
+        del cache[next(iter(cache))]  # dicts keep insertion order
+    cache[id(obj)] = (obj, value)
+    return value
+
+
 def advertised(spec: ResourceSpec, ids: Iterable[str]) -> set[str]:
     """The IDs among `ids` that `spec` advertises, as a set of the spec's own ID strings.
 
@@ -113,14 +131,7 @@ def advertised(spec: ResourceSpec, ids: Iterable[str]) -> set[str]:
     hash is cached and which later set operations against the spec's own sets (the replica
     index) match by identity instead of by comparing characters.
     """
-    hit = _canonical_cache.get(id(spec))
-    if hit is not None and hit[0] is spec:
-        canonical = hit[1]
-    else:
-        canonical = {d.id: d.id for d in spec.devices}
-        if len(_canonical_cache) >= TERMS_CACHE_SIZE:
-            del _canonical_cache[next(iter(_canonical_cache))]
-        _canonical_cache[id(spec)] = (spec, canonical)
+    canonical = per_object(_canonical_cache, spec, lambda s: {d.id: d.id for d in s.devices})
     found: set[str | None] = set(map(canonical.get, ids))
     found.discard(None)  # the unknown ones
     return cast(set[str], found)
@@ -132,15 +143,12 @@ _canonical_cache: dict[int, tuple[ResourceSpec, dict[str, str]]] = {}
 def device_rank(spec: ResourceSpec) -> Mapping[str, int]:
     """Each device ID's place in (unhealthy last, `_order`) order: one integer sort key per
     ID, computed once per spec (cached beside its pair terms, same bound)."""
-    hit = _rank_cache.get(id(spec))
-    if hit is not None and hit[0] is spec:
-        return hit[1]
+    return per_object(_rank_cache, spec, _device_rank)
+
+
+def _device_rank(spec: ResourceSpec) -> dict[str, int]:
     ordered = sorted(spec.devices, key=lambda d: (d.health is not Health.HEALTHY, _order(d)))
-    rank: dict[str, int] = {d.id: k for k, d in enumerate(ordered)}
-    if len(_rank_cache) >= TERMS_CACHE_SIZE:
-        del _rank_cache[next(iter(_rank_cache))]
-    _rank_cache[id(spec)] = (spec, rank)
-    return rank
+    return {d.id: k for k, d in enumerate(ordered)}
 
 
 _rank_cache: dict[int, tuple[ResourceSpec, dict[str, int]]] = {}
@@ -473,14 +481,7 @@ _terms_cache: dict[int, tuple[ResourceSpec, PairTerms]] = {}
 def spec_terms(spec: ResourceSpec) -> PairTerms:
     """The pair terms of `spec`'s units, cached per spec object (the entry holds the spec,
     so its `id` cannot be reused while cached)."""
-    hit = _terms_cache.get(id(spec))
-    if hit is not None and hit[0] is spec:
-        return hit[1]
-    terms = pair_terms([d.unit for d in spec.devices])
-    if len(_terms_cache) >= TERMS_CACHE_SIZE:
-        del _terms_cache[next(iter(_terms_cache))]  # oldest first: dicts keep insertion order
-    _terms_cache[id(spec)] = (spec, terms)
-    return terms
+    return per_object(_terms_cache, spec, lambda s: pair_terms([d.unit for d in s.devices]))
 
 
 #: Device sets of up to this many units are placed from a table of every subset's score
@@ -615,9 +616,10 @@ def twin_runs(terms: PairTerms) -> tuple[int, ...]:
     as the GPUs of one NVSwitch board on one NUMA node do; a chain of twins weighs the
     same inside too, so a run is interchangeable units.
     """
-    hit = _runs_cache.get(id(terms))
-    if hit is not None and hit[0] is terms:
-        return hit[1]
+    return per_object(_runs_cache, terms, _twin_runs)
+
+
+def _twin_runs(terms: PairTerms) -> tuple[int, ...]:
     run_of = [0]
     for i in range(1, len(terms.index)):
         twin = all(
@@ -625,9 +627,6 @@ def twin_runs(terms: PairTerms) -> tuple[int, ...]:
             for m in (terms.link, terms.numa)
         )
         run_of.append(run_of[-1] if twin else run_of[-1] + 1)
-    if len(_runs_cache) >= TERMS_CACHE_SIZE:
-        del _runs_cache[next(iter(_runs_cache))]
-    _runs_cache[id(terms)] = (terms, tuple(run_of))
     return tuple(run_of)
 
 
@@ -923,9 +922,10 @@ class ReplicaIndex:
 
 def replica_index(spec: ResourceSpec) -> ReplicaIndex:
     """The replica index of a shared `spec`, cached with its pair terms (same bound)."""
-    hit = _replica_cache.get(id(spec))
-    if hit is not None and hit[0] is spec:
-        return hit[1]
+    return per_object(_replica_cache, spec, _replica_index)
+
+
+def _replica_index(spec: ResourceSpec) -> ReplicaIndex:
     terms = spec_terms(spec)
     rows = len(terms.index)
     by_row: list[list[AdvertisedDevice]] = [[] for _ in range(rows)]
@@ -938,7 +938,7 @@ def replica_index(spec: ResourceSpec) -> ReplicaIndex:
     rank = [0] * rows
     for place_, r in enumerate(ranked):
         rank[r] = place_
-    index = ReplicaIndex(
+    return ReplicaIndex(
         row_of={d.id: terms.index[d.unit.uuid] for d in spec.devices},
         ids=tuple(tuple(d.id for d in devices) for devices in by_row),
         id_sets=tuple(frozenset(d.id for d in devices) for devices in by_row),
@@ -946,10 +946,6 @@ def replica_index(spec: ResourceSpec) -> ReplicaIndex:
         rank=tuple(rank),
         gain_steps=tuple(tuple(w * _RANK for w in row) for row in terms.link),
     )
-    if len(_replica_cache) >= TERMS_CACHE_SIZE:
-        del _replica_cache[next(iter(_replica_cache))]
-    _replica_cache[id(spec)] = (spec, index)
-    return index
 
 
 _replica_cache: dict[int, tuple[ResourceSpec, ReplicaIndex]] = {}

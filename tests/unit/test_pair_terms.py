@@ -111,3 +111,27 @@ def test_runs_of_twins_pick_the_earliest_optimal_set(
             best_score, best = score, combo
     found = best_subset(weights, base, need)
     assert (found.picked, found.score, found.optimal) == (best, best_score, True)
+
+
+def test_every_per_spec_cache_is_bounded() -> None:
+    """Rank, offered-ID, replica and twin-run caches share `per_object`'s bound: specs
+    rebuilt on every reload or health flip never pile up."""
+    config = parse_config(
+        "version: v1\nsharing:\n  timeSlicing:\n    resources:\n"
+        "    - {name: nvidia.com/gpu, replicas: 2}\n"
+    )
+    inv = SimulatedBackend.load("a10g-4").discover()
+    for _ in range(TERMS_CACHE_SIZE + 3):
+        (spec,) = build_resources(inv, config)
+        topology.device_rank(spec)
+        topology.advertised(spec, [d.id for d in spec.devices])
+        topology.replica_index(spec)
+        topology.twin_runs(spec_terms(spec))
+    for cache in (
+        topology._rank_cache,
+        topology._canonical_cache,
+        topology._replica_cache,
+        topology._runs_cache,
+        topology._terms_cache,
+    ):
+        assert 0 < len(cache) <= TERMS_CACHE_SIZE
