@@ -4,10 +4,12 @@ from __future__ import annotations
 
 import shutil
 import tempfile
-from collections.abc import Iterator
+from collections.abc import AsyncIterator, Iterator
 from pathlib import Path
 
 import pytest
+
+from kubegpu.kubelet import KubeletEmulator
 
 
 @pytest.fixture
@@ -21,3 +23,14 @@ def socket_dir() -> Iterator[Path]:
         yield path
     finally:
         shutil.rmtree(path, ignore_errors=True)
+
+
+@pytest.fixture
+async def kubelet(socket_dir: Path) -> AsyncIterator[KubeletEmulator]:
+    """A kubelet emulator on `socket_dir/dp` (a short grace period, for `serve` tests)."""
+    emulator = KubeletEmulator(socket_dir / "dp", grace_period=0.5)
+    await emulator.start()
+    try:
+        yield emulator
+    finally:
+        await emulator.stop()

@@ -7,7 +7,6 @@ rejected on one log line while the kubelet keeps seeing the same devices.
 from __future__ import annotations
 
 import signal
-from collections.abc import AsyncIterator
 from pathlib import Path
 
 import pytest
@@ -37,16 +36,6 @@ BAD_RELOADS = [
     ('version: "\\ud800"\n', "not valid YAML"),
     ("version: v1\nversion: v1\n", "duplicate key"),
 ]
-
-
-@pytest.fixture
-async def kubelet(socket_dir: Path) -> AsyncIterator[KubeletEmulator]:
-    emulator = KubeletEmulator(socket_dir / "dp", grace_period=0.5)
-    await emulator.start()
-    try:
-        yield emulator
-    finally:
-        await emulator.stop()
 
 
 async def test_every_bad_reload_keeps_the_last_good_config(

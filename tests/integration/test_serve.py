@@ -8,7 +8,6 @@ import shutil
 import signal
 import socket
 import sys
-from collections.abc import AsyncIterator
 from pathlib import Path
 
 import pytest
@@ -88,16 +87,6 @@ async def start(cmd: list[str], **env: str) -> Serve:
         *cmd, stdout=asyncio.subprocess.PIPE, stderr=asyncio.subprocess.STDOUT, env=clean_env(**env)
     )
     return Serve(proc)
-
-
-@pytest.fixture
-async def kubelet(socket_dir: Path) -> AsyncIterator[KubeletEmulator]:
-    emulator = KubeletEmulator(socket_dir / "dp", grace_period=0.5)
-    await emulator.start()
-    try:
-        yield emulator
-    finally:
-        await emulator.stop()
 
 
 async def test_sigterm_stops_cleanly_and_removes_socket(kubelet: KubeletEmulator) -> None:
