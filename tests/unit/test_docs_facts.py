@@ -239,7 +239,7 @@ def test_the_classes_and_members_the_map_names_exist() -> None:
     """A stale `Daemon._refresh` in the map would send a newcomer nowhere."""
     members = _class_members()
     named = set(re.findall(r"`([A-Z]\w+)\.(\w+)`", ARCHITECTURE.read_text(encoding="utf-8")))
-    assert ("NodeState", "check") in named, "the pattern no longer finds Class.member"
+    assert ("Inventory", "with_health") in named, "the pattern no longer finds Class.member"
     missing = sorted(f"{c}.{m}" for c, m in named if m not in members.get(c, set()))
     assert not missing, f"architecture.md names members that do not exist: {missing}"
     assert "_refresh" not in members["Daemon"], "the check would not see a stale Daemon._refresh"
