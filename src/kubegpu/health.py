@@ -14,6 +14,7 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import dataclasses
 import logging
 import threading
 import time
@@ -176,12 +177,8 @@ def health_flags_from_env(env: Mapping[str, str], base: HealthFlags) -> HealthFl
         ignored = []
         enable = [t for t in enable if t != "all"]
     critical += [x for x in _xid_list(ENV_ENABLE, enable) if x not in critical]
-    return base.model_copy(
-        update={
-            "disabled": disabled,
-            "ignored_xids": tuple(ignored),
-            "critical_xids": tuple(critical),
-        }
+    return dataclasses.replace(
+        base, disabled=disabled, ignored_xids=tuple(ignored), critical_xids=tuple(critical)
     )
 
 

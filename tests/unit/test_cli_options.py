@@ -220,7 +220,7 @@ def test_config_keys_are_keys_of_the_schema() -> None:
 
     for keys in (SERVE_KEYS, LABELS_KEYS):
         for key in keys.values():
-            node: Any = resolve(None, {}).model_dump(by_alias=True, mode="json")
+            node: Any = resolve(None, {}).to_raw(nulls=True)
             for part in key.split("."):
                 assert isinstance(node, dict) and part in node, key
                 node = node[part]

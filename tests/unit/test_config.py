@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import dataclasses
 import json
 from pathlib import Path
 from typing import Any
@@ -12,6 +13,7 @@ from kubegpu.config import (
     Config,
     DeviceIDStrategy,
     DeviceListStrategy,
+    Flags,
     MigStrategy,
     apply_overrides,
     build_config,
@@ -97,7 +99,11 @@ def test_empty_file_is_defaults() -> None:
 
 
 def test_python_code_may_build_models_by_field_name() -> None:
-    assert Config(flags={"mig_strategy": "mixed"}).flags.mig_strategy is MigStrategy.MIXED  # type: ignore[arg-type]
+    config = Config(flags=Flags(mig_strategy=MigStrategy.MIXED))
+    assert config.flags.mig_strategy is MigStrategy.MIXED
+    assert config == parse_config("flags: {migStrategy: mixed}")
+    with pytest.raises(dataclasses.FrozenInstanceError):
+        config.flags.mig_strategy = MigStrategy.NONE  # type: ignore[misc]
 
 
 # -- version and unknown keys ----------------------------------------------------------------

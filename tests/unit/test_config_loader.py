@@ -167,7 +167,7 @@ def test_unexpected_library_errors_still_become_config_errors(
     def boom(*args: Any, **kwargs: Any) -> Any:
         raise RuntimeError("surprise\nsecond line")
 
-    monkeypatch.setattr(Config, "model_validate", boom)
+    monkeypatch.setattr(Config, "read", boom)
     with pytest.raises(ConfigError) as info:
         parse_config("version: v1\n", "cm.yaml")
     assert str(info.value).startswith("cm.yaml: cannot read this config (RuntimeError: surprise")

@@ -9,7 +9,7 @@ from kubegpu.daemon import driver_files_root
 
 
 def flags(driver_root: str, container_root: Path | str) -> Config:
-    return Config.model_validate(
+    return Config.read(
         {
             "version": "v1",
             "flags": {

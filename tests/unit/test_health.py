@@ -305,7 +305,7 @@ async def test_monitor_keeps_a_new_mig_layout_out_of_the_store_when_it_cannot_se
 ) -> None:
     backend = SimulatedBackend.load("h100-mig")
     rec = Recorder()
-    single = Config.model_validate({"version": "v1", "flags": {"migStrategy": "single"}})
+    single = Config.read({"version": "v1", "flags": {"migStrategy": "single"}})
     backend.set_mig_layout(0, ["7g.80gb"])
     rec.store.update(inventory=backend.discover(), config=single)
     monitor = HealthMonitor(backend, HealthFlags(), rec.store)

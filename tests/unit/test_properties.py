@@ -62,7 +62,7 @@ def configs(draw: st.DrawFn, node: Inventory) -> Config:
                 "resources": [entry],
             }
         }
-    return Config.model_validate(raw)
+    return Config.read(raw)
 
 
 @settings(max_examples=150, deadline=None)

@@ -5,22 +5,20 @@ The same YAML that configures NVIDIA's plugin (`version: v1`, `flags`, `resource
 (with a suggestion for typos) rather than silently ignored, and `resources` renaming and
 `sharing.*.resources[].devices` subsets take effect instead of being parsed and dropped.
 
-Models are frozen: a `Config` is a value, and a reload builds a new one. File keys are
-NVIDIA's camelCase aliases; Python code may also construct models by field name.
+Models are frozen dataclasses: a `Config` is a value, and a reload builds a new one. File
+keys are NVIDIA's camelCase spellings; Python code constructs models by field name. How a
+file is read into them (hooks, kinds, the order of checks) is `kubegpu.config.schema`.
 
-Validators raise `invalid(...)`, a pydantic error carrying a hint (what to do) and an
-optional sub-path, which `loader.format_validation_error` turns into one line.
+Checks raise `invalid(...)`, carrying a hint (what to do) and an optional sub-path, which
+the loader turns into one line.
 """
 
 from __future__ import annotations
 
 import re
+from dataclasses import dataclass
 from enum import StrEnum
-from typing import Annotated, Any, ClassVar, Final, Literal
-
-from pydantic import BaseModel, ConfigDict, Field, Strict, field_validator, model_validator
-from pydantic.alias_generators import to_camel
-from pydantic_core import PydanticCustomError
+from typing import Any, ClassVar, Final, Literal
 
 from kubegpu.config.names import (
     DEFAULT_RESOURCE_PREFIX,
@@ -30,6 +28,26 @@ from kubegpu.config.names import (
     parse_quantity,
     qualify_resource_name,
 )
+from kubegpu.config.schema import (
+    AS_IS,
+    LAX_BOOL,
+    LAX_FLOAT,
+    LAX_INT,
+    STR,
+    STRICT_BOOL,
+    STRICT_INT,
+    Invalid,
+    ListOf,
+    Model,
+    Nested,
+    Optional,
+    at_least,
+    invalid,
+    key,
+    literal,
+    one_of,
+    required,
+)
 
 VERSION: Final = "v1"
 #: Every config version this build reads.
@@ -37,17 +55,6 @@ SUPPORTED_VERSIONS: Final = (VERSION,)
 #: The CUDA MPS control daemon's hard limit on clients per GPU (16 on pre-Volta GPUs,
 #: which needs the devices to check and is done where devices are known).
 MPS_MAX_REPLICAS: Final = 48
-
-#: Marks "no `got` in the error context" apart from a real `None` value.
-_NO_VALUE: Final = "\x00no-value"
-
-
-def invalid(message: str, hint: str, *, at: str = "", got: Any = _NO_VALUE) -> PydanticCustomError:
-    """A validation error the loader prints as `<path><at>: <message> (got <got>); <hint>`."""
-    ctx: dict[str, Any] = {"message": message, "hint": hint, "at": at}
-    if got != _NO_VALUE:
-        ctx["got"] = got
-    return PydanticCustomError("kubegpu", "{message}", ctx)
 
 
 class MigStrategy(StrEnum):
@@ -75,146 +82,128 @@ class AllocationPolicy(StrEnum):
     PACKED = "packed"
 
 
-#: NVIDIA's config is JSON-decoded by Go, which takes no `"true"` for a bool nor `2.0` or
-#: `"2"` for an int; pydantic's lax coercion would, so these are strict.
-_Bool = Annotated[bool, Strict()]
-_Int = Annotated[int, Strict()]
+# NVIDIA's config is JSON-decoded by Go, which takes no `"true"` for a bool nor `2.0` or
+# `"2"` for an int: NVIDIA's keys are STRICT_BOOL / STRICT_INT. kubegpu's own numeric
+# keys (health) take the lax forms, as they always have.
 
 DeviceDiscoveryStrategy = Literal["auto", "nvml", "tegra"]
-
-
-class _Model(BaseModel):
-    model_config = ConfigDict(
-        frozen=True,
-        extra="forbid",
-        alias_generator=to_camel,
-        validate_by_name=True,
-        validate_by_alias=True,
-    )
-
-    #: Keys whose explicit `null` is an error rather than "not set" (see `_nulls_unset`).
-    _null_is_error: ClassVar[frozenset[str]] = frozenset()
-
-    @model_validator(mode="before")
-    @classmethod
-    def _nulls_unset(cls, data: Any) -> Any:
-        """`key: null` (or `key:` with no value) means "not set", as in NVIDIA's Go decoder,
-        where a null leaves a pointer nil and a value untouched: the default applies."""
-        if not isinstance(data, dict):
-            return data
-        return {k: v for k, v in data.items() if v is not None or k in cls._null_is_error}
 
 
 def _one_of(enum: type[StrEnum]) -> str:
     return ", ".join(m.value for m in enum)
 
 
-class PluginFlags(_Model):
-    pass_device_specs: _Bool = False
+def _strategies(value: Any) -> Any:
+    """NVIDIA reads one string or a list; a strategy listed twice is simply enabled."""
+    items = (value,) if isinstance(value, str) else value
+    if not isinstance(items, list | tuple):
+        return value  # the list kind reports the type
+    hint = f"use one or more of: {_one_of(DeviceListStrategy)}"
+    if not items:
+        raise invalid("needs at least one strategy", hint, got=[])
+    valid = {m.value for m in DeviceListStrategy}
+    for i, item in enumerate(items):
+        if not isinstance(item, str) or item not in valid:  # a list item is unhashable
+            at = f"[{i}]" if not isinstance(value, str) else ""
+            if isinstance(item, str) and "," in item:
+                hint += " (write several as a YAML list, not a comma string)"
+            raise invalid("unknown device list strategy", hint, at=at, got=item)
+    return tuple(dict.fromkeys(items))
+
+
+@dataclass(frozen=True, kw_only=True)
+class PluginFlags(Model):
+    pass_device_specs: bool = key(False, STRICT_BOOL)
     #: One strategy or several; a string in the file is read as a one-element list.
-    device_list_strategy: tuple[DeviceListStrategy, ...] = (DeviceListStrategy.ENVVAR,)
-    # NVIDIA spells these with capitals ("ID", "CTK") that to_camel would lower.
-    device_id_strategy: DeviceIDStrategy = Field(
-        default=DeviceIDStrategy.UUID, alias="deviceIDStrategy"
+    device_list_strategy: tuple[DeviceListStrategy, ...] = key(
+        (DeviceListStrategy.ENVVAR,), ListOf(one_of(DeviceListStrategy)), before=_strategies
     )
-    cdi_annotation_prefix: str = "cdi.k8s.io/"
-    nvidia_ctk_path: str = Field(default="/usr/bin/nvidia-ctk", alias="nvidiaCTKPath")
-    container_driver_root: str = "/driver-root"
+    # NVIDIA spells these with capitals ("ID", "CTK") that camelCase would lower.
+    device_id_strategy: DeviceIDStrategy = key(
+        DeviceIDStrategy.UUID, one_of(DeviceIDStrategy), alias="deviceIDStrategy"
+    )
+    cdi_annotation_prefix: str = key("cdi.k8s.io/", STR)
+    nvidia_ctk_path: str = key("/usr/bin/nvidia-ctk", STR, alias="nvidiaCTKPath")
+    container_driver_root: str = key("/driver-root", STR)
     #: kubegpu extension: how replicas are picked for a multi-replica request.
-    shared_devices_allocation_policy: AllocationPolicy = AllocationPolicy.DISTRIBUTED
-
-    @field_validator("device_list_strategy", mode="before")
-    @classmethod
-    def _strategies(cls, value: Any) -> Any:
-        """NVIDIA reads one string or a list; a strategy listed twice is simply enabled."""
-        items = (value,) if isinstance(value, str) else value
-        if not isinstance(items, list | tuple):
-            return value  # pydantic reports the type
-        hint = f"use one or more of: {_one_of(DeviceListStrategy)}"
-        if not items:
-            raise invalid("needs at least one strategy", hint, got=[])
-        valid = {m.value for m in DeviceListStrategy}
-        for i, item in enumerate(items):
-            if not isinstance(item, str) or item not in valid:  # a list item is unhashable
-                at = f"[{i}]" if not isinstance(value, str) else ""
-                if isinstance(item, str) and "," in item:
-                    hint += " (write several as a YAML list, not a comma string)"
-                raise invalid("unknown device list strategy", hint, at=at, got=item)
-        return tuple(dict.fromkeys(items))
+    shared_devices_allocation_policy: AllocationPolicy = key(
+        AllocationPolicy.DISTRIBUTED, one_of(AllocationPolicy)
+    )
 
 
-class GfdFlags(_Model):
+def _sleep_interval(value: Any) -> Any:
+    """NVIDIA's `Duration`: a Go duration string, `infinite`, or a number of nanoseconds.
+
+    A negative interval relabels without pause, as Go's timer does; it reads as `0s`.
+    """
+    if not isinstance(value, str | int | float) or isinstance(value, bool):
+        return value  # the string kind reports the type
+    try:
+        ns = parse_go_duration(value)
+    except ValueError as exc:
+        raise invalid(
+            str(exc),
+            "write a duration like 60s, 5m or 1h30m, 'infinite', or a number of nanoseconds",
+            got=value,
+        ) from None
+    return format_go_duration(ns)
+
+
+@dataclass(frozen=True, kw_only=True)
+class GfdFlags(Model):
     """GPU Feature Discovery flags, shared with `kubegpu labels`."""
 
-    oneshot: _Bool = False
-    no_timestamp: _Bool = False
+    oneshot: bool = key(False, STRICT_BOOL)
+    no_timestamp: bool = key(False, STRICT_BOOL)
     #: Time between labelling passes, normalised to e.g. `1m30s`, `0s` or `infinite`.
-    sleep_interval: str = Field(default="60s", validate_default=True)
-    output_file: str = "/etc/kubernetes/node-feature-discovery/features.d/gfd"
-    machine_type_file: str = "/sys/class/dmi/id/product_name"
-    use_node_feature_api: _Bool = Field(default=False, alias="useNodeFeatureAPI")
-
-    @field_validator("sleep_interval", mode="before")
-    @classmethod
-    def _sleep_interval(cls, value: Any) -> Any:
-        """NVIDIA's `Duration`: a Go duration string, `infinite`, or a number of nanoseconds.
-
-        A negative interval relabels without pause, as Go's timer does; it reads as `0s`.
-        """
-        if not isinstance(value, str | int | float) or isinstance(value, bool):
-            return value  # pydantic reports the type
-        try:
-            ns = parse_go_duration(value)
-        except ValueError as exc:
-            raise invalid(
-                str(exc),
-                "write a duration like 60s, 5m or 1h30m, 'infinite', or a number of nanoseconds",
-                got=value,
-            ) from None
-        return format_go_duration(ns)
+    sleep_interval: str = key(_sleep_interval("60s"), STR, before=_sleep_interval)
+    output_file: str = key("/etc/kubernetes/node-feature-discovery/features.d/gfd", STR)
+    machine_type_file: str = key("/sys/class/dmi/id/product_name", STR)
+    use_node_feature_api: bool = key(False, STRICT_BOOL, alias="useNodeFeatureAPI")
 
 
-_Xid = Annotated[int, Field(ge=0)]
+_XIDS: Final = ListOf(at_least(LAX_INT, 0))
 
 
-class HealthFlags(_Model):
+@dataclass(frozen=True, kw_only=True)
+class HealthFlags(Model):
     """kubegpu's health settings (NVIDIA has env vars only; we accept both)."""
 
     #: Xids that never mark a GPU unhealthy (application errors by default).
-    ignored_xids: tuple[_Xid, ...] = (13, 31, 43, 45, 68, 109)
+    ignored_xids: tuple[int, ...] = key((13, 31, 43, 45, 68, 109), _XIDS)
     #: Xids to treat as critical even if listed in `ignored_xids`.
-    critical_xids: tuple[_Xid, ...] = ()
+    critical_xids: tuple[int, ...] = key((), _XIDS)
     #: Turn health checks off entirely (DP_DISABLE_HEALTHCHECKS=all).
-    disabled: bool = False
+    disabled: bool = key(False, LAX_BOOL)
     #: A GPU whose probes pass this long after its last error is healthy again; 0 never heals.
-    recovery_seconds: float = Field(default=60.0, ge=0)
+    recovery_seconds: float = key(60.0, at_least(LAX_FLOAT, 0.0))
     #: How often unhealthy GPUs are probed for recovery.
-    probe_interval_seconds: float = Field(default=5.0, gt=0)
+    probe_interval_seconds: float = key(5.0, at_least(LAX_FLOAT, 0.0, strictly=True))
 
 
-class Flags(_Model):
-    mig_strategy: MigStrategy = MigStrategy.NONE
-    fail_on_init_error: _Bool = True
-    nvidia_driver_root: str = "/"
-    nvidia_dev_root: str | None = None
+@dataclass(frozen=True, kw_only=True)
+class Flags(Model):
+    mig_strategy: MigStrategy = key(MigStrategy.NONE, one_of(MigStrategy))
+    fail_on_init_error: bool = key(True, STRICT_BOOL)
+    nvidia_driver_root: str = key("/", STR)
+    nvidia_dev_root: str | None = key(None, Optional(STR))
     #: Where the MPS control daemons keep pipes and logs; required when `sharing.mps` is set.
-    mps_root: str | None = None
-    gds_enabled: _Bool = False
-    mofed_enabled: _Bool = False
-    gdrcopy_enabled: _Bool = False
+    mps_root: str | None = key(None, Optional(STR))
+    gds_enabled: bool = key(False, STRICT_BOOL)
+    mofed_enabled: bool = key(False, STRICT_BOOL)
+    gdrcopy_enabled: bool = key(False, STRICT_BOOL)
     #: NVIDIA's plugin and GFD accept exactly these.
-    device_discovery_strategy: DeviceDiscoveryStrategy = "auto"
-    plugin: PluginFlags = PluginFlags()
-    gfd: GfdFlags = GfdFlags()
-    health: HealthFlags = HealthFlags()
+    device_discovery_strategy: DeviceDiscoveryStrategy = key(
+        "auto", literal("auto", "nvml", "tegra")
+    )
+    plugin: PluginFlags = key(PluginFlags(), Nested(PluginFlags))
+    gfd: GfdFlags = key(GfdFlags(), Nested(GfdFlags))
+    health: HealthFlags = key(HealthFlags(), Nested(HealthFlags))
 
-    @model_validator(mode="before")
     @classmethod
-    def _node_feature_api(cls, data: Any) -> Any:
+    def _before(cls, data: dict[str, Any]) -> dict[str, Any]:
         """NVIDIA keeps `useNodeFeatureAPI` in `flags` itself; kubegpu reads it from
         `flags.gfd`, where the labeller's flag sets it. A `flags.gfd` value wins."""
-        if not isinstance(data, dict):
-            return data
         keys = ("useNodeFeatureAPI", "use_node_feature_api")
         value = next((data[k] for k in keys if data.get(k) is not None), None)
         data = {k: v for k, v in data.items() if k not in keys}
@@ -253,7 +242,7 @@ def _check_nvidia_name(full: str) -> None:
 def _check_resource_name(value: Any) -> Any:
     """Validate (not rewrite) a resource name: consumers qualify short names per vendor."""
     if not isinstance(value, str):
-        return value  # pydantic reports the type
+        return value  # the string kind reports the type
     try:
         full = value if "/" in value else f"{DEFAULT_RESOURCE_PREFIX}/{value}"
         if full.startswith(f"{DEFAULT_RESOURCE_PREFIX}/") and full.count("/") == 1:
@@ -268,29 +257,21 @@ def _check_resource_name(value: Any) -> Any:
     return value
 
 
-class ResourcePattern(_Model):
+@dataclass(frozen=True, kw_only=True)
+class ResourcePattern(Model):
     """Advertise devices whose product name matches `pattern` (glob) as `name`."""
 
     # NVIDIA reads a null pattern as "" (matching no device) and refuses a null name.
     _null_is_error: ClassVar[frozenset[str]] = frozenset({"pattern", "name"})
 
-    pattern: str
-    name: str
-
-    @field_validator("pattern", mode="before")
-    @classmethod
-    def _pattern(cls, value: Any) -> Any:
-        return "" if value is None else value
-
-    @field_validator("name", mode="before")
-    @classmethod
-    def _name(cls, value: Any) -> Any:
-        return _check_resource_name(value)
+    pattern: str = required(STR, before=lambda value: "" if value is None else value)
+    name: str = required(STR, before=_check_resource_name)
 
 
-class Resources(_Model):
-    gpus: tuple[ResourcePattern, ...] = ()
-    mig: tuple[ResourcePattern, ...] = ()
+@dataclass(frozen=True, kw_only=True)
+class Resources(Model):
+    gpus: tuple[ResourcePattern, ...] = key((), ListOf(Nested(ResourcePattern)))
+    mig: tuple[ResourcePattern, ...] = key((), ListOf(Nested(ResourcePattern)))
 
 
 #: `devices`: "all", a count of GPUs, or a list of indices / UUIDs / MIG `i:j`.
@@ -301,98 +282,93 @@ _DEVICES_HINT = (
 )
 
 
-class ReplicatedResource(_Model):
+def _names(value: Any) -> Any:
+    if value is None:  # NVIDIA reads a null name or rename as "" and refuses it
+        raise invalid("is empty", "give a resource name, or remove the key", got=None)
+    return _check_resource_name(value)
+
+
+def _replicas(value: int) -> int:
+    if value < 2:
+        raise invalid(
+            "must be at least 2",
+            "sharing needs 2 or more replicas per GPU; remove the entry to not share",
+            got=value,
+        )
+    return value
+
+
+def _devices(value: Any) -> Any:
+    """`all`, a positive count, or a list of distinct GPU/MIG indices and UUIDs."""
+    if value == "all":
+        return value
+    if isinstance(value, int) and not isinstance(value, bool):
+        if value < 1:
+            raise invalid("must be a positive count of GPUs", _DEVICES_HINT, got=value)
+        return value
+    if not isinstance(value, list | tuple):
+        raise invalid("is not a device selector", _DEVICES_HINT, got=value)
+    if not value:
+        raise invalid("lists no devices", _DEVICES_HINT, got=[])
+    seen: set[object] = set()  # a set, not value[:i]: linear in a long list
+    for i, entry in enumerate(value):
+        try:
+            device_entry_kind(entry)
+        except ValueError as exc:
+            raise invalid(f"entry {exc}", _DEVICES_HINT, at=f"[{i}]", got=entry) from None
+        if entry in seen:
+            raise invalid("lists a device twice", "list each device once", at=f"[{i}]", got=entry)
+        seen.add(entry)
+    return tuple(value)
+
+
+def _memory_limit(value: Any) -> Any:
+    if value is None:
+        return None
+    if not isinstance(value, str | int) or isinstance(value, bool):
+        raise invalid("is not a Kubernetes quantity", "write bytes or e.g. '10Gi'", got=value)
+    try:
+        parse_quantity(value)
+    except ValueError as exc:
+        raise invalid(
+            f"memory limit {exc}", "write bytes or a quantity like '10Gi' or '512Mi'", got=value
+        ) from None
+    return str(value)
+
+
+def _percentage(value: int | None) -> int | None:
+    if value is not None and not 1 <= value <= 100:
+        raise invalid("must be between 1 and 100", "give a percentage of SMs", got=value)
+    return value
+
+
+@dataclass(frozen=True, kw_only=True)
+class ReplicatedResource(Model):
     # NVIDIA rejects a null in any of these keys (an empty name, no device list, 0 replicas).
     _null_is_error: ClassVar[frozenset[str]] = frozenset({"name", "replicas", "rename", "devices"})
 
     #: The resource to share; a bare name means `nvidia.com/<name>`.
-    name: str
-    replicas: _Int
+    name: str = required(STR, before=_names)
+    replicas: int = required(STRICT_INT, after=_replicas)
     #: Advertise the replicas under this name instead (wins over `renameByDefault`).
-    rename: str | None = None
-    devices: DeviceSelector = "all"
+    rename: str | None = key(None, Optional(STR), before=_names)
+    devices: DeviceSelector = key("all", AS_IS, before=_devices)
     #: kubegpu extension, MPS only: per-GPU pinned memory limit (e.g. `10Gi`);
     #: default total/replicas.
-    memory_limit: str | None = None
+    memory_limit: str | None = key(None, Optional(STR), before=_memory_limit)
     #: kubegpu extension, MPS only: active thread percentage; default 100/replicas.
-    active_thread_percentage: int | None = None
-
-    @field_validator("name", "rename", mode="before")
-    @classmethod
-    def _names(cls, value: Any) -> Any:
-        if value is None:  # NVIDIA reads a null name or rename as "" and refuses it
-            raise invalid("is empty", "give a resource name, or remove the key", got=None)
-        return _check_resource_name(value)
-
-    @field_validator("replicas")
-    @classmethod
-    def _replicas(cls, value: int) -> int:
-        if value < 2:
-            raise invalid(
-                "must be at least 2",
-                "sharing needs 2 or more replicas per GPU; remove the entry to not share",
-                got=value,
-            )
-        return value
-
-    @field_validator("devices", mode="before")
-    @classmethod
-    def _devices(cls, value: Any) -> Any:
-        if value == "all":
-            return value
-        if isinstance(value, int) and not isinstance(value, bool):
-            if value < 1:
-                raise invalid("must be a positive count of GPUs", _DEVICES_HINT, got=value)
-            return value
-        if not isinstance(value, list | tuple):
-            raise invalid("is not a device selector", _DEVICES_HINT, got=value)
-        if not value:
-            raise invalid("lists no devices", _DEVICES_HINT, got=[])
-        seen: set[object] = set()  # a set, not value[:i]: linear in a long list
-        for i, entry in enumerate(value):
-            try:
-                device_entry_kind(entry)
-            except ValueError as exc:
-                raise invalid(f"entry {exc}", _DEVICES_HINT, at=f"[{i}]", got=entry) from None
-            if entry in seen:
-                raise invalid(
-                    "lists a device twice", "list each device once", at=f"[{i}]", got=entry
-                )
-            seen.add(entry)
-        return tuple(value)
-
-    @field_validator("memory_limit", mode="before")
-    @classmethod
-    def _memory_limit(cls, value: Any) -> Any:
-        if value is None:
-            return None
-        if not isinstance(value, str | int) or isinstance(value, bool):
-            raise invalid("is not a Kubernetes quantity", "write bytes or e.g. '10Gi'", got=value)
-        try:
-            parse_quantity(value)
-        except ValueError as exc:
-            raise invalid(
-                f"memory limit {exc}", "write bytes or a quantity like '10Gi' or '512Mi'", got=value
-            ) from None
-        return str(value)
-
-    @field_validator("active_thread_percentage")
-    @classmethod
-    def _percentage(cls, value: int | None) -> int | None:
-        if value is not None and not 1 <= value <= 100:
-            raise invalid("must be between 1 and 100", "give a percentage of SMs", got=value)
-        return value
+    active_thread_percentage: int | None = key(None, Optional(LAX_INT), after=_percentage)
 
 
-class SharingStrategy(_Model):
-    rename_by_default: _Bool = False
+@dataclass(frozen=True, kw_only=True)
+class SharingStrategy(Model):
+    rename_by_default: bool = key(False, STRICT_BOOL)
     #: Refuse requests for more than one replica. Defaults to true under `sharing.mps`
     #: (NVIDIA's MPS always refused them before the key existed), false for timeSlicing.
-    fail_requests_greater_than_one: _Bool = False
-    resources: tuple[ReplicatedResource, ...] = ()
+    fail_requests_greater_than_one: bool = key(False, STRICT_BOOL)
+    resources: tuple[ReplicatedResource, ...] = key((), ListOf(Nested(ReplicatedResource)))
 
-    @model_validator(mode="after")
-    def _resources(self) -> SharingStrategy:
+    def _check(self) -> None:
         if not self.resources:
             raise invalid(
                 "lists no resources to share",
@@ -411,41 +387,40 @@ class SharingStrategy(_Model):
                     got=entry.name,
                 )
             seen.add(full)
-        return self
 
 
-class Sharing(_Model):
-    # NVIDIA decodes `timeSlicing: null` as a strategy with no resources, an error; a
-    # null `mps` is "no MPS".
+def _time_slicing(value: Any) -> Any:
+    # NVIDIA decodes `timeSlicing: null` as a strategy with no resources, an error.
+    if value is None:
+        raise invalid(
+            "lists no resources to share",
+            "add resources like [{name: nvidia.com/gpu, replicas: 4}], or remove the key",
+            got=None,
+        )
+    return value
+
+
+def _mps_defaults(value: Any) -> Any:
+    keys = ("failRequestsGreaterThanOne", "fail_requests_greater_than_one")
+    if isinstance(value, dict) and all(value.get(k) is None for k in keys):
+        return {**{k: v for k, v in value.items() if k not in keys}, keys[0]: True}
+    return value
+
+
+@dataclass(frozen=True, kw_only=True)
+class Sharing(Model):
+    # A null `mps` is "no MPS"; a null `timeSlicing` is refused (see `_time_slicing`).
     _null_is_error: ClassVar[frozenset[str]] = frozenset({"timeSlicing", "time_slicing"})
 
-    time_slicing: SharingStrategy | None = None
-    mps: SharingStrategy | None = None
+    time_slicing: SharingStrategy | None = key(
+        None, Optional(Nested(SharingStrategy)), before=_time_slicing
+    )
+    mps: SharingStrategy | None = key(None, Optional(Nested(SharingStrategy)), before=_mps_defaults)
 
-    @field_validator("time_slicing", mode="before")
-    @classmethod
-    def _time_slicing(cls, value: Any) -> Any:
-        if value is None:
-            raise invalid(
-                "lists no resources to share",
-                "add resources like [{name: nvidia.com/gpu, replicas: 4}], or remove the key",
-                got=None,
-            )
-        return value
-
-    @field_validator("mps", mode="before")
-    @classmethod
-    def _mps_defaults(cls, value: Any) -> Any:
-        keys = ("failRequestsGreaterThanOne", "fail_requests_greater_than_one")
-        if isinstance(value, dict) and all(value.get(k) is None for k in keys):
-            return {**{k: v for k, v in value.items() if k not in keys}, keys[0]: True}
-        return value
-
-    @model_validator(mode="after")
-    def _cross_checks(self) -> Sharing:
+    def _check(self) -> None:
         if self.time_slicing is not None:
             for i, entry in enumerate(self.time_slicing.resources):
-                for key, val in (
+                for name, val in (
                     ("memoryLimit", entry.memory_limit),
                     ("activeThreadPercentage", entry.active_thread_percentage),
                 ):
@@ -453,11 +428,11 @@ class Sharing(_Model):
                         raise invalid(
                             "applies to MPS only",
                             "move the entry under sharing.mps or remove the key",
-                            at=f"timeSlicing.resources[{i}].{key}",
+                            at=f"timeSlicing.resources[{i}].{name}",
                             got=val,
                         )
         if self.mps is None:
-            return self
+            return
         sliced = {
             qualify_resource_name(r.name) for r in (self.time_slicing or _NO_SHARING).resources
         }
@@ -486,53 +461,50 @@ class Sharing(_Model):
                     at=f"{at}.name",
                     got=entry.name,
                 )
-        return self
 
 
-class Imex(_Model):
+def _channels(value: tuple[int, ...]) -> tuple[int, ...]:
+    if value not in ((), (0,)):
+        raise invalid(
+            "must be [] or [0]", "only IMEX channel 0 is supported; use [0]", got=list(value)
+        )
+    return value
+
+
+@dataclass(frozen=True, kw_only=True)
+class Imex(Model):
     """IMEX channels to inject into every container (NVIDIA compatibility)."""
 
     #: NVIDIA supports no channel but channel 0: `[]` or `[0]`.
-    channel_ids: tuple[_Int, ...] = Field(default=(), alias="channelIDs")
-    required: _Bool = False
-
-    @field_validator("channel_ids")
-    @classmethod
-    def _channels(cls, value: tuple[int, ...]) -> tuple[int, ...]:
-        if value not in ((), (0,)):
-            raise invalid(
-                "must be [] or [0]", "only IMEX channel 0 is supported; use [0]", got=list(value)
-            )
-        return value
+    channel_ids: tuple[int, ...] = key((), ListOf(STRICT_INT), alias="channelIDs", after=_channels)
+    required: bool = key(False, STRICT_BOOL)
 
 
-class Config(_Model):
-    version: str = VERSION
-    flags: Flags = Flags()
-    resources: Resources = Resources()
-    sharing: Sharing = Sharing()
-    imex: Imex = Imex()
+def _version_unset(value: Any) -> Any:
+    return VERSION if value == "" else value  # NVIDIA reads an empty version as v1
 
-    @field_validator("version", mode="before")
-    @classmethod
-    def _version_unset(cls, value: Any) -> Any:
-        return VERSION if value == "" else value  # NVIDIA reads an empty version as v1
 
-    @field_validator("version")
-    @classmethod
-    def _version(cls, value: str) -> str:
-        if value not in SUPPORTED_VERSIONS:
-            raise invalid(
-                "unsupported config version",
-                f"this kubegpu reads version {', '.join(SUPPORTED_VERSIONS)}; set 'version: v1'",
-                got=value,
-            )
-        return value
+def _version(value: str) -> str:
+    if value not in SUPPORTED_VERSIONS:
+        raise invalid(
+            "unsupported config version",
+            f"this kubegpu reads version {', '.join(SUPPORTED_VERSIONS)}; set 'version: v1'",
+            got=value,
+        )
+    return value
 
-    @model_validator(mode="after")
-    def _mps_needs(self) -> Config:
+
+@dataclass(frozen=True, kw_only=True)
+class Config(Model):
+    version: str = key(VERSION, STR, before=_version_unset, after=_version)
+    flags: Flags = key(Flags(), Nested(Flags))
+    resources: Resources = key(Resources(), Nested(Resources))
+    sharing: Sharing = key(Sharing(), Nested(Sharing))
+    imex: Imex = key(Imex(), Nested(Imex))
+
+    def _check(self) -> None:
         if self.sharing.mps is None:
-            return self
+            return
         if self.flags.mig_strategy is MigStrategy.MIXED:
             raise invalid(
                 "MPS sharing (sharing.mps) cannot be used with MIG strategy 'mixed'",
@@ -547,7 +519,28 @@ class Config(_Model):
                 at="flags.mpsRoot",
                 got=None,
             )
-        return self
 
 
-_NO_SHARING: Final = SharingStrategy.model_construct(resources=())
+_NO_SHARING: Final = SharingStrategy()
+
+__all__ = [
+    "MPS_MAX_REPLICAS",
+    "SUPPORTED_VERSIONS",
+    "VERSION",
+    "AllocationPolicy",
+    "Config",
+    "DeviceIDStrategy",
+    "DeviceListStrategy",
+    "Flags",
+    "GfdFlags",
+    "HealthFlags",
+    "Imex",
+    "Invalid",
+    "MigStrategy",
+    "PluginFlags",
+    "ReplicatedResource",
+    "ResourcePattern",
+    "Resources",
+    "Sharing",
+    "SharingStrategy",
+]

@@ -76,7 +76,7 @@ def _lookup(config: Config, dotted: str) -> Any:
     """A value of the effective config by its file key path (`flags.gfd.sleepInterval`)."""
     if dotted.split(".")[0].split("[")[0] not in ("version", "flags", "resources", "imex"):
         dotted = f"sharing.{dotted}"
-    node: Any = config.model_dump(by_alias=True, mode="json")
+    node: Any = config.to_raw(nulls=True)
     for part in dotted.split("."):
         name, *indices = re.split(r"\[(\d+)\]", part)
         node = node.get(name) if isinstance(node, dict) else None

@@ -58,9 +58,7 @@ def _serve_values(argv: list[str], env: dict[str, str]) -> dict[str, Any]:
 
 def _config_value(values: dict[str, Any], key: str) -> Any:
     """The effective config's value at NVIDIA's key, with flags/env on top of no file."""
-    node: Any = load_config(None, flag_overrides(values, SERVE_KEYS)).model_dump(
-        by_alias=True, mode="json"
-    )
+    node: Any = load_config(None, flag_overrides(values, SERVE_KEYS)).to_raw(nulls=True)
     for part in key.split("."):
         node = node[part]
     return node
@@ -360,7 +358,7 @@ def _labels_value(nvidia: dict[str, Any], argv: list[str], env: dict[str, str]) 
     if where == "option" or not nvidia["config"]:
         return opts.get(key or nvidia["name"].replace("-", "_"))
     overrides = flag_overrides(opts, LABELS_KEYS)
-    node: Any = resolve(None, overrides).model_dump(by_alias=True, mode="json")
+    node: Any = resolve(None, overrides).to_raw(nulls=True)
     for part in key.split("."):
         node = node[part]
     return parse_duration(node) if nvidia["type"] == "duration" else node
