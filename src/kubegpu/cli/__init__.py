@@ -103,10 +103,6 @@ def main(argv: Sequence[str] | None = None) -> int:
     # gRPC's C core logs transport notices (a GOAWAY when the kubelet restarts) at INFO on
     # some builds; they are not errors and would read as one. grpc reads this at import.
     os.environ.setdefault("GRPC_VERBOSITY", "ERROR")
-    # kubegpu uses no pydantic plugins, and pydantic looks for them by scanning every
-    # installed distribution's entry points when it builds the first model (a few ms of
-    # start-up). A user who sets the variable (to enable some, or "") keeps their value.
-    os.environ.setdefault("PYDANTIC_DISABLE_PLUGINS", "__all__")
     args = list(sys.argv[1:] if argv is None else argv)
     try:
         with kubegpu.make_context("kubegpu", args) as ctx:

@@ -290,7 +290,7 @@ def run_serve(values: Mapping[str, Any], env: Mapping[str, str]) -> int:
         loop.add_signal_handler(signal.SIGHUP, daemon.poke_config)
         await daemon.run(stop)
 
-    # Everything imported so far (grpc, protobuf, pydantic, our modules) lives as long as
+    # Everything imported so far (grpc, protobuf, our modules) lives as long as
     # the process: in the permanent generation, a full collection no longer scans it
     # (~40 ms, landing inside a re-registration or a reload, docs/performance.md).
     gc.freeze()
