@@ -36,7 +36,6 @@ from kubegpu.config.schema import (
     STR,
     STRICT_BOOL,
     STRICT_INT,
-    Invalid,
     ListOf,
     Model,
     Nested,
@@ -522,25 +521,3 @@ class Config(Model):
 
 
 _NO_SHARING: Final = SharingStrategy()
-
-__all__ = [
-    "MPS_MAX_REPLICAS",
-    "SUPPORTED_VERSIONS",
-    "VERSION",
-    "AllocationPolicy",
-    "Config",
-    "DeviceIDStrategy",
-    "DeviceListStrategy",
-    "Flags",
-    "GfdFlags",
-    "HealthFlags",
-    "Imex",
-    "Invalid",
-    "MigStrategy",
-    "PluginFlags",
-    "ReplicatedResource",
-    "ResourcePattern",
-    "Resources",
-    "Sharing",
-    "SharingStrategy",
-]
