@@ -392,7 +392,8 @@ class Model:
 
     @classmethod
     def _before(cls, data: dict[str, Any]) -> dict[str, Any]:
-        """Rewrite the raw mapping before its fields are read (NVIDIA's spellings)."""
+        """Rewrite the raw mapping before its fields are read (NVIDIA's spellings); no
+        checks here: a field's hooks report a bad value with its key."""
         return data
 
     def _check(self) -> None:
@@ -424,10 +425,7 @@ class Model:
         """`data` (a raw mapping) as this model; `Problems` lists everything wrong."""
         if not isinstance(data, dict):
             raise Problems([Problem(loc, _not_mapping(data))])
-        try:
-            data = cls._before(data)
-        except Invalid as exc:
-            raise Problems([Problem(loc, exc.text, exc.at)]) from None
+        data = cls._before(data)
         data = {k: v for k, v in data.items() if v is not None or k in cls._null_is_error}
         values: dict[str, Any] = {}
         problems: list[Problem] = []
@@ -502,8 +500,6 @@ def _not_mapping(value: Any) -> str:
 
 def _unknown_key(key: str, valid: Iterable[str]) -> str:
     valid = list(valid)
-    if not valid:
-        return f"unknown key {key!r}; remove it"
     by_lower = {v.lower().replace("_", ""): v for v in valid}
     guess = by_lower.get(key.lower().replace("_", ""))
     if guess is None:
