@@ -140,6 +140,33 @@ def advertised(spec: ResourceSpec, ids: Iterable[str]) -> set[str]:
 _canonical_cache: dict[int, tuple[ResourceSpec, dict[str, str]]] = {}
 
 
+def encoded_ids(spec: ResourceSpec) -> dict[bytes, str]:
+    """Each ID of `spec` as a request's bytes carry it in a repeated string field (its
+    one-byte length, then its UTF-8), mapped to the spec's own string; built once per spec.
+
+    `kubegpu.plugin.wire` splits a run of such fields on their tag byte (0x0a) and looks
+    the pieces up here, so only IDs whose form holds no 0x0a byte and whose length fits
+    one byte are keys; any other ID is read the slow way.
+    """
+    return per_object(_encoded_cache, spec, _encoded_ids)
+
+
+def _encoded_ids(spec: ResourceSpec) -> dict[bytes, str]:
+    table: dict[bytes, str] = {}
+    for d in spec.devices:
+        try:
+            raw = d.id.encode()
+        except UnicodeEncodeError:  # a lone surrogate: no request can name it anyway
+            continue
+        key = bytes([len(raw)]) + raw if len(raw) < 0x80 else b"\n"
+        if b"\n" not in key:
+            table[key] = d.id
+    return table
+
+
+_encoded_cache: dict[int, tuple[ResourceSpec, dict[bytes, str]]] = {}
+
+
 def device_rank(spec: ResourceSpec) -> Mapping[str, int]:
     """Each device ID's place in (unhealthy last, `_order`) order: one integer sort key per
     ID, computed once per spec (cached beside its pair terms, same bound)."""
