@@ -63,7 +63,15 @@ def preferred_allocation(
     # add up to the pool exactly when every pooled ID is known: the check costs nothing more.
     free_per_row: list[int] = []
     if shared:
-        free_per_row = [len(pool_ids & ids) for ids in replica_index(spec).id_sets]
+        id_sets = replica_index(spec).id_sets
+        if isinstance(pool_ids, set | frozenset) and 2 * len(pool_ids) > len(by_id):
+            # Mostly free: count what is missing instead. A set holds each entry's hash, so
+            # a miss touches no ID object, while every match that an intersection keeps is
+            # an ID string written to (its reference count), and those are cold in a server
+            # that waits on the socket between calls.
+            free_per_row = [len(ids) - len(ids - pool_ids) for ids in id_sets]
+        else:
+            free_per_row = [len(pool_ids & ids) for ids in id_sets]
         all_known = sum(free_per_row) == len(pool_ids)
     else:
         all_known = pool_ids <= by_id.keys()
