@@ -125,11 +125,13 @@ def test_every_per_spec_cache_is_bounded() -> None:
         (spec,) = build_resources(inv, config)
         topology.device_rank(spec)
         topology.advertised(spec, [d.id for d in spec.devices])
+        topology.encoded_ids(spec)
         topology.replica_index(spec)
         topology.twin_runs(spec_terms(spec))
     for cache in (
         topology._rank_cache,
         topology._canonical_cache,
+        topology._encoded_cache,
         topology._replica_cache,
         topology._runs_cache,
         topology._terms_cache,

@@ -38,6 +38,7 @@ from kubegpu.errors import AllocationError
 from kubegpu.metrics import Metrics
 from kubegpu.plugin.registration import register
 from kubegpu.plugin.status import status_for
+from kubegpu.plugin.wire import RawRequest, read_preferred
 from kubegpu.resources import ResourceSpec, SharingKind
 
 log = logging.getLogger("kubegpu.plugin")
@@ -171,7 +172,7 @@ class DevicePluginServicer(pb_grpc.DevicePluginServicer):
 
     async def GetPreferredAllocation(
         self,
-        request: pb.PreferredAllocationRequest,
+        request: pb.PreferredAllocationRequest | RawRequest,
         context: grpc.aio.ServicerContext[
             pb.PreferredAllocationRequest, pb.PreferredAllocationResponse
         ],
@@ -179,10 +180,12 @@ class DevicePluginServicer(pb_grpc.DevicePluginServicer):
         spec, config = self.spec, self.config
         policy: AllocationPolicy = config.flags.plugin.shared_devices_allocation_policy
         # Errors (a bad allocation_size, a bug) become a status at the `Boundary`.
-        answers = [
-            pb.ContainerPreferredAllocationResponse(deviceIDs=_prefer(spec, req, policy))
-            for req in request.container_requests
-        ]
+        if isinstance(request, RawRequest):
+            # Behind the `Boundary` the request arrives as bytes (see `kubegpu.plugin.wire`).
+            picks = _prefer_raw(spec, request.data, policy)
+        else:
+            picks = [_prefer(spec, req, policy) for req in request.container_requests]
+        answers = [pb.ContainerPreferredAllocationResponse(deviceIDs=ids) for ids in picks]
         return pb.PreferredAllocationResponse(container_responses=answers)
 
     async def Allocate(
@@ -259,7 +262,7 @@ def _prefer(
     the hint is built from the rest. The kubelet makes the final choice anyway.
     """
     # Placement is imported on the first request, not before registering (~1,000 lines).
-    from kubegpu.topology import advertised, preferred_allocation
+    from kubegpu.topology import advertised
 
     # The offered IDs that are still advertised, as a set, in one C-level pass (a request
     # can carry thousands), which `topology` takes as is. Fewer than offered means
@@ -279,7 +282,40 @@ def _prefer(
                 describe_ids(gone),
             )
         must_include = {i: None for i in must_include if i in known}
-    size = req.allocation_size
+    return _choose(spec, available, must_include, req.allocation_size, policy)
+
+
+def _prefer_raw(spec: ResourceSpec, data: bytes, policy: AllocationPolicy) -> list[list[str]]:
+    """`_prefer` for every container request of a request's bytes, read without making a
+    string per offered ID when nothing is unusual; else decoded by protobuf as before."""
+    from kubegpu.topology import encoded_ids
+
+    asks = read_preferred(data, encoded_ids(spec))
+    known = spec.by_id.keys()
+    if asks is not None and all(
+        len(a.available) == a.offered and all(map(known.__contains__, a.must_include)) for a in asks
+    ):
+        return [
+            _choose(spec, a.available, dict.fromkeys(a.must_include), a.size, policy) for a in asks
+        ]
+    # Vanished or repeated IDs (logged by `_prefer`), or bytes the reader leaves to protobuf.
+    try:
+        request = pb.PreferredAllocationRequest.FromString(data)
+    except DecodeError as exc:
+        raise undecodable(str(exc)) from None
+    return [_prefer(spec, req, policy) for req in request.container_requests]
+
+
+def _choose(
+    spec: ResourceSpec,
+    available: set[str],
+    must_include: dict[str, None],
+    size: int,
+    policy: AllocationPolicy,
+) -> list[str]:
+    """The pick from offered IDs that are all advertised (the spec's own strings)."""
+    from kubegpu.topology import preferred_allocation
+
     if size <= 0:
         raise AllocationError(f"{spec.name}: allocation_size must be at least 1, got {size}")
     pool = len(available) + sum(1 for i in must_include if i not in available)
@@ -302,6 +338,11 @@ def _is_char_device(path: str) -> bool:
         return stat.S_ISCHR(Path(path).stat().st_mode)
     except (OSError, ValueError):
         return False
+
+
+def undecodable(reason: str) -> AllocationError:
+    """The error of a request whose bytes protobuf cannot decode (INVALID_ARGUMENT)."""
+    return AllocationError(f"the request cannot be decoded ({reason}); send valid UTF-8 IDs")
 
 
 class _Undecodable:
@@ -343,6 +384,12 @@ class Boundary(grpc.aio.ServerInterceptor):  # type: ignore[type-arg]
         return guarded
 
 
+#: Methods whose request reaches the servicer as bytes (`kubegpu.plugin.wire.RawRequest`).
+_RAW_REQUESTS: dict[str, Callable[[bytes], Any]] = {
+    "/v1beta1.DevicePlugin/GetPreferredAllocation": RawRequest,
+}
+
+
 def _guard(handler: Any, method: str) -> Any:
     """`handler` with a request decoder that turns a decode failure into INVALID_ARGUMENT,
     and every exception of the method into its status."""
@@ -350,6 +397,9 @@ def _guard(handler: Any, method: str) -> Any:
     if decode is None:
         return handler
     rpc = method.rsplit("/", 1)[-1]
+    # Its bytes are read by the method itself, without a string per offered ID; what the
+    # reader leaves to protobuf gets the same INVALID_ARGUMENT there (`undecodable`).
+    decode = _RAW_REQUESTS.get(method, decode)
 
     def safe_decode(data: bytes) -> Any:
         try:
@@ -358,8 +408,7 @@ def _guard(handler: Any, method: str) -> Any:
             return _Undecodable(str(exc))
 
     async def refuse(request: _Undecodable, context: grpc.aio.ServicerContext[Any, Any]) -> None:
-        problem = f"the request cannot be decoded ({request.reason}); send valid UTF-8 IDs"
-        await context.abort(*status_for(AllocationError(problem), rpc))
+        await context.abort(*status_for(undecodable(request.reason), rpc))
 
     if handler.unary_unary is not None:
         unary: Any = handler.unary_unary
