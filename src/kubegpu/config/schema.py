@@ -388,6 +388,7 @@ class Model:
 
     #: Keys whose explicit `null` is an error rather than "not set".
     _null_is_error: ClassVar[frozenset[str]] = frozenset()
+    #: Each model's fields, read once (a reload reads a config many times over).
     _fields_cache: ClassVar[dict[type, tuple[_Field, ...]]] = {}
 
     @classmethod
@@ -409,7 +410,7 @@ class Model:
                     f.name,
                     f.metadata["key"].alias or camel(f.name),
                     f.metadata["key"],
-                    f.default if f.default is not dataclasses.MISSING else dataclasses.MISSING,
+                    f.default,
                 )
                 for f in dataclasses.fields(cls)  # type: ignore[arg-type]
             )
