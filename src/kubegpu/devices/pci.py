@@ -19,35 +19,38 @@ NVIDIA_VENDOR = "0x10de"
 CONFIG_SPACE_SIZE = 256
 
 
-def pci_present(root: str = "/") -> bool:
-    """Whether any PCI device under `<root>/sys/bus/pci/devices` is NVIDIA's (no driver needed)."""
-    devices = Path(root, DEVICES)
+def _nvidia_functions(root: str) -> tuple[list[Path], bool] | None:
+    """NVIDIA's functions on the bus, in bus order, and whether every function's vendor
+    could be read; None when the bus itself cannot be listed."""
     try:
-        entries = list(devices.iterdir())
+        entries = sorted(Path(root, DEVICES).iterdir())
     except OSError:
-        return False
+        return None
+    found: list[Path] = []
+    complete = True
     for entry in entries:
         try:
             vendor = (entry / "vendor").read_text(encoding="ascii").strip().lower()
         except OSError:
+            complete = False
             continue
         if vendor == NVIDIA_VENDOR:
-            return True
-    return False
+            found.append(entry)
+    return found, complete
+
+
+def pci_present(root: str = "/") -> bool:
+    """Whether any PCI device under `<root>/sys/bus/pci/devices` is NVIDIA's (no driver needed)."""
+    functions = _nvidia_functions(root)
+    return functions is not None and bool(functions[0])
 
 
 def pci_classes(root: str = "/") -> dict[str, str]:
     """PCI bus id → class code for NVIDIA devices, for `gpu.mode`."""
+    functions = _nvidia_functions(root)
     out: dict[str, str] = {}
-    devices = Path(root, DEVICES)
-    try:
-        entries = list(devices.iterdir())
-    except OSError:
-        return out
-    for entry in entries:
+    for entry in functions[0] if functions is not None else ():
         try:
-            if (entry / "vendor").read_text(encoding="ascii").strip().lower() != NVIDIA_VENDOR:
-                continue
             out[entry.name.lower()] = (entry / "class").read_text(encoding="ascii").strip()
         except OSError:
             continue
@@ -60,16 +63,12 @@ def pci_configs(root: str = "/") -> list[bytes] | None:
     None when the bus cannot be read or a config space is cut short (an unprivileged
     container sees only 64 bytes): GFD then writes no `vgpu.*` labels, and so do we.
     """
-    devices = Path(root, DEVICES)
-    try:
-        entries = sorted(devices.iterdir())
-    except OSError:
+    functions = _nvidia_functions(root)
+    if functions is None or not functions[1]:
         return None
     out: list[bytes] = []
-    for entry in entries:
+    for entry in functions[0]:
         try:
-            if (entry / "vendor").read_text(encoding="ascii").strip().lower() != NVIDIA_VENDOR:
-                continue
             config = (entry / "config").read_bytes()
         except OSError:
             return None
