@@ -407,12 +407,18 @@ class CountingReader:
         return path.read_bytes()
 
 
-async def test_a_reload_renamed_into_place_is_read_once(tmp_path: Path) -> None:
-    # The rename is atomic and inotify saw it: no second read a settle interval later.
+def _counted_source(tmp_path: Path) -> tuple[Path, CountingReader, ConfigSource]:
+    """A config file (MIG strategy mixed) and its source, whose reads are counted."""
     path = tmp_path / "config.yaml"
     path.write_text(mig("mixed"))
     reader = CountingReader()
     source = ConfigSource(config_file=path, overrides={}, poll_interval=3600, reader=reader)
+    return path, reader, source
+
+
+async def test_a_reload_renamed_into_place_is_read_once(tmp_path: Path) -> None:
+    # The rename is atomic and inotify saw it: no second read a settle interval later.
+    path, reader, source = _counted_source(tmp_path)
     async with running(source) as s:
         assert strategy(await next_update(s)) is MigStrategy.MIXED
         assert reader.reads == 2, "the first load settles: two reads that agree"
@@ -424,10 +430,7 @@ async def test_a_reload_renamed_into_place_is_read_once(tmp_path: Path) -> None:
 
 
 async def test_a_reload_of_a_file_still_open_for_writing_settles(tmp_path: Path) -> None:
-    path = tmp_path / "config.yaml"
-    path.write_text(mig("mixed"))
-    reader = CountingReader()
-    source = ConfigSource(config_file=path, overrides={}, poll_interval=3600, reader=reader)
+    path, reader, source = _counted_source(tmp_path)
     async with running(source) as s:
         assert strategy(await next_update(s)) is MigStrategy.MIXED
         before = reader.reads

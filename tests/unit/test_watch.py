@@ -145,12 +145,18 @@ def _configmap_swap(mount: Path, version: str, text: str) -> None:
     staged.rename(mount / "..data")
 
 
+def _configmap_mount(mount: Path, version: str, text: str) -> Path:
+    """A ConfigMap volume as the kubelet lays it out: `config.yaml` → `..data/config.yaml`,
+    `..data` → `..<version>`; the file's path."""
+    mount.mkdir()
+    _configmap_swap(mount, version, text)
+    (mount / "config.yaml").symlink_to("..data/config.yaml")
+    return mount / "config.yaml"
+
+
 async def test_a_configmap_symlink_swap_wakes_the_owner(tmp_path: Path) -> None:
     mount = tmp_path / "mount"
-    mount.mkdir()
-    _configmap_swap(mount, "2026_11_23_04_00_00.1", "one")
-    (mount / "config.yaml").symlink_to("..data/config.yaml")
-    target = mount / "config.yaml"
+    target = _configmap_mount(mount, "2026_11_23_04_00_00.1", "one")
     wakes = Wakes()
     with PathWatch(lambda: [target], wakes, poll_interval=3600, name="t"):
         _configmap_swap(mount, "2026_11_23_04_00_01.2", "two")
@@ -178,10 +184,7 @@ async def test_a_file_renamed_into_place_is_quiet(tmp_path: Path) -> None:
 
 async def test_a_configmap_swap_is_quiet(tmp_path: Path) -> None:
     mount = tmp_path / "mount"
-    mount.mkdir()
-    _configmap_swap(mount, "2026_11_23_04_00_00.1", "one")
-    (mount / "config.yaml").symlink_to("..data/config.yaml")
-    target = mount / "config.yaml"
+    target = _configmap_mount(mount, "2026_11_23_04_00_00.1", "one")
     wakes = Wakes()
     with PathWatch(lambda: [target], wakes, poll_interval=3600, name="t") as watch:
         _configmap_swap(mount, "2026_11_23_04_00_01.2", "two")
@@ -329,9 +332,7 @@ async def test_without_inotify_the_watch_polls_and_says_so_once(
 
 def test_the_fallback_fingerprint_sees_a_symlink_swap(tmp_path: Path) -> None:
     mount = tmp_path / "mount"
-    mount.mkdir()
-    _configmap_swap(mount, "1", "same")
-    (mount / "config.yaml").symlink_to("..data/config.yaml")
+    _configmap_mount(mount, "1", "same")
     before = fingerprint([mount / "config.yaml"])
     _configmap_swap(mount, "2", "same")
     assert fingerprint([mount / "config.yaml"]) != before
