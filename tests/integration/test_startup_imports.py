@@ -90,7 +90,9 @@ async def test_serve_registers_and_allocates_without_the_kubernetes_client(
     scrape. Placement (`kubegpu.topology`) loads with the first GetPreferredAllocation,
     which the kubelet sends before Allocate, and not before. Nor difflib: the config
     loader needs it only to suggest a fix for an unknown key. Nor pydantic, which other
-    installed packages may bring: the config schema is kubegpu's own (`config.schema`)."""
+    installed packages may bring: the config schema is kubegpu's own (`config.schema`).
+    Nor `ctypes.util`: finding libc by name runs `ldconfig -p` in a subprocess, and the
+    watch adapter's inotify uses the interpreter's own symbols instead."""
     kubelet = KubeletEmulator(socket_dir / "dp", grace_period=0.5)
     await kubelet.start()
     report = socket_dir / "loaded"
@@ -102,6 +104,7 @@ async def test_serve_registers_and_allocates_without_the_kubernetes_client(
         "prometheus_client",
         "difflib",
         "pydantic",
+        "ctypes.util",
     )
     args = ["serve", "--simulate", "a10g-4", "--device-plugin-path", str(kubelet.plugin_dir)]
     env = _env(**({"NODE_NAME": node_name} if node_name else {}))
