@@ -25,7 +25,7 @@ import itertools
 import logging
 import math
 import operator
-from collections.abc import Callable, Iterable, KeysView, Mapping, Sequence
+from collections.abc import Callable, Iterable, Iterator, KeysView, Mapping, Sequence
 from collections.abc import Set as AbstractSet
 from dataclasses import dataclass
 from typing import TypeVar, cast
@@ -36,6 +36,31 @@ from kubegpu.errors import AllocationError
 from kubegpu.resources import AdvertisedDevice, ResourceSpec, SharingKind, Unit
 
 log = logging.getLogger(__name__)
+
+
+class AllBut(AbstractSet[str]):
+    """Every ID `spec` advertises except `missing` (which must be some of them).
+
+    How an offer of most of a large pool is held: by the few IDs it lacks rather than the
+    thousands it has (a kubelet offers every free replica, 3,072 at 64 GPUs x 48), so that
+    counting free replicas per GPU touches the missing IDs only (`preferred_allocation`).
+    """
+
+    __slots__ = ("_all", "missing")
+
+    def __init__(self, spec: ResourceSpec, missing: AbstractSet[str]) -> None:
+        self._all = spec.by_id.keys()
+        self.missing = missing
+
+    def __contains__(self, item: object) -> bool:
+        return item in self._all and item not in self.missing
+
+    def __len__(self) -> int:
+        return len(self._all) - len(self.missing)
+
+    def __iter__(self) -> Iterator[str]:
+        missing = self.missing
+        return (i for i in self._all if i not in missing)
 
 
 def preferred_allocation(
@@ -50,7 +75,7 @@ def preferred_allocation(
     # The pool as a set: a set or dict of the offered IDs is taken as is (the server builds
     # one), so a request over thousands of IDs is hashed once, not once per layer.
     pool_ids: AbstractSet[str]
-    if required or not isinstance(available, set | frozenset | dict):
+    if required or not isinstance(available, set | frozenset | dict | AllBut):
         pool_ids = dict.fromkeys(itertools.chain(required, available)).keys()
     elif isinstance(available, dict):
         pool_ids = available.keys()
@@ -64,7 +89,18 @@ def preferred_allocation(
     free_per_row: list[int] = []
     if shared:
         id_sets = replica_index(spec).id_sets
-        if isinstance(pool_ids, set | frozenset) and 2 * len(pool_ids) > len(by_id):
+        if isinstance(pool_ids, AllBut):
+            # Held by what it lacks: per unit, its IDs less the missing among them, counted
+            # one by one while they are fewer than the units.
+            index = replica_index(spec)
+            missing = pool_ids.missing
+            if len(missing) <= len(id_sets):
+                free_per_row = list(index.sizes)
+                for i in missing:
+                    free_per_row[index.row_of[i]] -= 1
+            else:
+                free_per_row = [len(ids) - len(ids & missing) for ids in id_sets]
+        elif isinstance(pool_ids, set | frozenset) and 2 * len(pool_ids) > len(by_id):
             # Mostly free: count what is missing instead. A set holds each entry's hash, so
             # a miss touches no ID object, while every match that an intersection keeps is
             # an ID string written to (its reference count), and those are cold in a server
@@ -74,7 +110,7 @@ def preferred_allocation(
             free_per_row = [len(pool_ids & ids) for ids in id_sets]
         all_known = sum(free_per_row) == len(pool_ids)
     else:
-        all_known = pool_ids <= by_id.keys()
+        all_known = isinstance(pool_ids, AllBut) or pool_ids <= by_id.keys()
     if not all_known:
         unknown = [i for i in pool_ids if i not in by_id]
         if not isinstance(pool_ids, KeysView):
@@ -173,6 +209,20 @@ def _encoded_ids(spec: ResourceSpec) -> dict[bytes, str]:
 
 
 _encoded_cache: dict[int, tuple[ResourceSpec, dict[bytes, str]]] = {}
+
+
+def encoded_whole(spec: ResourceSpec) -> frozenset[bytes] | None:
+    """The keys of `encoded_ids(spec)` when they are every ID the spec advertises (a
+    request offering most of them is then read as the few it lacks); else None."""
+    return per_object(_whole_cache, spec, _encoded_whole)
+
+
+def _encoded_whole(spec: ResourceSpec) -> frozenset[bytes] | None:
+    table = encoded_ids(spec)
+    return frozenset(table) if len(table) == len(spec.by_id) else None
+
+
+_whole_cache: dict[int, tuple[ResourceSpec, frozenset[bytes] | None]] = {}
 
 
 def device_rank(spec: ResourceSpec) -> Mapping[str, int]:
@@ -946,13 +996,15 @@ class ReplicaIndex:
     ids: tuple[tuple[str, ...], ...]
     #: Per row, the same IDs as a set (free replicas are counted by intersection).
     id_sets: tuple[frozenset[str], ...]
-    #: Per row, 1 when the unit is unhealthy (taken only after every healthy unit).
-    unhealthy: tuple[int, ...]
-    #: Per row, its place in (GPU index, GPU instance, compute instance) order.
-    rank: tuple[int, ...]
+    #: Per row, how many IDs it has.
+    sizes: tuple[int, ...]
     #: Per row, its pair weight with every row in choice-key units (`_RANK` apiece): what
     #: each unit's key drops by when that row joins a request.
     gain_steps: tuple[tuple[int, ...], ...]
+    #: Per row, the low fields of its choice key before any gain: 1 when the unit is
+    #: unhealthy (taken only after every healthy unit), the gain field at 0, and its place
+    #: in (GPU index, GPU instance, compute instance) order.
+    tails: tuple[int, ...]
 
 
 def replica_index(spec: ResourceSpec) -> ReplicaIndex:
@@ -977,9 +1029,12 @@ def _replica_index(spec: ResourceSpec) -> ReplicaIndex:
         row_of={d.id: terms.index[d.unit.uuid] for d in spec.devices},
         ids=tuple(tuple(d.id for d in devices) for devices in by_row),
         id_sets=tuple(frozenset(d.id for d in devices) for devices in by_row),
-        unhealthy=tuple(int(d.health is not Health.HEALTHY) for d in first),
-        rank=tuple(rank),
+        sizes=tuple(len(devices) for devices in by_row),
         gain_steps=tuple(tuple(w * _RANK for w in row) for row in terms.link),
+        tails=tuple(
+            (int(d.health is not Health.HEALTHY) * _GAIN + _GAIN - 1) * _RANK + rank[r]
+            for r, d in enumerate(first)
+        ),
     )
 
 
@@ -1026,26 +1081,47 @@ def _replicas(
     for d in chosen:  # per chosen replica, as each one adds its pair weight
         gain = [g + w for g, w in zip(gain, link[index.row_of[d.id]], strict=True)]
     packed = policy is AllocationPolicy.PACKED
-    key = [_GONE] * rows
-    for r, left in enumerate(count):
-        if left <= 0:
-            continue
-        used = spec.replicas - left + in_request.get(r, 0)
-        tail = (index.unhealthy[r] * _GAIN + _GAIN - 1 - gain[r]) * _RANK + index.rank[r]
+    replicas = spec.replicas
+    if not chosen:
+        # Nothing in the request yet (no must-include IDs): no gains and nothing in it, so
+        # each key is its row's precomputed tail plus how used the unit is.
         if packed:
-            key[r] = (_USED - used) * _TAIL + tail
+            key = [
+                (_USED - replicas + left) * _TAIL + tail if left > 0 else _GONE
+                for left, tail in zip(count, index.tails, strict=True)
+            ]
         else:
-            key[r] = ((in_request.get(r, 0) << 32) + used) * _TAIL + tail
+            key = [
+                (replicas - left) * _TAIL + tail if left > 0 else _GONE
+                for left, tail in zip(count, index.tails, strict=True)
+            ]
+    else:
+        key = [_GONE] * rows
+        for r, left in enumerate(count):
+            if left <= 0:
+                continue
+            used = replicas - left + in_request.get(r, 0)
+            tail = index.tails[r] - gain[r] * _RANK
+            if packed:
+                key[r] = (_USED - used) * _TAIL + tail
+            else:
+                key[r] = ((in_request.get(r, 0) << 32) + used) * _TAIL + tail
     # Replicas are handed out by replica number: next[r] is where r's scan resumes.
     next_ = [0] * rows
     picked: list[AdvertisedDevice] = []
     by_id = spec.by_id
+    # What a unit's scan skips: one set lookup where the pool is held by what it lacks.
+    skip = (free.missing | taken) if isinstance(free, AllBut) else None
     for _ in range(need):
         target = key.index(min(key))
         ids = index.ids[target]
         j = next_[target]
-        while ids[j] not in free or ids[j] in taken:
-            j += 1
+        if skip is not None:
+            while ids[j] in skip:
+                j += 1
+        else:
+            while ids[j] not in free or ids[j] in taken:
+                j += 1
         next_[target] = j + 1
         picked.append(by_id[ids[j]])
         # Picking one replica: one fewer free and one more in the request, both count as used.

@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import dataclasses
 import logging
+from collections.abc import Sequence
 
 import pytest
 from google.protobuf.message import DecodeError
@@ -17,7 +18,7 @@ from kubegpu.errors import AllocationError
 from kubegpu.plugin.server import _prefer, _prefer_raw, undecodable
 from kubegpu.plugin.wire import ContainerAsk, read_preferred
 from kubegpu.resources import ResourceSpec, build_resources
-from kubegpu.topology import encoded_ids
+from kubegpu.topology import encoded_ids, encoded_whole
 from tests.builders import gpu, inventory
 
 # Spec IDs that stress the reader: the usual replica IDs, one of 10 bytes (its length byte
@@ -64,19 +65,40 @@ def _expected(data: bytes, spec: ResourceSpec) -> list[ContainerAsk]:
         assert set(offered) <= spec.by_id.keys()  # the reader leaves unknown IDs to protobuf
         asks.append(
             ContainerAsk(
-                set(offered), len(offered), list(req.must_include_deviceIDs), req.allocation_size
+                set(offered),
+                set(),
+                len(offered),
+                list(req.must_include_deviceIDs),
+                req.allocation_size,
             )
         )
     return asks
 
 
+def _as_sets(asks: list[ContainerAsk], spec: ResourceSpec) -> list[ContainerAsk]:
+    """Asks read as what they lack (`available` None) written out as what they offer."""
+    out = []
+    for ask in asks:
+        if ask.available is None:
+            # Only when each offered ID came once: exactly the table less what it lacks.
+            assert ask.missing <= spec.by_id.keys()
+            assert ask.offered == len(spec.by_id) - len(ask.missing)
+            ask = dataclasses.replace(ask, available=set(spec.by_id) - ask.missing, missing=set())
+        out.append(ask)
+    return out
+
+
 def _agrees(data: bytes, spec: ResourceSpec) -> list[ContainerAsk] | None:
+    """The reader's answer, without and with the whole table; each agrees with protobuf."""
     got = read_preferred(data, encoded_ids(spec))
-    if got is not None:
+    whole = read_preferred(data, encoded_ids(spec), encoded_whole(spec))
+    assert (got is None) == (whole is None)
+    if got is not None and whole is not None:
         assert got == _expected(data, spec)
-        # What lands in the set is the spec's own string (identity matches later).
-        for ask in got:
-            assert all(i is spec.by_id[i].id for i in ask.available)
+        assert _as_sets(whole, spec) == got
+        # What lands in the sets is the spec's own string (identity matches later).
+        for ask in [*got, *whole]:
+            assert all(i is spec.by_id[i].id for i in ask.available or ask.missing)
     return got
 
 
@@ -91,7 +113,51 @@ def test_the_kubelets_shape_is_read_without_protobuf() -> None:
             ]
         ).SerializeToString()
         got = _agrees(data, SPEC)
-        assert got == [ContainerAsk(set(ids), len(ids), [], size)]
+        assert got == [ContainerAsk(set(ids), set(), len(ids), [], size)]
+        # With the whole table: every ID offered once, so read as lacking none.
+        whole = read_preferred(data, encoded_ids(SPEC), encoded_whole(SPEC))
+        assert whole == [ContainerAsk(None, set(), len(ids), [], size)]
+
+
+def test_a_mostly_offered_run_is_read_as_what_it_lacks_only_when_exact() -> None:
+    ids = [d.id for d in SPEC.devices]
+    table, whole = encoded_ids(SPEC), encoded_whole(SPEC)
+
+    def read(offered: Sequence[str]) -> list[ContainerAsk] | None:
+        req = pb.ContainerPreferredAllocationRequest(available_deviceIDs=offered, allocation_size=1)
+        data = pb.PreferredAllocationRequest(container_requests=[req]).SerializeToString()
+        _agrees(data, SPEC)
+        return read_preferred(data, table, whole)
+
+    assert read(ids[2:]) == [ContainerAsk(None, {ids[0], ids[1]}, len(ids) - 2, [], 1)]
+    # A repeat in place of a lacking ID: the counts match the table's, yet it is not the
+    # table less one ID, so it is read as a set (whose size tells the repeat).
+    assert read([ids[2], *ids[2:]]) == [ContainerAsk(set(ids[2:]), set(), len(ids) - 1, [], 1)]
+    # An unknown ID in place of a lacking one: left to protobuf, which logs it.
+    assert read(["GPU-gone::0", *ids[1:]]) is None
+    # Half or fewer offered: read as a set.
+    assert read(ids[: len(ids) // 2]) == [
+        ContainerAsk(set(ids[: len(ids) // 2]), set(), len(ids) // 2, [], 1)
+    ]
+    # A spec whose IDs are not all table keys has no whole table.
+    assert encoded_whole(ODD) is None
+
+
+def test_the_last_requests_run_is_split_in_place_whatever_its_length_bytes() -> None:
+    """The last container request's run is split out of the whole message: its outer
+    length may hold the tag byte (0x0a: a length of 1,280 to 1,407) and so may its size;
+    both are read right (or left to protobuf), as protobuf reads them."""
+    ids = [d.id for d in SPEC.devices]
+    entry = len(ids[0]) + 2  # tag, one-byte length, the ID
+    for repeats in range(1, 40):
+        offered = (ids * repeats)[: 1300 // entry + repeats % 5]
+        for size in (9, 10, 11):
+            req = pb.ContainerPreferredAllocationRequest(
+                available_deviceIDs=offered, allocation_size=size
+            )
+            data = pb.PreferredAllocationRequest(container_requests=[req]).SerializeToString()
+            got = _agrees(data, SPEC)
+            assert got is not None and got[0].offered == len(offered)
 
 
 def test_must_include_other_orders_and_several_containers_are_read_too() -> None:

@@ -15,6 +15,7 @@ import stat
 import time
 import uuid
 from collections.abc import AsyncIterator, Awaitable, Callable
+from collections.abc import Set as AbstractSet
 from pathlib import Path
 from typing import Any
 
@@ -288,15 +289,24 @@ def _prefer(
 def _prefer_raw(spec: ResourceSpec, data: bytes, policy: AllocationPolicy) -> list[list[str]]:
     """`_prefer` for every container request of a request's bytes, read without making a
     string per offered ID when nothing is unusual; else decoded by protobuf as before."""
-    from kubegpu.topology import encoded_ids
+    from kubegpu.topology import AllBut, encoded_ids, encoded_whole
 
-    asks = read_preferred(data, encoded_ids(spec))
+    asks = read_preferred(data, encoded_ids(spec), encoded_whole(spec))
     known = spec.by_id.keys()
     if asks is not None and all(
-        len(a.available) == a.offered and all(map(known.__contains__, a.must_include)) for a in asks
+        (a.available is None or len(a.available) == a.offered)
+        and all(map(known.__contains__, a.must_include))
+        for a in asks
     ):
         return [
-            _choose(spec, a.available, dict.fromkeys(a.must_include), a.size, policy) for a in asks
+            _choose(
+                spec,
+                AllBut(spec, a.missing) if a.available is None else a.available,
+                dict.fromkeys(a.must_include),
+                a.size,
+                policy,
+            )
+            for a in asks
         ]
     # Vanished or repeated IDs (logged by `_prefer`), or bytes the reader leaves to protobuf.
     try:
@@ -308,7 +318,7 @@ def _prefer_raw(spec: ResourceSpec, data: bytes, policy: AllocationPolicy) -> li
 
 def _choose(
     spec: ResourceSpec,
-    available: set[str],
+    available: AbstractSet[str],
     must_include: dict[str, None],
     size: int,
     policy: AllocationPolicy,

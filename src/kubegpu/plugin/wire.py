@@ -43,21 +43,27 @@ class RawRequest:
 class ContainerAsk:
     """One container request, read: the offered IDs the spec advertises, as its strings."""
 
-    #: The offered IDs found in the spec (each the spec's own string).
-    available: set[str]
+    #: The offered IDs found in the spec (each the spec's own string); None when the
+    #: request offered every ID of the table but `missing`, each once.
+    available: set[str] | None
+    #: With `available` None: the table's IDs the request did not offer (spec strings).
+    missing: set[str]
     #: How many IDs were offered (more than `len(available)`: repeats).
     offered: int
     must_include: list[str]
     size: int
 
 
-def read_preferred(data: bytes, encoded: Mapping[bytes, str]) -> list[ContainerAsk] | None:
+def read_preferred(
+    data: bytes, encoded: Mapping[bytes, str], whole: frozenset[bytes] | None = None
+) -> list[ContainerAsk] | None:
     """The container requests of `data`, or None where protobuf must decode it instead.
 
     `encoded` maps an ID's wire form (length byte + UTF-8) to the spec's ID; it holds only
     IDs shorter than 128 bytes with no 0x0a byte in that form. An offered ID that is not
     in it (one the spec no longer advertises) also gives None: the caller's protobuf path
-    logs what vanished.
+    logs what vanished. `whole`, its keys when they are every ID the spec advertises, lets
+    a request that offers most of them be read as what it lacks (`available` None).
     """
     asks: list[ContainerAsk] = []
     end = len(data)
@@ -68,7 +74,7 @@ def read_preferred(data: bytes, encoded: Mapping[bytes, str]) -> list[ContainerA
         length, pos = _varint(data, pos + 1)
         if length < 0 or pos + length > end:
             return None
-        ask = _container(data, pos, pos + length, encoded)
+        ask = _container(data, pos, pos + length, encoded, whole)
         if ask is None:
             return None
         asks.append(ask)
@@ -77,7 +83,7 @@ def read_preferred(data: bytes, encoded: Mapping[bytes, str]) -> list[ContainerA
 
 
 def _container(
-    data: bytes, start: int, end: int, encoded: Mapping[bytes, str]
+    data: bytes, start: int, end: int, encoded: Mapping[bytes, str], whole: frozenset[bytes] | None
 ) -> ContainerAsk | None:
     """The container request in `data[start:end]`."""
     # The kubelet's shape first: offered IDs, no must-include IDs, a one-byte size last.
@@ -86,11 +92,29 @@ def _container(
     if end - start > 2 and data[start] == _AVAILABLE and data[end - 2] == _SIZE:
         size = data[end - 1]
         if size < 0x80:
-            # One copy of the run (slicing bytes copies), split in C.
-            parts = data[start + 1 : end - 2].split(_SPLIT)
+            if end == len(data) and size != _AVAILABLE and _SPLIT not in data[1:start]:
+                # The last container request: the whole message split as it is, rather
+                # than a copy of its run (a kubelet's requests hold one container each).
+                # The first two pieces are the empty one before the outer tag and the
+                # outer length; the last ends with the size field. (A 0x0a in the outer
+                # length, or as the size, would add an empty piece, never a table key, and
+                # send the run the slow way; they are checked to keep it on this one.)
+                parts = data.split(_SPLIT)
+                del parts[:2]
+                parts[-1] = parts[-1][:-2]
+            else:
+                # One copy of the run (slicing bytes copies), split in C.
+                parts = data[start + 1 : end - 2].split(_SPLIT)
+            if whole is not None and 2 * len(parts) > len(whole):
+                # Most of the table offered: one C pass for the keys no piece names. As
+                # len(parts) >= len(set(parts)) >= len(set(parts) & whole), the counts add
+                # up to the table exactly when every piece is a distinct key.
+                lacking = whole.difference(parts)
+                if len(parts) + len(lacking) == len(whole):
+                    return ContainerAsk(None, {encoded[k] for k in lacking}, len(parts), [], size)
             available: set[str | None] = set(map(encoded.get, parts))
             if None not in available:
-                return ContainerAsk(available, len(parts), [], size)  # type: ignore[arg-type]
+                return ContainerAsk(available, set(), len(parts), [], size)  # type: ignore[arg-type]
     return _fields(data[start:end], encoded)
 
 
@@ -143,7 +167,7 @@ def _fields(sub: bytes, encoded: Mapping[bytes, str]) -> ContainerAsk | None:
             return None
         known.add(spec_id)
         offered += 1
-    return ContainerAsk(known, offered, must_include, size)
+    return ContainerAsk(known, set(), offered, must_include, size)
 
 
 def _varint(data: bytes, pos: int) -> tuple[int, int]:
