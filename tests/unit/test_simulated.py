@@ -11,7 +11,7 @@ import pytest
 
 from kubegpu.devices import open_backend
 from kubegpu.devices.model import Health, HealthEvent, HealthEventKind, LinkKind
-from kubegpu.devices.simulated import PRESETS, SimulatedBackend
+from kubegpu.devices.simulated import PRESET_DIR, PRESETS, SimulatedBackend
 from kubegpu.devices.stop import Stop
 from kubegpu.errors import DeviceError
 
@@ -64,6 +64,10 @@ def test_a100_mig_preset() -> None:
 def test_h100_mig_preset() -> None:
     (gpu,) = SimulatedBackend.load("h100-mig").discover().gpus
     assert sorted({m.profile for m in gpu.mig_devices}) == ["1g.10gb", "2g.20gb", "3g.40gb"]
+
+
+def test_every_preset_file_is_named_and_every_name_has_a_file() -> None:
+    assert sorted(p.stem for p in PRESET_DIR.glob("*.yaml")) == sorted(PRESETS)
 
 
 @pytest.mark.parametrize("preset", PRESETS)
