@@ -8,10 +8,11 @@ from collections.abc import Callable, Iterator
 from pathlib import Path
 
 import pytest
+import yaml
 
 from kubegpu.devices import open_backend
 from kubegpu.devices.model import Health, HealthEvent, HealthEventKind, LinkKind
-from kubegpu.devices.simulated import PRESET_DIR, PRESETS, SimulatedBackend
+from kubegpu.devices.simulated import PRESET_DIR, PRESETS, SimulatedBackend, parse_node
 from kubegpu.devices.stop import Stop
 from kubegpu.errors import DeviceError
 
@@ -68,6 +69,15 @@ def test_h100_mig_preset() -> None:
 
 def test_every_preset_file_is_named_and_every_name_has_a_file() -> None:
     assert sorted(p.stem for p in PRESET_DIR.glob("*.yaml")) == sorted(PRESETS)
+
+
+@pytest.mark.parametrize("preset", PRESETS)
+def test_presets_read_the_same_with_libyaml_and_pure_python(preset: str) -> None:
+    # Presets are parsed by libyaml (PRESET_LOADER) where PyYAML has it; the nodes must be
+    # what PyYAML's own safe loader reads from the same files.
+    text = (PRESET_DIR / f"{preset}.yaml").read_text(encoding="utf-8")
+    pure = SimulatedBackend(parse_node(yaml.safe_load(text), preset, "pure")).discover()
+    assert SimulatedBackend.load(preset).discover() == pure
 
 
 @pytest.mark.parametrize("preset", PRESETS)
