@@ -23,6 +23,7 @@ from __future__ import annotations
 import json
 import os
 import posixpath
+import tempfile
 import time
 from collections.abc import Callable, Iterable, Sequence
 from pathlib import Path
@@ -394,10 +395,6 @@ def write_spec(
     target_dir = Path(directory)
     target_dir.mkdir(parents=True, exist_ok=True)
     text = dump(spec, format)
-    # Imported here: `serve` loads this module before registering, and only a CDI device
-    # list strategy ever writes a spec (tempfile brings shutil and random along).
-    import tempfile
-
     fd, tmp_name = tempfile.mkstemp(prefix=f".{name}.", dir=target_dir)
     tmp = Path(tmp_name)
     try:

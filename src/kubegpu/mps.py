@@ -20,6 +20,7 @@ import asyncio
 import contextlib
 import logging
 import os
+import shutil
 import time
 from collections.abc import Callable, Mapping, Sequence
 from pathlib import Path
@@ -258,9 +259,6 @@ class MpsDaemon:
     # --- internals -----------------------------------------------------------------
 
     def _resolve_binary(self) -> str:
-        # Imported here: `serve` loads this module before registering, MPS sharing is rare.
-        import shutil
-
         found = shutil.which(self.control_binary, path=self.env.get("PATH"))
         if found is None:
             raise MpsError(

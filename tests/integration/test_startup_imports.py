@@ -91,9 +91,7 @@ async def test_serve_registers_and_allocates_without_the_kubernetes_client(
     which the kubelet sends before Allocate, and not before. Nor difflib: the config
     loader needs it only to suggest a fix for an unknown key. Nor pydantic, which other
     installed packages may bring: the config schema is kubegpu's own (`config.schema`).
-    Nor `ctypes.util`: finding libc by name runs `ldconfig -p` in a subprocess, and the
-    watch adapter's inotify uses the interpreter's own symbols instead. Nor `tempfile`
-    (only writing a CDI spec needs it) or `importlib.resources` (presets are read by path)."""
+    Nor `importlib.resources`: the simulated presets are read by path."""
     kubelet = KubeletEmulator(socket_dir / "dp", grace_period=0.5)
     await kubelet.start()
     report = socket_dir / "loaded"
@@ -105,8 +103,6 @@ async def test_serve_registers_and_allocates_without_the_kubernetes_client(
         "prometheus_client",
         "difflib",
         "pydantic",
-        "ctypes.util",
-        "tempfile",
         "importlib.resources",
     )
     args = ["serve", "--simulate", "a10g-4", "--device-plugin-path", str(kubelet.plugin_dir)]

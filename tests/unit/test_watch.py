@@ -15,10 +15,10 @@ from pathlib import Path
 from typing import Any
 
 import pytest
+from asyncinotify import Inotify
 
 import kubegpu
 from kubegpu.watch import Backoff, BlockingPathWatch, PathWatch, fingerprint, watched_dirs
-from kubegpu.watch.inotify import Inotify
 
 WAIT = 5.0
 
@@ -303,7 +303,7 @@ def _no_inotify() -> Any:
 class _WatchLimit(Inotify):
     """An inotify instance whose watch limit is reached (ENOSPC on add_watch)."""
 
-    def add_watch(self, path: Path | str, mask: int) -> int:
+    def add_watch(self, path: Any, mask: Any) -> Any:
         raise OSError(errno.ENOSPC, "No space left on device")
 
 

@@ -1,8 +1,8 @@
 """The `watch` adapter: the one place that watches files and paces retries.
 
 - `PathWatch` (on the event loop) and `BlockingPathWatch` (for a backend's thread) wake
-  their owner when a file or directory may have changed: inotify through libc's own calls
-  (`kubegpu.watch.inotify`), polling `stat` only where inotify cannot work.
+  their owner when a file or directory may have changed; inotify through `asyncinotify`,
+  polling `stat` only where inotify cannot work.
 - `Backoff`: the exponential, capped retry delay every retry loop uses.
 """
 

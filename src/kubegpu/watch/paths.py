@@ -37,14 +37,12 @@ from types import TracebackType
 from typing import Any
 
 from kubegpu.supervisor import spawn
-from kubegpu.watch import inotify
-from kubegpu.watch.inotify import Event
 
 log = logging.getLogger("kubegpu.watch")
 
 #: The paths to cover, asked again on every re-arm (an owner's set may change).
 Paths = Callable[[], Iterable[Path]]
-#: Opens an inotify instance (`kubegpu.watch.inotify.Inotify`); tests inject failing ones.
+#: Opens an inotify instance (`asyncinotify.Inotify`); tests inject failing ones.
 InotifyFactory = Callable[[], Any]
 #: stat identity and version of each covered path and directory; for the fallback only.
 Fingerprint = tuple[tuple[str, str, int, int, int, int, int] | tuple[str], ...]
@@ -52,20 +50,25 @@ Fingerprint = tuple[tuple[str, str, int, int, int, int, int] | tuple[str], ...]
 
 def default_inotify() -> Any:
     # Imported here: the ctypes binding is only loaded by a process that watches.
-    from kubegpu.watch.inotify import Inotify
+    from asyncinotify import Inotify
 
     return Inotify()
 
 
-_MOVES = inotify.CREATE | inotify.DELETE | inotify.MOVED_FROM | inotify.MOVED_TO
-_OWN = inotify.DELETE_SELF | inotify.MOVE_SELF | inotify.ONLYDIR | inotify.EXCL_UNLINK
-#: For a directory that holds a path: its entries' changes, moves, and its own end.
-_FULL = _MOVES | inotify.MODIFY | inotify.CLOSE_WRITE | inotify.ATTRIB | _OWN
-#: For an ancestor that holds such a directory: entries coming and going, its own end.
-_ANCESTOR = _MOVES | _OWN
-#: An event that opens a write on a name, and those after which the name is complete.
-_OPENS_WRITE = inotify.MODIFY
-_COMPLETES = inotify.CLOSE_WRITE | inotify.MOVED_FROM | inotify.MOVED_TO | inotify.DELETE
+def _masks() -> tuple[Any, Any]:
+    """(for a directory that holds a path, for an ancestor that holds such a directory)."""
+    from asyncinotify import Mask
+
+    moves = Mask.CREATE | Mask.DELETE | Mask.MOVED_FROM | Mask.MOVED_TO
+    own = Mask.DELETE_SELF | Mask.MOVE_SELF | Mask.ONLYDIR | Mask.EXCL_UNLINK
+    return moves | Mask.MODIFY | Mask.CLOSE_WRITE | Mask.ATTRIB | own, moves | own
+
+
+def _write_masks() -> tuple[Any, Any]:
+    """(events that open a write on a name, events after which the name is complete)."""
+    from asyncinotify import Mask
+
+    return Mask.MODIFY, Mask.CLOSE_WRITE | Mask.MOVED_FROM | Mask.MOVED_TO | Mask.DELETE
 
 
 def _existing_dir(directory: Path) -> Path:
@@ -139,8 +142,7 @@ class _Core:
         self._factory = inotify
         self._poll_interval = 0.0
         self._inotify: Any = None
-        #: Watch descriptors of the directories covered now.
-        self._watches: set[int] = set()
+        self._watches: dict[int, Any] = {}
         self._names: dict[int, frozenset[str] | None] = {}
         #: Why this watch polls (one line), or None while inotify serves it.
         self.polling: str | None = None
@@ -163,6 +165,8 @@ class _Core:
         self._poll_interval = poll_interval
         try:
             self._inotify = self._factory()
+            # sync_get() then never blocks: it returns None once the queue is empty.
+            self._inotify.sync_timeout = 0
         except (OSError, RuntimeError, ImportError) as exc:
             self._fall_back(exc)
             return
@@ -172,40 +176,41 @@ class _Core:
         """Watch exactly the directories that cover the paths now."""
         if self._inotify is None:
             return
+        full, ancestor = _masks()
         for _ in range(8):
-            wanted: set[int] = set()
+            wanted: dict[int, Any] = {}
             names: dict[int, frozenset[str] | None] = {}
             try:
                 # Narrow watches first: when two paths are one inode, the wider mask wins.
                 coverage = sorted(watched_dirs(self.paths()).items(), key=lambda i: i[1] is None)
                 for directory, only in coverage:
-                    wd = self._inotify.add_watch(directory, _ANCESTOR if only else _FULL)
-                    before = names.get(wd, frozenset())
-                    names[wd] = None if only is None or before is None else before | only
-                    wanted.add(wd)
+                    watch = self._inotify.add_watch(directory, ancestor if only else full)
+                    before = names.get(watch.wd, frozenset())
+                    names[watch.wd] = None if only is None or before is None else before | only
+                    wanted[watch.wd] = watch
             except (FileNotFoundError, NotADirectoryError):
                 continue  # a directory went away between looking and watching: look again
             except OSError as exc:  # ENOSPC: max_user_watches reached
                 self._fall_back(exc)
                 return
             break
-        for wd in self._watches - wanted:
-            with contextlib.suppress(OSError):  # its directory is already gone
-                self._inotify.rm_watch(wd)
+        for wd, watch in self._watches.items():
+            if wd not in wanted:
+                with contextlib.suppress(OSError):  # its directory is already gone
+                    self._inotify.rm_watch(watch)
         self._watches = wanted
         self._names = names
         self._writing = {key for key in self._writing if key[0] in wanted}
 
-    def _matters(self, event: Event) -> bool:
+    def _matters(self, event: Any) -> bool:
         """Whether an event can change what the owner looks at (a sibling's churn cannot)."""
-        if event.mask & inotify.Q_OVERFLOW:
-            return True  # events were lost: any of them may have mattered
-        if event.wd not in self._watches:
-            return False  # a watch re-arming dropped (its IGNORED), or events before that
-        if event.name is None:
-            return True  # the directory itself, or its watch that ended
-        only = self._names.get(event.wd)
-        return only is None or event.name in only
+        watch = event.watch
+        if watch is not None and watch.wd not in self._watches:
+            return False  # a watch re-arming dropped (its IN_IGNORED), or events before that
+        if event.name is None or watch is None:
+            return True  # the directory itself, an overflow, a watch that ended
+        only = self._names.get(watch.wd)
+        return only is None or str(event.name) in only
 
     def drain(self) -> bool:
         """Read every queued event (the owner re-checks once per batch); True if any matters."""
@@ -223,24 +228,25 @@ class _Core:
             return True
         return seen
 
-    def _track(self, event: Event) -> None:
-        """Follow which entries are being written (see `settled`)."""
-        if event.mask & inotify.Q_OVERFLOW:  # events, writes among them, were lost
+    def _track(self, event: Any) -> None:
+        """Follow which entries are being written (see `writing`)."""
+        if event.watch is None:  # the queue overflowed: events, writes among them, lost
             self._overflowed = True
             return
         if event.name is None:
             return
-        key = (event.wd, event.name)
-        if event.mask & _COMPLETES:
+        opens, completes = _write_masks()
+        key = (event.watch.wd, str(event.name))
+        if event.mask & completes:
             self._writing.discard(key)
-        elif event.mask & _OPENS_WRITE:
+        elif event.mask & opens:
             self._writing.add(key)
 
     def close(self) -> None:
         if self._inotify is not None:
             self._inotify.close()
             self._inotify = None
-        self._watches = set()
+        self._watches = {}
         self._writing = set()
 
     def _fall_back(self, exc: BaseException) -> None:
