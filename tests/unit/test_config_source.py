@@ -13,11 +13,13 @@ import pytest
 
 from kubegpu.config import MigStrategy
 from kubegpu.config.source import (
+    DEFAULT_NODE_LABEL,
     ConfigSource,
     ConfigUpdate,
     FakeNodeLabels,
     KubernetesNodeLabels,
     NamedConfigs,
+    named_configs,
 )
 from kubegpu.errors import ConfigError
 from kubegpu.kube import FakeKube
@@ -585,3 +587,28 @@ async def test_named_configs_are_watched_without_polling(tmp_path: Path) -> None
         assert strategy(await next_update(s)) is MigStrategy.SINGLE
         (configs / "a.yaml").write_text(mig("none"))  # the newly selected file is watched
         assert strategy(await next_update(s)) is MigStrategy.NONE
+
+
+# -- one named-config selection for serve and labels -------------------------------------
+
+
+@pytest.mark.parametrize("fallbacks", [None, [], ["named", "single"]])
+def test_serve_and_labels_choose_named_configs_from_the_same_settings(
+    fallbacks: list[str] | None,
+) -> None:
+    """Both commands call `named_configs`; no strategies given means NVIDIA's chart
+    default (named, then single), whether the value is missing or an empty list."""
+    from kubegpu.cli.serve import serve
+    from kubegpu.labeller import named_configs as labeller_named_configs
+
+    assert labeller_named_configs is named_configs
+    values = {"config_dir": "/configs", "fallback_strategies": fallbacks}
+    named = named_configs(values)
+    assert named is not None
+    assert named.fallback_strategies == ("named", "single")
+    assert named.label == DEFAULT_NODE_LABEL and named.labels is None
+    assert named_configs({"config_dir": ""}) is None
+    # A node name turns on the label watch through the Kubernetes adapter.
+    watched = named_configs({**values, "node_name": "node-a"})
+    assert watched is not None and isinstance(watched.labels, KubernetesNodeLabels)
+    assert "fallback_strategies" in {p.name for p in serve.params}

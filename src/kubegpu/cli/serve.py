@@ -275,23 +275,13 @@ def _daemon_main(
 
     from kubegpu.cli import setup_logging
     from kubegpu.config import flag_overrides
-    from kubegpu.config.source import KubernetesNodeLabels, NamedConfigs
+    from kubegpu.config.source import named_configs
     from kubegpu.daemon import Daemon, DaemonSettings
     from kubegpu.events import NodeEvents
 
     check_serve(values, env)
     setup_logging(values["log_level"])
-    named = None
-    if values["config_dir"]:
-        node = values["node_name"]
-        named = NamedConfigs(
-            directory=Path(values["config_dir"]),
-            default=values["default_config"],
-            fallback_strategies=tuple(values["fallback_strategies"] or ("named", "single")),
-            node_name=node,
-            label=values["node_label"],
-            labels=KubernetesNodeLabels() if node else None,
-        )
+    named = named_configs(values)
     for notice in serve_notices(values):
         log.warning("%s", notice)
     settings = DaemonSettings(

@@ -461,3 +461,28 @@ class KubernetesNodeLabels:
 
         kube = self._kube if self._kube is not None else default_client()
         return kube.watch_node_label(node, label)
+
+
+def named_configs(
+    values: Mapping[str, Any], node_labels: NodeLabels | None = None
+) -> NamedConfigs | None:
+    """The named-config selection of `serve` and `labels`, from the settings both take
+    (`config_dir`, `node_name`, `default_config`, `fallback_strategies`, `node_label`);
+    None without a config directory. The node's label is read from the Kubernetes API
+    unless `node_labels` says otherwise, and only when a node name is given."""
+    directory = values.get("config_dir")
+    if not directory:
+        return None
+    node = values.get("node_name")
+    if node_labels is None and node:
+        node_labels = KubernetesNodeLabels()
+    # No strategies given (the CLI's empty list is None too): NVIDIA's chart default.
+    fallbacks = values.get("fallback_strategies") or ("named", "single")
+    return NamedConfigs(
+        directory=Path(directory),
+        default=values.get("default_config"),
+        fallback_strategies=tuple(fallbacks),
+        node_name=node,
+        label=values.get("node_label") or DEFAULT_NODE_LABEL,
+        labels=node_labels if node else None,
+    )

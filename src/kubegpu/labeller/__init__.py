@@ -1,8 +1,9 @@
 """GPU Feature Discovery's job: label the node with its GPUs, again and again.
 
 - `kubegpu.labeller.loop`: `run_labeller` (compute with `kubegpu.labels`, publish,
-  sleep), the config it reads on each pass (`config_loader`, `LiveConfig`,
-  `named_configs`) and the backend it opens on each pass (`discoverer`);
+  sleep), the config it reads on each pass (`config_loader`, `LiveConfig`; the named
+  configs are chosen as `serve` chooses them, `kubegpu.config.source.named_configs`,
+  re-exported here) and the backend it opens on each pass (`discoverer`);
 - `kubegpu.labeller.sinks`: where labels go (features.d file, NodeFeature, Node patch),
   the last two through the one Kubernetes adapter, `kubegpu.kube`.
 
@@ -12,6 +13,7 @@ labeller reads the host through `kubegpu.devices` (the only package that reads s
 the commands that label find it) for `gpu.machine`.
 """
 
+from kubegpu.config.source import named_configs
 from kubegpu.devices.host import read_machine_type
 from kubegpu.labeller.loop import (
     VENDOR_LABELS,
@@ -19,7 +21,6 @@ from kubegpu.labeller.loop import (
     VendorLabels,
     config_loader,
     discoverer,
-    named_configs,
     parse_duration,
     run_labeller,
     run_until_signalled,

@@ -14,18 +14,13 @@ import logging
 import math
 import time
 from collections.abc import AsyncIterator, Callable, Mapping, Sequence
-from pathlib import Path
 from typing import Any
 
 from kubegpu.config import Config, load_file, resolve
 from kubegpu.config.names import INFINITE_NS, parse_go_duration
 from kubegpu.config.source import (
-    DEFAULT_NODE_LABEL,
     ConfigSource,
     ConfigUpdate,
-    KubernetesNodeLabels,
-    NamedConfigs,
-    NodeLabels,
 )
 from kubegpu.devices.model import Inventory
 from kubegpu.devices.pci import pci_classes, pci_configs, pci_present
@@ -156,26 +151,6 @@ def config_loader(path: str | None, overrides: Mapping[str, Any]) -> Callable[[]
         return cfg
 
     return load
-
-
-def named_configs(values: Mapping[str, Any], node_labels: NodeLabels | None) -> NamedConfigs | None:
-    """The same named-config selection `kubegpu serve` makes, from the same settings
-    (`config_dir`, `node_name`, `default_config`, `fallback_strategies`, `node_label`)."""
-    directory = values.get("config_dir")
-    if not directory:
-        return None
-    node = values.get("node_name")
-    if node_labels is None and node:
-        node_labels = KubernetesNodeLabels()
-    fallbacks = values.get("fallback_strategies")
-    return NamedConfigs(
-        directory=Path(directory),
-        default=values.get("default_config"),
-        fallback_strategies=tuple(fallbacks) if fallbacks is not None else ("named", "single"),
-        node_name=node,
-        label=values.get("node_label") or DEFAULT_NODE_LABEL,
-        labels=node_labels if node else None,
-    )
 
 
 class LiveConfig:
