@@ -145,6 +145,13 @@ def select_imex_channels(config: Config, exists: Callable[[str], bool]) -> tuple
 #: The strategies that name devices by CDI (built once: `build_response` runs per Allocate).
 #: The device-list strategies that name CDI devices (and need a CDI spec on the node).
 CDI_STRATEGIES = frozenset({DeviceListStrategy.CDI_ANNOTATIONS, DeviceListStrategy.CDI_CRI})
+#: The optional driver features NVIDIA's plugin passes on, in its order: the `Flags`
+#: attribute that enables one, its CDI device class, its environment variable.
+EXTRA_FEATURES = (
+    ("gdrcopy_enabled", "gdrcopy", "NVIDIA_GDRCOPY"),
+    ("gds_enabled", "gds", "NVIDIA_GDS"),
+    ("mofed_enabled", "mofed", "NVIDIA_MOFED"),
+)
 
 
 def build_response(
@@ -185,31 +192,20 @@ def build_response(
     cdi: tuple[str, ...] = ()
     specs: tuple[DeviceNodeSpec, ...] = ()
 
+    extras = [(mode, var) for attr, mode, var in EXTRA_FEATURES if getattr(flags, attr)]
     if not CDI_STRATEGIES.isdisjoint(strategies):
         names = [cdi_device_name(i) for i in ids]
         if has_spec("imex-channel"):
             names += [cdi_device_name(c.id, "imex-channel") for c in imex_channels]
         # The same modes NVIDIA's CDI handler adds, in its order.
-        for enabled, mode in (
-            (flags.gdrcopy_enabled, "gdrcopy"),
-            (flags.gds_enabled, "gds"),
-            (flags.mofed_enabled, "mofed"),
-        ):
-            if enabled and has_spec(mode):
-                names.append(cdi_device_name("all", mode))
+        names += [cdi_device_name("all", mode) for mode, _ in extras if has_spec(mode)]
         if names and DeviceListStrategy.CDI_ANNOTATIONS in strategies:
             key = f"{plugin.cdi_annotation_prefix}{CDI_ANNOTATION_PLUGIN}_{response_id}"
             annotations[key] = ",".join(names)
         if DeviceListStrategy.CDI_CRI in strategies:
             cdi = tuple(names)
 
-    for enabled, var in (
-        (flags.gdrcopy_enabled, "NVIDIA_GDRCOPY"),
-        (flags.gds_enabled, "NVIDIA_GDS"),
-        (flags.mofed_enabled, "NVIDIA_MOFED"),
-    ):
-        if enabled:
-            envs[var] = "enabled"
+    envs.update((var, "enabled") for _, var in extras)
 
     # CDI only: the runtime injects everything from the CDI spec; no env list, mounts or
     # device nodes (NVIDIA answers the same), so a legacy hook has nothing to act on.

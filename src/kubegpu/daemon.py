@@ -47,7 +47,7 @@ from kubegpu.metrics import Metrics
 from kubegpu.mps import MpsDaemon, MpsError
 from kubegpu.nvidia_paths import MPS_CONTROL_BINARY
 from kubegpu.plugin import PluginManager
-from kubegpu.plugin.manager import MAX_SOCKET_PATH
+from kubegpu.plugin.manager import socket_path_too_long
 from kubegpu.resources import ResourceSpec, SharingKind
 from kubegpu.state import NodeState, NodeStore
 from kubegpu.supervisor import Supervisor, spawn, until_stopped
@@ -265,12 +265,9 @@ class Daemon:
         """A socket path over the unix limit can never be served: say so and stop, rather
         than retry forever (the CLI only knows the kubelet's socket name, not ours)."""
         for spec in specs:
-            path = self.settings.plugin_dir / spec.socket_name
-            if len(os.fsencode(path)) > MAX_SOCKET_PATH:
-                raise StartupError(
-                    f"socket path {path} for {spec.name} is longer than {MAX_SOCKET_PATH} "
-                    f"bytes (the unix limit); use a shorter --device-plugin-path"
-                )
+            too_long = socket_path_too_long(self.settings.plugin_dir / spec.socket_name)
+            if too_long is not None:
+                raise StartupError(f"{spec.name}: {too_long}")
 
     def _lock_plugin_dir(self) -> None:
         """Refuse to share the plugin directory with another `serve` (they would delete

@@ -19,10 +19,11 @@ from hypothesis import strategies as st
 
 from kubegpu.api import device_plugin_stub, pb, pb_grpc
 from kubegpu.config import Config
-from kubegpu.daemon import Daemon, DaemonSettings
+from kubegpu.daemon import Daemon, DaemonSettings, StartupError
 from kubegpu.devices.simulated import SimulatedBackend
 from kubegpu.events import FakeEventSink, NodeEvents
 from kubegpu.kubelet import KubeletEmulator
+from kubegpu.plugin.manager import socket_path_too_long
 from kubegpu.plugin.server import ResourceServer
 from kubegpu.resources import ResourceSpec, build_resources
 from tests import builders
@@ -606,3 +607,25 @@ async def test_health_transitions_become_node_events_and_metrics(socket_dir: Pat
         ("GPUUnhealthy", f"GPU {uuid} is unhealthy"),
         ("GPUHealthy", f"GPU {uuid} is healthy again"),
     ]
+
+
+async def test_a_socket_path_over_the_unix_limit_stops_the_daemon_at_start() -> None:
+    """Every plugin socket is checked against the 107-byte limit before serving (the CLI
+    only knows the kubelet's socket name): a path that can never be bound is one line
+    naming the resource, not a retry loop."""
+    with tempfile.TemporaryDirectory(dir="/tmp") as root:
+        # /tmp/<tmp>/ddd.../kubegpu-nvidia.com-gpu.sock: just over the limit.
+        plugin_dir = Path(root) / ("d" * (107 - len(root) - len("/kubegpu-nvidia.com-gpu.sock")))
+        plugin_dir.mkdir()
+        assert len(str(plugin_dir / "kubegpu-nvidia.com-gpu.sock")) == 108
+        daemon = Daemon(
+            DaemonSettings(plugin_dir=plugin_dir, backend="simulated"),
+            backend=SimulatedBackend.load("t4-1"),
+        )
+        with pytest.raises(StartupError) as stopped:
+            await asyncio.wait_for(daemon.run(asyncio.Event()), 10)
+        assert str(stopped.value) == (
+            f"{GPU}: socket path {plugin_dir}/kubegpu-nvidia.com-gpu.sock is longer than 107 "
+            "bytes (the unix limit); use a shorter --device-plugin-path"
+        )
+        assert socket_path_too_long(plugin_dir / "kubegpu-nvidia.com-gpu.soc") is None

@@ -42,6 +42,16 @@ BACKOFF_CAP = 2.0
 MAX_SOCKET_PATH = 107
 
 
+def socket_path_too_long(path: Path) -> str | None:
+    """Why a unix socket cannot be bound at `path` for its length (one line), or None."""
+    if len(os.fsencode(path)) <= MAX_SOCKET_PATH:
+        return None
+    return (
+        f"socket path {path} is longer than {MAX_SOCKET_PATH} bytes (the unix limit); "
+        f"use a shorter --device-plugin-path"
+    )
+
+
 class PluginManager:
     def __init__(
         self,
@@ -163,11 +173,9 @@ class PluginManager:
     async def _try_serve(self, server: ResourceServer) -> str | None:
         """Listen on a fresh socket; None, or why it could not (one line)."""
         path = server.socket_path
-        if len(os.fsencode(path)) > MAX_SOCKET_PATH:
-            return (
-                f"socket path {path} is longer than {MAX_SOCKET_PATH} bytes (the unix limit); "
-                f"use a shorter --device-plugin-path"
-            )
+        too_long = socket_path_too_long(path)
+        if too_long is not None:
+            return too_long
         try:
             await server.serve()
         except (OSError, RuntimeError) as exc:  # grpc reports a failed bind as RuntimeError
