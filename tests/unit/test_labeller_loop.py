@@ -11,9 +11,10 @@ import pytest
 
 from kubegpu.config import Config, parse_config
 from kubegpu.devices.model import Inventory
-from kubegpu.errors import InitError
+from kubegpu.errors import ConfigError, InitError
 from kubegpu.labeller import (
     PublishError,
+    config_loader,
     parse_duration,
     run_labeller,
 )
@@ -211,3 +212,20 @@ async def test_other_vendors_label_functions_run_on_the_same_snapshot() -> None:
     assert seen == [NODE]
     assert sink.published[0]["amd.com/gpu.count"] == "0"
     assert sink.published[0]["nvidia.com/gpu.count"] == "1"
+
+
+def test_the_config_file_and_the_flags_are_validated_together(tmp_path: Path) -> None:
+    """As `serve` reads them: a flag may set right what the file gets wrong; a file that
+    turns bad later keeps the last good config; one bad from the start is an error."""
+    path = tmp_path / "config.yaml"
+    path.write_text("version: v1\nflags:\n  migStrategy: bogus\n")
+    load = config_loader(str(path), {"flags.migStrategy": "single"})
+    assert load().flags.mig_strategy == "single"
+    with pytest.raises(ConfigError, match="migStrategy"):
+        config_loader(str(path), {})()
+    good = config_loader(str(path), {})
+    path.write_text("version: v1\nflags:\n  migStrategy: mixed\n")
+    assert good().flags.mig_strategy == "mixed"
+    path.write_text("version: v1\nflags:\n  migStrategy: [\n")
+    assert good().flags.mig_strategy == "mixed"
+    assert config_loader(None, {"flags.migStrategy": "single"})().flags.mig_strategy == "single"

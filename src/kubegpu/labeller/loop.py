@@ -16,7 +16,7 @@ import time
 from collections.abc import AsyncIterator, Callable, Mapping, Sequence
 from typing import Any
 
-from kubegpu.config import Config, load_file, resolve
+from kubegpu.config import Config, load_config
 from kubegpu.config.names import INFINITE_NS, parse_go_duration
 from kubegpu.config.source import (
     ConfigSource,
@@ -135,13 +135,15 @@ def parse_duration(text: str) -> float:
 
 
 def config_loader(path: str | None, overrides: Mapping[str, Any]) -> Callable[[], Config]:
-    """Re-read the config file on every pass (ConfigMap updates), keeping the last good one."""
+    """Re-read the config file on every pass (ConfigMap updates), keeping the last good one.
+
+    The file and the flag/env overrides are validated together, as `serve` reads them: a
+    value the file gets wrong and a flag sets right is no error."""
     last: list[Config] = []
 
     def load() -> Config:
         try:
-            base = load_file(path) if path else None
-            cfg = resolve(base, overrides)
+            cfg = load_config(path or None, overrides)
         except ConfigError:
             if not last:
                 raise
