@@ -7,7 +7,16 @@ from __future__ import annotations
 
 from pathlib import Path
 
-from kubegpu.devices.pci import CONFIG_SPACE_SIZE, pci_classes, pci_configs, pci_present
+import pytest
+
+from kubegpu.devices.pci import (
+    CONFIG_SPACE_SIZE,
+    PciBus,
+    pci_classes,
+    pci_configs,
+    pci_present,
+    read_bus,
+)
 
 FIXTURES = Path(__file__).parent.parent / "fixtures"
 
@@ -48,3 +57,24 @@ def test_pci_configs_skip_other_vendors_and_keep_bus_order(tmp_path: Path) -> No
         (dev / "vendor").write_text(f"{vendor}\n")
         (dev / "config").write_bytes(bytes([fill]) * CONFIG_SPACE_SIZE)
     assert pci_configs(str(tmp_path)) == [bytes([1]) * 256, bytes([2]) * 256]
+
+
+@pytest.mark.parametrize("fixture", ["pci-nvidia", "pci-none", "does-not-exist"])
+def test_one_look_at_the_bus_reads_what_the_three_readers_do(fixture: str) -> None:
+    root = str(FIXTURES / fixture)
+    assert read_bus(root) == PciBus(pci_present(root), pci_classes(root), pci_configs(root))
+
+
+def test_one_look_lists_the_bus_once(monkeypatch: pytest.MonkeyPatch) -> None:
+    from kubegpu.devices import pci
+
+    listings: list[str] = []
+    real = pci._nvidia_functions
+
+    def counted(root: str) -> pci.Functions:
+        listings.append(root)
+        return real(root)
+
+    monkeypatch.setattr(pci, "_nvidia_functions", counted)
+    read_bus(str(FIXTURES / "pci-nvidia"))
+    assert len(listings) == 1

@@ -9,6 +9,7 @@ against fixture trees (tests/fixtures/pci-*).
 
 from __future__ import annotations
 
+from dataclasses import dataclass
 from pathlib import Path
 
 #: Where sysfs lists PCI functions, relative to the host's root.
@@ -19,7 +20,27 @@ NVIDIA_VENDOR = "0x10de"
 CONFIG_SPACE_SIZE = 256
 
 
-def _nvidia_functions(root: str) -> tuple[list[Path], bool] | None:
+#: NVIDIA's functions in bus order, and whether every function's vendor could be read;
+#: None when the bus itself cannot be listed.
+Functions = tuple[list[Path], bool] | None
+
+
+@dataclass(frozen=True)
+class PciBus:
+    """What one look at the bus says, for one labelling pass (see the three readers)."""
+
+    present: bool
+    classes: dict[str, str]
+    configs: list[bytes] | None
+
+
+def read_bus(root: str = "/") -> PciBus:
+    """`pci_present`, `pci_classes` and `pci_configs` from one listing of the bus."""
+    functions = _nvidia_functions(root)
+    return PciBus(_present(functions), _classes(functions), _configs(functions))
+
+
+def _nvidia_functions(root: str) -> Functions:
     """NVIDIA's functions on the bus, in bus order, and whether every function's vendor
     could be read; None when the bus itself cannot be listed."""
     try:
@@ -41,13 +62,19 @@ def _nvidia_functions(root: str) -> tuple[list[Path], bool] | None:
 
 def pci_present(root: str = "/") -> bool:
     """Whether any PCI device under `<root>/sys/bus/pci/devices` is NVIDIA's (no driver needed)."""
-    functions = _nvidia_functions(root)
+    return _present(_nvidia_functions(root))
+
+
+def _present(functions: Functions) -> bool:
     return functions is not None and bool(functions[0])
 
 
 def pci_classes(root: str = "/") -> dict[str, str]:
     """PCI bus id → class code for NVIDIA devices, for `gpu.mode`."""
-    functions = _nvidia_functions(root)
+    return _classes(_nvidia_functions(root))
+
+
+def _classes(functions: Functions) -> dict[str, str]:
     out: dict[str, str] = {}
     for entry in functions[0] if functions is not None else ():
         try:
@@ -63,7 +90,10 @@ def pci_configs(root: str = "/") -> list[bytes] | None:
     None when the bus cannot be read or a config space is cut short (an unprivileged
     container sees only 64 bytes): GFD then writes no `vgpu.*` labels, and so do we.
     """
-    functions = _nvidia_functions(root)
+    return _configs(_nvidia_functions(root))
+
+
+def _configs(functions: Functions) -> list[bytes] | None:
     if functions is None or not functions[1]:
         return None
     out: list[bytes] = []

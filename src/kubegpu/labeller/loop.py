@@ -23,7 +23,7 @@ from kubegpu.config.source import (
     ConfigUpdate,
 )
 from kubegpu.devices.model import Inventory
-from kubegpu.devices.pci import pci_classes, pci_configs, pci_present
+from kubegpu.devices.pci import read_bus
 from kubegpu.errors import ConfigError, InitError, KubegpuError
 from kubegpu.labeller.sinks import LabelSink
 from kubegpu.labels import gpu_labels
@@ -107,14 +107,15 @@ def _compute(
         # GFD's behaviour with --fail-on-init-error=false: keep running, label what we know.
         log.warning("no GPUs could be read (%s); labelling without them", exc)
         inventory = Inventory(gpus=())
+    bus = read_bus(sysfs_root) if sysfs_root is not None else None
     labels = gpu_labels(
         inventory,
         cfg,
         machine_type=machine_type(),
         timestamp=timestamp,
-        present=pci_present(sysfs_root) if sysfs_root is not None else None,
-        pci_classes=pci_classes(sysfs_root) if sysfs_root is not None else None,
-        pci_configs=pci_configs(sysfs_root) if sysfs_root is not None else None,
+        present=None if bus is None else bus.present,
+        pci_classes=None if bus is None else bus.classes,
+        pci_configs=None if bus is None else bus.configs,
     )
     for vendor in vendor_labels:
         labels.update(vendor(inventory, cfg))
