@@ -379,6 +379,36 @@ def test_blocking_watch_returns_false_when_interrupted(
     assert results == [False]
 
 
+def test_blocking_watch_leaves_its_watches_alone_for_unrelated_churn(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """The parent of the watched file's directory is covered for that directory's name
+    only: another entry coming and going there neither wakes nor re-arms the watch."""
+    target = tmp_path / "node" / "node.yaml"
+    target.parent.mkdir()
+    target.write_text("a")
+    watch = BlockingPathWatch(lambda: [target], poll_interval=3600, name="node file")
+    rearms: list[int] = []
+    rearm = watch._core.rearm
+
+    def counted() -> None:
+        rearms.append(1)
+        rearm()
+
+    monkeypatch.setattr(watch._core, "rearm", counted)
+    try:
+        (tmp_path / "other").write_text("x")  # queued before the wait
+        watch.interrupt()
+        assert watch.wait() is False
+        assert rearms == []
+        # A change to the watched file still wakes, and re-arms.
+        target.write_text("b")
+        assert watch.wait() is True
+        assert rearms == [1]
+    finally:
+        watch.close()
+
+
 def test_interrupt_after_close_is_harmless(tmp_path: Path) -> None:
     watch = BlockingPathWatch(lambda: [tmp_path / "x"], poll_interval=3600, name="t")
     watch.close()

@@ -427,11 +427,14 @@ class BlockingPathWatch:
                         pass
             changed = False
             if self._registered is not None and self._registered in ready:
+                # Re-armed only when something mattered, as on the loop: a sibling's churn
+                # in a watched directory leaves the watches as they are.
                 changed = self._core.drain()
-                self._core.rearm()
-                self._register()
-                if self._core.polling:
-                    self._last = fingerprint(self._core.paths())
+                if changed:
+                    self._core.rearm()
+                    self._register()
+                    if self._core.polling:
+                        self._last = fingerprint(self._core.paths())
             elif self._core.polling:
                 now = fingerprint(self._core.paths())
                 changed, self._last = now != self._last, now
