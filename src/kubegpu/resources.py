@@ -19,7 +19,13 @@ from dataclasses import dataclass
 from enum import StrEnum
 from functools import cached_property
 
-from kubegpu.config import Config, MigStrategy, ReplicatedResource, SharingStrategy
+from kubegpu.config import (
+    AmdNamingStrategy,
+    Config,
+    MigStrategy,
+    ReplicatedResource,
+    SharingStrategy,
+)
 from kubegpu.config.names import pattern_matches
 from kubegpu.devices import DeviceID, Gpu, Health, Inventory, MigDevice, ResourceName, Vendor
 from kubegpu.errors import ConfigError
@@ -179,7 +185,41 @@ def _group_units(inventory: Inventory, config: Config) -> dict[ResourceName, lis
                 add(_gpu_name(gpu, config), unit)
             else:
                 add(_mig_name(mig, config), unit)
+    if config.flags.plugin.amd_resource_naming_strategy is AmdNamingStrategy.MIXED:
+        _name_amd_by_partition(groups)
     return groups
+
+
+def _amd_partition_mode(gpu: Gpu) -> str | None:
+    """ROCm's partition type of an AMD device, `<compute>_<memory>` (`cpx_nps4`); None
+    when the GPU does not say both (no partitioning: an MI210, a Radeon)."""
+    amd = gpu.amd
+    if amd is None or not amd.compute_partition or not amd.memory_partition:
+        return None
+    return f"{amd.compute_partition}_{amd.memory_partition}"
+
+
+def _name_amd_by_partition(groups: dict[ResourceName, list[Unit]]) -> None:
+    """ROCm's `mixed` naming, in place: `amd.com/gpu` devices are advertised under their
+    partition mode, `amd.com/<compute>_<memory>`.
+
+    As ROCm's plugin: a node whose devices are all in one mode advertises all of them
+    under that name, one in several modes a resource per mode, and a node without
+    partitioning keeps `amd.com/gpu`. A device without a mode beside partitioned ones
+    (which ROCm leaves unadvertised) stays `amd.com/gpu`, as ROCm names GPUs that cannot
+    be partitioned. Devices renamed by `resources.gpus` keep their names.
+    """
+    units = groups.get(DEFAULT_AMD, [])
+    modes = {u.uuid: _amd_partition_mode(u.gpu) for u in units}
+    distinct = set(modes.values()) - {None}
+    if not distinct:
+        return
+    del groups[DEFAULT_AMD]
+    only = next(iter(distinct)) if len(distinct) == 1 else None
+    for unit in units:
+        mode = only or modes[unit.uuid]
+        name = DEFAULT_AMD if mode is None else ResourceName(f"amd.com/{mode}")
+        groups.setdefault(name, []).append(unit)
 
 
 def _check_single(gpus: Sequence[Gpu]) -> None:

@@ -9,6 +9,7 @@ from pathlib import Path
 
 import pytest
 
+from kubegpu.config import parse_config
 from kubegpu.devices import open_backend
 from kubegpu.devices.amd import AmdBackend, marketing_name
 from kubegpu.devices.model import (
@@ -25,6 +26,7 @@ from kubegpu.devices.model import (
 from kubegpu.devices.stop import Stop
 from kubegpu.errors import InitError
 from kubegpu.labels_amd import amd_labels, counted, family, product_label, vram_label
+from kubegpu.resources import build_resources
 from kubegpu.topology import amd_pair_weight
 
 FIXTURES = Path(__file__).parent.parent / "fixtures"
@@ -249,3 +251,81 @@ def test_marketing_names_from_libdrms_table(tmp_path: Path) -> None:
     assert gpu.product == "AMD Radeon RX 7900 XT"
     labels = amd_labels(Inventory(gpus=(gpu,)))
     assert labels["amd.com/gpu.product-name"] == "AMD_Radeon_RX_7900_XT"
+
+
+# -- ROCm's resource naming strategy (docs/user-guide/configuration.md, "Resource Naming
+# Strategy", at ROCm/k8s-device-plugin ed7646843003: the examples below are its own) ----
+
+
+def _partitioned(gpus: int, compute: str, memory: str, per_gpu: int, first: int = 0) -> list[Gpu]:
+    """`gpus` GPUs in one mode, `per_gpu` devices each (a CPX MI300X is 8)."""
+    out: list[Gpu] = []
+    for g in range(first, first + gpus):
+        gpu = _amd_gpu(g, compute_partition=compute, memory_partition=memory)
+        for p in range(per_gpu):
+            index = len(out) + first * per_gpu
+            out.append(dataclasses.replace(gpu, index=index, uuid=f"{gpu.uuid}/{p}"))
+    return out
+
+
+def _named(gpus: list[Gpu], strategy: str | None, extra: str = "") -> dict[str, int]:
+    text = "version: v1\n" + extra
+    if strategy is not None:
+        text += f"flags:\n  plugin:\n    amdResourceNamingStrategy: {strategy}\n"
+    specs = build_resources(Inventory(gpus=tuple(gpus)), parse_config(text))
+    return {s.name: len(s.devices) for s in specs}
+
+
+@pytest.mark.parametrize("strategy", [None, "single", "mixed"])
+def test_unpartitioned_gpus_are_amd_gpu_whatever_the_strategy(strategy: str | None) -> None:
+    # "If a node has GPUs which do not support partitioning, such as MI210, then the GPUs
+    # are reported under resource name amd.com/gpu regardless of the resource naming
+    # strategy."
+    assert _named([_amd_gpu(i) for i in range(8)], strategy) == {"amd.com/gpu": 8}
+
+
+def test_a_homogeneous_node_is_one_resource_named_by_strategy() -> None:
+    # "A node which has 8 GPUs where all GPUs are partitioned using CPX-NPS4 style will
+    # report its resources as: amd.com/gpu: 64" (single) / "amd.com/cpx_nps4: 64" (mixed).
+    node = _partitioned(8, "cpx", "nps4", 8)
+    assert _named(node, None) == {"amd.com/gpu": 64}
+    assert _named(node, "single") == {"amd.com/gpu": 64}
+    assert _named(node, "mixed") == {"amd.com/cpx_nps4": 64}
+
+
+def test_a_heterogeneous_node_under_mixed_is_a_resource_per_mode() -> None:
+    # "A node which has 8 GPUs where 5 GPU's are following SPX-NPS1 and 3 GPU's are
+    # following CPX-NPS1 will report its resources as: amd.com/spx_nps1: 5,
+    # amd.com/cpx_nps1: 24".
+    node = _partitioned(5, "spx", "nps1", 1) + _partitioned(3, "cpx", "nps1", 8, first=5)
+    assert _named(node, "mixed") == {"amd.com/spx_nps1": 5, "amd.com/cpx_nps1": 24}
+    # ROCm's single refuses such a node; kubegpu keeps advertising it as amd.com/gpu
+    # (docs/migrating-from-rocm.md).
+    assert _named(node, "single") == {"amd.com/gpu": 29}
+
+
+def test_mixed_keeps_renamed_gpus_and_names_unpartitioned_ones_amd_gpu() -> None:
+    node = _partitioned(1, "spx", "nps1", 1) + _partitioned(1, "cpx", "nps1", 2, first=1)
+    node.append(_amd_gpu(5))  # no mode beside two modes: amd.com/gpu, as ROCm names an MI210
+    assert _named(node, "mixed") == {"amd.com/spx_nps1": 1, "amd.com/cpx_nps1": 2, "amd.com/gpu": 1}
+    # One mode beside a device without one: all under that mode, as ROCm's homogeneous node.
+    assert _named(node[1:], "mixed") == {"amd.com/cpx_nps1": 3}
+    renamed = "resources:\n  gpus:\n  - pattern: '*MI210*'\n    name: amd.com/instinct\n"
+    assert _named(node, "mixed", renamed) == {"amd.com/instinct": 4}
+
+
+def test_the_strategy_is_a_serve_flag_with_rocms_spelling_too() -> None:
+    from kubegpu.cli.options import parse
+    from kubegpu.cli.serve import SERVE_KEYS, serve
+
+    for argv in (
+        ["-resource_naming_strategy=mixed"],
+        ["--resource_naming_strategy", "mixed"],
+        ["--resource-naming-strategy=mixed"],
+    ):
+        assert parse(serve, argv, {})["resource_naming_strategy"] == "mixed"
+    assert (
+        parse(serve, [], {"RESOURCE_NAMING_STRATEGY": "mixed"})["resource_naming_strategy"]
+        == "mixed"
+    )
+    assert SERVE_KEYS["resource_naming_strategy"] == "flags.plugin.amdResourceNamingStrategy"

@@ -96,6 +96,17 @@ SERVE_OPTIONS: list[click.Parameter] = [
     nvidia_ctk_path_option(),
     container_driver_root_option("--container-driver-root", "--driver-root-ctr-path"),
     option(
+        "--resource-naming-strategy",
+        "--resource_naming_strategy",
+        "-resource_naming_strategy",
+        envvar="RESOURCE_NAMING_STRATEGY",
+        type=Parsed("strategy", choice("single", "mixed")),
+        config_key="flags.plugin.amdResourceNamingStrategy",
+        show_default="single",
+        help="AMD devices as amd.com/gpu (single) or one resource per partition mode, "
+        "amd.com/cpx_nps4 ... (mixed); ROCm's -resource_naming_strategy",
+    ),
+    option(
         "--shared-devices-allocation-policy",
         envvar="SHARED_DEVICES_ALLOCATION_POLICY",
         type=Parsed("policy", choice("distributed", "packed")),

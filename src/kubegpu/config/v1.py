@@ -81,6 +81,14 @@ class AllocationPolicy(StrEnum):
     PACKED = "packed"
 
 
+class AmdNamingStrategy(StrEnum):
+    """ROCm's `-resource_naming_strategy`: every AMD device as `amd.com/gpu`, or one
+    resource per compute-memory partition mode (`amd.com/cpx_nps4`)."""
+
+    SINGLE = "single"
+    MIXED = "mixed"
+
+
 # NVIDIA's config is JSON-decoded by Go, which takes no `"true"` for a bool nor `2.0` or
 # `"2"` for an int: NVIDIA's keys are STRICT_BOOL / STRICT_INT. kubegpu's own numeric
 # keys (health) take the lax forms, as they always have.
@@ -127,6 +135,10 @@ class PluginFlags(Model):
     #: kubegpu extension: how replicas are picked for a multi-replica request.
     shared_devices_allocation_policy: AllocationPolicy = key(
         AllocationPolicy.DISTRIBUTED, one_of(AllocationPolicy)
+    )
+    #: kubegpu extension (ROCm's plugin flag): how AMD devices are named.
+    amd_resource_naming_strategy: AmdNamingStrategy = key(
+        AmdNamingStrategy.SINGLE, one_of(AmdNamingStrategy)
     )
 
 

@@ -1,5 +1,6 @@
 """AMD discovery on ROCm's own KFD topology trees: which KFD nodes are GPUs, which PCI
-function a render node belongs to, partitions as devices, and the values read from KFD."""
+function a render node belongs to, partitions as devices, the values read from KFD, and
+the resource names ROCm's naming strategies give them."""
 
 from __future__ import annotations
 
@@ -8,7 +9,9 @@ from pathlib import Path
 
 import pytest
 
+from kubegpu.config import parse_config
 from kubegpu.devices.amd import AmdBackend, firmware_info
+from kubegpu.resources import build_resources
 from tests.conformance.rocm.cases import cites, load
 from tests.conformance.rocm.sysfs import KFD, TESTDATA, build_node
 
@@ -124,3 +127,32 @@ def test_firmware_info_from_debugfs(tmp_path: Path) -> None:
     first, second, *_ = AmdBackend(str(node.root)).discover().gpus
     assert first.amd is not None and first.amd.firmware == parsed
     assert second.amd is not None and second.amd.firmware == ()
+
+
+@cites("docs/user-guide/configuration.md")
+@pytest.mark.parametrize(
+    ("tree", "mode", "single", "mixed"),
+    [
+        ("topo-mi300-cpx", ("cpx", "nps4"), {"amd.com/gpu": 63}, {"amd.com/cpx_nps4": 63}),
+        ("topo-mi210-xgmi-pcie", None, {"amd.com/gpu": 8}, {"amd.com/gpu": 8}),
+    ],
+)
+def test_resource_naming_strategy_on_rocms_trees(
+    tmp_path: Path,
+    tree: str,
+    mode: tuple[str, str] | None,
+    single: dict[str, int],
+    mixed: dict[str, int],
+) -> None:
+    """(section "Resource Naming Strategy") a homogeneous partitioned node
+    is one resource, `amd.com/gpu` under `single` and `amd.com/<compute>_<memory>` under
+    `mixed`; GPUs that cannot be partitioned are `amd.com/gpu` under both. The CPX tree has
+    63 devices (ROCm's data drops one partition, test_trees_without_gpu_id_files)."""
+    node = build_node(tree, tmp_path, partition_mode=mode)
+    inventory = AmdBackend(str(node.root)).discover()
+    for strategy, expected in (("single", single), ("mixed", mixed)):
+        config = parse_config(
+            f"version: v1\nflags:\n  plugin:\n    amdResourceNamingStrategy: {strategy}\n"
+        )
+        specs = build_resources(inventory, config)
+        assert {s.name: len(s.devices) for s in specs} == expected, strategy
