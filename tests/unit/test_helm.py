@@ -685,6 +685,8 @@ def test_plugin_env_names_and_values_are_ones_kubegpu_serve_accepts(chart: Any) 
         "deviceListStrategy": "envvar,cdi-cri",
         "config": {"name": "configs", "default": "a", "fallbackStrategies": ["empty"]},
         "mps": {"enabled": True},
+        "backend": "amd",
+        "resourceNamingStrategy": "mixed",
     }
     scenarios = [values(s) for s in SCENARIOS if "labeller" not in s]
     for vals in [*scenarios, everything]:
@@ -723,3 +725,9 @@ def test_static_manifests_are_valid_and_carry_no_helm_labels() -> None:
             kubernetes_validate.validate(doc, KUBE_VERSION, strict=True)
             labels = doc["metadata"].get("labels", {})
             assert "helm.sh/chart" not in labels and "app.kubernetes.io/managed-by" not in labels
+
+
+def test_resource_naming_strategy_reaches_the_plugin_and_only_when_set(chart: Any) -> None:
+    ds = one(render(chart, {"resourceNamingStrategy": "mixed"}), "DaemonSet", "kubegpu")
+    assert env(ds)["RESOURCE_NAMING_STRATEGY"] == "mixed"
+    assert "RESOURCE_NAMING_STRATEGY" not in env(one(render(chart, {}), "DaemonSet", "kubegpu"))
