@@ -8,12 +8,18 @@ advertises for the same devices.
 
 from __future__ import annotations
 
+import asyncio
+import shutil
+import tempfile
+from pathlib import Path
 from typing import Any
 
 import pytest
 
 from kubegpu.config import parse_config
+from kubegpu.daemon import Daemon, DaemonSettings
 from kubegpu.devices.amd import AmdBackend
+from kubegpu.kubelet import KubeletEmulator
 from kubegpu.resources import ResourceSpec, build_resources
 from kubegpu.topology import amd_pair_weight, preferred_allocation
 from tests.conformance.rocm.cases import cites, load
@@ -80,3 +86,47 @@ def test_pair_weights_follow_kfd_link_types(tmp_path_factory: pytest.TempPathFac
     part = {n: cpx_spec.by_id[cpx.ids[n]].unit.gpu for n in ("test1", "amdgpu_xcp_1", "test2")}
     assert amd_pair_weight(part["test1"], part["amdgpu_xcp_1"]) == 10 + 10 + 10
     assert amd_pair_weight(part["test1"], part["test2"]) == 20 + 10 + 10
+
+
+async def test_mixed_names_are_served_and_allocated_over_the_plugin_api(
+    tmp_path_factory: pytest.TempPathFactory,
+) -> None:
+    """ROCm's MI300X CPX tree served by the daemon under `mixed` naming, against the
+    kubelet emulator over real sockets: the kubelet sees `amd.com/cpx_nps4` (ROCm's name
+    for that mode, docs/user-guide/configuration.md) and a pod gets two partitions of one
+    GPU (the best-effort allocator's choice) with /dev/kfd and their render nodes."""
+    node = build_node(
+        "topo-mi300-cpx",
+        tmp_path_factory.mktemp("cpx"),
+        numa=lambda gpu: gpu // 4,
+        partition_mode=("cpx", "nps4"),
+    )
+    (node.root / "dev").mkdir()
+    (node.root / "dev/kfd").touch()  # the compute device every AMD container gets
+    plugin_dir = Path(tempfile.mkdtemp(prefix="kg-amd-", dir="/tmp")) / "dp"
+    kubelet = KubeletEmulator(plugin_dir, grace_period=0.5)
+    await kubelet.start()
+    daemon = Daemon(
+        DaemonSettings(
+            plugin_dir=plugin_dir,
+            backend="amd",
+            overrides={"flags.plugin.amdResourceNamingStrategy": "mixed"},
+        ),
+        backend=AmdBackend(str(node.root)),
+    )
+    stop = asyncio.Event()
+    task = asyncio.create_task(daemon.run(stop))
+    try:
+        await kubelet.wait_for_resource("amd.com/cpx_nps4", capacity=63, allocatable=63)
+        assert "amd.com/gpu" not in kubelet.resources
+        got = await kubelet.allocate("amd.com/cpx_nps4", 2, pod="p")
+        infos = [daemon.inventory.gpu(i).amd for i in got.device_ids]
+        assert len({a.pci_group for a in infos if a is not None}) == 1, got.device_ids
+        paths = {d.host_path for d in got.response.devices}
+        renders = sorted(p for p in paths if p.startswith("/dev/dri/renderD"))
+        assert "/dev/kfd" in paths and len(renders) == 2, paths
+    finally:
+        stop.set()
+        await asyncio.wait_for(task, 10)
+        await kubelet.stop()
+        shutil.rmtree(plugin_dir.parent, ignore_errors=True)
