@@ -14,6 +14,7 @@ The steps, in order:
 
 from __future__ import annotations
 
+import re
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 from enum import StrEnum
@@ -32,6 +33,8 @@ from kubegpu.errors import ConfigError
 
 DEFAULT_NVIDIA = ResourceName("nvidia.com/gpu")
 DEFAULT_AMD = ResourceName("amd.com/gpu")
+#: A compute-memory partition mode as it may name a resource (`cpx_nps4`).
+_PARTITION_MODE = re.compile(r"[a-z0-9]+_[a-z0-9]+")
 #: MPS supports at most 48 clients per GPU, 16 on GPUs below compute capability 7.5.
 MPS_MAX_REPLICAS = 48
 MPS_MAX_REPLICAS_BEFORE_CC75 = 16
@@ -196,7 +199,9 @@ def _amd_partition_mode(gpu: Gpu) -> str | None:
     amd = gpu.amd
     if amd is None or not amd.compute_partition or not amd.memory_partition:
         return None
-    return f"{amd.compute_partition}_{amd.memory_partition}"
+    mode = f"{amd.compute_partition}_{amd.memory_partition}"
+    # sysfs says `CPX`, `NPS4`; anything else could not name a resource the kubelet takes.
+    return mode if _PARTITION_MODE.fullmatch(mode) else None
 
 
 def _name_amd_by_partition(groups: dict[ResourceName, list[Unit]]) -> None:

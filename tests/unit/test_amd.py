@@ -310,6 +310,13 @@ def test_mixed_keeps_renamed_gpus_and_names_unpartitioned_ones_amd_gpu() -> None
     assert _named(node, "mixed") == {"amd.com/spx_nps1": 1, "amd.com/cpx_nps1": 2, "amd.com/gpu": 1}
     # One mode beside a device without one: all under that mode, as ROCm's homogeneous node.
     assert _named(node[1:], "mixed") == {"amd.com/cpx_nps1": 3}
+    # A mode sysfs should never say cannot name a resource: that device has no mode.
+    odd = _partitioned(1, "c px", "nps1", 1, first=7)
+    assert _named(odd + node[:3], "mixed") == {
+        "amd.com/gpu": 1,
+        "amd.com/spx_nps1": 1,
+        "amd.com/cpx_nps1": 2,
+    }
     renamed = "resources:\n  gpus:\n  - pattern: '*MI210*'\n    name: amd.com/instinct\n"
     assert _named(node, "mixed", renamed) == {"amd.com/instinct": 4}
 

@@ -427,8 +427,9 @@ class BlockingPathWatch:
                         pass
             changed = False
             if self._registered is not None and self._registered in ready:
-                # Re-armed only when something mattered, as on the loop: a sibling's churn
-                # in a watched directory leaves the watches as they are.
+                # Re-armed only when something mattered, as on the loop: churn that cannot
+                # change a watched path (another entry beside a watched directory) leaves
+                # the watches as they are.
                 changed = self._core.drain()
                 if changed:
                     self._core.rearm()
