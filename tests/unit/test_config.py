@@ -19,11 +19,9 @@ from kubegpu.config import (
     build_config,
     config_to_json,
     load_config,
-    load_file,
     parse_config,
     parse_quantity,
     qualify_resource_name,
-    resolve,
 )
 from kubegpu.config.loader import parse_raw
 from kubegpu.config.names import format_go_duration, parse_go_duration
@@ -478,17 +476,10 @@ def test_error_in_an_override_blames_the_flag(tmp_path: Path) -> None:
 
 def test_unreadable_file(tmp_path: Path) -> None:
     with pytest.raises(ConfigError) as info:
-        load_file(tmp_path / "missing.yaml")
+        load_config(tmp_path / "missing.yaml", {})
     assert str(info.value) == (
         f"{tmp_path / 'missing.yaml'}: cannot read the config file (No such file or directory); "
         "check the path and mount"
-    )
-
-
-def test_resolve_keeps_existing_behaviour() -> None:
-    base = parse_config("flags: {migStrategy: single}")
-    assert resolve(base, {"flags.plugin.deviceIDStrategy": "index"}).flags.mig_strategy is (
-        MigStrategy.SINGLE
     )
 
 

@@ -11,9 +11,7 @@ from kubegpu.config.loader import (
     build_config,
     config_to_json,
     load_config,
-    load_file,
     parse_config,
-    resolve,
 )
 from kubegpu.config.names import parse_quantity, qualify_resource_name
 from kubegpu.config.settings import driver_files_root, effective_config, flag_overrides
@@ -80,9 +78,7 @@ __all__ = [
     "effective_config",
     "flag_overrides",
     "load_config",
-    "load_file",
     "parse_config",
     "parse_quantity",
     "qualify_resource_name",
-    "resolve",
 ]

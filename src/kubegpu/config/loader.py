@@ -71,16 +71,6 @@ def read_bytes(path: str | Path) -> bytes:
         ) from exc
 
 
-def read_raw(path: str | Path) -> dict[str, Any]:
-    """The raw mapping in a config file; a `ConfigError` names the file when unreadable."""
-    return parse_raw(read_bytes(path), str(path))
-
-
-def load_file(path: str | Path) -> Config:
-    """A config file alone, validated (no overrides)."""
-    return build_config(read_raw(path), {}, source=str(path))
-
-
 def load_config(config_file: str | Path | None, overrides: Mapping[str, Any]) -> Config:
     """The effective config: `config_file` (if any) with `overrides` on top, validated once."""
     data = read_bytes(config_file) if config_file is not None else None
@@ -90,13 +80,6 @@ def load_config(config_file: str | Path | None, overrides: Mapping[str, Any]) ->
 def load_config_bytes(data: bytes | None, overrides: Mapping[str, Any], *, source: str) -> Config:
     """As `load_config`, from a file's bytes already read (`None`: no file)."""
     raw = parse_raw(data, source) if data is not None else {}
-    return build_config(raw, overrides, source=source)
-
-
-def resolve(base: Config | None, overrides: Mapping[str, Any], source: str = "<flags>") -> Config:
-    """`base` with each dotted-path override (`flags.migStrategy`) applied, validated."""
-    # Unset (None) keys are left out: an explicit null means something for some keys.
-    raw: dict[str, Any] = (base or Config()).to_raw()
     return build_config(raw, overrides, source=source)
 
 

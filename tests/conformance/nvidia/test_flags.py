@@ -350,7 +350,7 @@ def _gfd(flags: list[dict[str, Any]], each: str = "") -> list[Any]:
 def _labels_value(nvidia: dict[str, Any], argv: list[str], env: dict[str, str]) -> Any:
     """What `kubegpu labels` makes of GFD's flag: the effective config's value, or the
     labeller option's."""
-    from kubegpu.config import resolve
+    from kubegpu.config import load_config
     from kubegpu.labeller import parse_duration
 
     opts = parse(labels, argv, env)
@@ -358,7 +358,7 @@ def _labels_value(nvidia: dict[str, Any], argv: list[str], env: dict[str, str]) 
     if where == "option" or not nvidia["config"]:
         return opts.get(key or nvidia["name"].replace("-", "_"))
     overrides = flag_overrides(opts, LABELS_KEYS)
-    node: Any = resolve(None, overrides).to_raw(nulls=True)
+    node: Any = load_config(None, overrides).to_raw(nulls=True)
     for part in key.split("."):
         node = node[part]
     return parse_duration(node) if nvidia["type"] == "duration" else node
