@@ -88,11 +88,11 @@ def preferred_allocation(
     # add up to the pool exactly when every pooled ID is known: the check costs nothing more.
     free_per_row: list[int] = []
     if shared:
-        id_sets = replica_index(spec).id_sets
+        index = replica_index(spec)
+        id_sets = index.id_sets
         if isinstance(pool_ids, AllBut):
             # Held by what it lacks: per unit, its IDs less the missing among them, counted
             # one by one while they are fewer than the units.
-            index = replica_index(spec)
             missing = pool_ids.missing
             if len(missing) <= len(id_sets):
                 free_per_row = list(index.sizes)

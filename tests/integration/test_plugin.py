@@ -507,11 +507,8 @@ def test_fuzz_preferred_allocation(
         assert "\n" not in answer
 
 
-async def test_list_is_built_once_per_spec_version_and_rebuilt_on_change(
-    socket_dir: Path, monkeypatch: pytest.MonkeyPatch
-) -> None:
-    """A kubelet restart re-opens ListAndWatch on an unchanged spec: the list it gets is the
-    one already built; a new spec (health, reload) still reaches every stream."""
+def _counted_device_lists(monkeypatch: pytest.MonkeyPatch) -> list[int]:
+    """The device count of every ListAndWatch list the servicer builds, from now on."""
     from kubegpu.plugin import server as server_module
 
     builds: list[int] = []
@@ -522,6 +519,15 @@ async def test_list_is_built_once_per_spec_version_and_rebuilt_on_change(
         return real(spec)
 
     monkeypatch.setattr(server_module, "device_list", counted)
+    return builds
+
+
+async def test_list_is_built_once_per_spec_version_and_rebuilt_on_change(
+    socket_dir: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """A kubelet restart re-opens ListAndWatch on an unchanged spec: the list it gets is the
+    one already built; a new spec (health, reload) still reaches every stream."""
+    builds = _counted_device_lists(monkeypatch)
     spec = _spec(4)
     async with serving(socket_dir, spec) as (server, stub):
         for _ in range(3):  # three kubelet restarts' worth of fresh streams
@@ -543,16 +549,7 @@ async def test_an_update_with_the_same_devices_sends_nothing(
 ) -> None:
     """The store wakes every resource on any change (another resource's health, MPS
     readiness); a resource whose devices are unchanged neither rebuilds nor resends."""
-    from kubegpu.plugin import server as server_module
-
-    builds: list[int] = []
-    real = server_module.device_list
-
-    def counted(spec: ResourceSpec) -> pb.ListAndWatchResponse:
-        builds.append(len(spec.devices))
-        return real(spec)
-
-    monkeypatch.setattr(server_module, "device_list", counted)
+    builds = _counted_device_lists(monkeypatch)
     async with serving(socket_dir, _spec(2)) as (server, stub):
         stream = stub.ListAndWatch(pb.Empty())
         assert len((await stream.read()).devices) == 2

@@ -598,6 +598,8 @@ def test_serve_and_labels_choose_named_configs_from_the_same_settings(
 ) -> None:
     """Both commands call `named_configs`; no strategies given means NVIDIA's chart
     default (named, then single), whether the value is missing or an empty list."""
+    from kubegpu.cli.labels import labels
+    from kubegpu.cli.options import parse
     from kubegpu.cli.serve import serve
     from kubegpu.labeller import named_configs as labeller_named_configs
 
@@ -611,4 +613,6 @@ def test_serve_and_labels_choose_named_configs_from_the_same_settings(
     # A node name turns on the label watch through the Kubernetes adapter.
     watched = named_configs({**values, "node_name": "node-a"})
     assert watched is not None and isinstance(watched.labels, KubernetesNodeLabels)
-    assert "fallback_strategies" in {p.name for p in serve.params}
+    # What each command parses from the same flag gives the same selection.
+    chosen = [named_configs(parse(c, ["--config-dir=/configs"], {})) for c in (serve, labels)]
+    assert chosen[0] == chosen[1] == named
