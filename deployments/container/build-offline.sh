@@ -7,8 +7,9 @@
 # pulled, so a stand-in is made with debootstrap from the Debian mirror that apt already
 # uses and tagged with the base's name (Debian bookworm's python3 is 3.11.2, the pinned
 # base has 3.11.11: the image layout, entrypoint, user and wheel install are what this
-# checks). buildah runs the result with chroot isolation, because sandboxes like ours
-# refuse the setrlimit calls an OCI runtime (crun/runc) makes.
+# checks; python3-dev stands for the headers the base image ships). buildah runs the
+# result with chroot isolation, because sandboxes like ours refuse the setrlimit calls an
+# OCI runtime (crun/runc) makes.
 #
 # Usage (as root): deployments/container/build-offline.sh [WORKDIR]   (default /tmp/kubegpu-image)
 set -euo pipefail
@@ -35,7 +36,7 @@ mirror=$(sed -n 's/^URIs: *\([^ ]*\).*/\1/p' /etc/apt/sources.list.d/*.sources 2
 mkdir -p "$work"
 if ! "${buildah[@]}" inspect --type image "$base" >/dev/null 2>&1; then
     rm -rf "$work/rootfs"
-    debootstrap --variant=minbase --include=python3,python3-venv bookworm "$work/rootfs" "$mirror" \
+    debootstrap --variant=minbase --include=python3,python3-venv,python3-dev bookworm "$work/rootfs" "$mirror" \
         >"$work/debootstrap.log"
     ln -sf python3 "$work/rootfs/usr/bin/python"
     # Trust the same CAs as this machine, so pip inside the build reaches PyPI through any

@@ -28,12 +28,22 @@ import operator
 from collections.abc import Callable, Iterable, Iterator, KeysView, Mapping, Sequence
 from collections.abc import Set as AbstractSet
 from dataclasses import dataclass
-from typing import TypeVar, cast
+from typing import Protocol, TypeVar, cast
 
 from kubegpu.config import AllocationPolicy
 from kubegpu.devices import DeviceID, Gpu, Health, LinkKind, Vendor
 from kubegpu.errors import AllocationError
 from kubegpu.resources import AdvertisedDevice, ResourceSpec, SharingKind, Unit
+
+#: The compiled ID reader's table type (`kubegpu._idscan`), or None where the package was
+#: installed without a C compiler: `kubegpu.plugin.wire` then reads in Python, same answers.
+compiled_table: Callable[[tuple[bytes, ...], tuple[str, ...]], IdReader] | None
+try:
+    from kubegpu._idscan import IdTable
+
+    compiled_table = IdTable
+except ImportError:
+    compiled_table = None
 
 log = logging.getLogger(__name__)
 
@@ -223,6 +233,30 @@ def _encoded_whole(spec: ResourceSpec) -> frozenset[bytes] | None:
 
 
 _whole_cache: dict[int, tuple[ResourceSpec, frozenset[bytes] | None]] = {}
+
+
+def id_table(spec: ResourceSpec) -> IdReader | None:
+    """The compiled reader of `encoded_ids(spec)` (`kubegpu._idscan`), built once per spec,
+    when the extension was built and the table holds every ID the spec advertises (so
+    "lacking" is what the spec has beyond the request); else None, and
+    `kubegpu.plugin.wire` reads the same bytes in Python."""
+    return per_object(_table_cache, spec, _id_table)
+
+
+class IdReader(Protocol):
+    """What `kubegpu.plugin.wire` asks of a compiled table (`_idscan.pyi`)."""
+
+    def read(self, data: bytes, start: int, end: int, /) -> tuple[int, bool, set[str]] | None: ...
+
+
+def _id_table(spec: ResourceSpec) -> IdReader | None:
+    if compiled_table is None or encoded_whole(spec) is None:
+        return None
+    table = encoded_ids(spec)
+    return compiled_table(tuple(table), tuple(table.values()))
+
+
+_table_cache: dict[int, tuple[ResourceSpec, IdReader | None]] = {}
 
 
 def device_rank(spec: ResourceSpec) -> Mapping[str, int]:

@@ -80,3 +80,18 @@ def test_final_stage_ships_only_the_environment_and_has_a_non_root_user() -> Non
 def test_chart_image_and_app_version_follow_the_package() -> None:
     chart = (REPO / "deployments" / "helm" / "kubegpu" / "Chart.yaml").read_text()
     assert f'appVersion: "{kubegpu.__version__}"' in chart
+
+
+def test_the_builder_compiles_the_id_reader_and_checks_it() -> None:
+    """setup.py declares the compiled ID reader; without it in the build context (or
+    without a compiler) pip would quietly build the image without it."""
+    ins = instructions()
+    first_from = min(i for i, (word, _) in enumerate(ins) if word == "FROM")
+    last_from = max(i for i, (word, _) in enumerate(ins) if word == "FROM")
+    builder = ins[first_from:last_from]
+    copied = " ".join(args for word, args in builder if word == "COPY").split()
+    assert "setup.py" in copied
+    runs = " ".join(args for word, args in builder if word == "RUN")
+    assert re.search(r"apt-get install .*\bgcc\b", runs)
+    assert 'import kubegpu._idscan"' in runs
+    assert "kubegpu._idscan" in (REPO / "setup.py").read_text()

@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import dataclasses
 import logging
+import random
 from collections.abc import Sequence
 
 import pytest
@@ -12,13 +13,14 @@ from google.protobuf.message import DecodeError
 from hypothesis import example, given, settings
 from hypothesis import strategies as st
 
+from kubegpu import topology
 from kubegpu.api import pb
 from kubegpu.config import AllocationPolicy, parse_config
 from kubegpu.errors import AllocationError
 from kubegpu.plugin.server import _prefer, _prefer_raw, undecodable
 from kubegpu.plugin.wire import ContainerAsk, read_preferred
 from kubegpu.resources import ResourceSpec, build_resources
-from kubegpu.topology import encoded_ids, encoded_whole
+from kubegpu.topology import encoded_ids, encoded_whole, id_table
 from tests.builders import gpu, inventory
 
 # Spec IDs that stress the reader: the usual replica IDs, one of 10 bytes (its length byte
@@ -89,10 +91,15 @@ def _as_sets(asks: list[ContainerAsk], spec: ResourceSpec) -> list[ContainerAsk]
 
 
 def _agrees(data: bytes, spec: ResourceSpec) -> list[ContainerAsk] | None:
-    """The reader's answer, without and with the whole table; each agrees with protobuf."""
+    """The reader's answer, without and with the whole table; each agrees with protobuf,
+    and the compiled reader (where it was built: test_idscan.py) answers as Python does."""
     got = read_preferred(data, encoded_ids(spec))
     whole = read_preferred(data, encoded_ids(spec), encoded_whole(spec))
     assert (got is None) == (whole is None)
+    table = id_table(spec)
+    assert (table is None) == (topology.compiled_table is None or encoded_whole(spec) is None)
+    if table is not None:
+        assert read_preferred(data, encoded_ids(spec), encoded_whole(spec), table) == whole
     if got is not None and whole is not None:
         assert got == _expected(data, spec)
         assert _as_sets(whole, spec) == got
@@ -276,3 +283,41 @@ def test_the_servicer_answers_the_same_either_way(offered: list[str], data: st.D
     except AllocationError as exc:
         got = str(exc)
     assert got == expected
+
+
+@given(st.integers(0, len(SPEC.devices)), st.randoms(use_true_random=False), st.data())
+@settings(max_examples=150, deadline=None)
+def test_the_servicer_answers_the_same_without_the_compiled_reader(
+    lacking: int, rng: random.Random, data: st.DataObject
+) -> None:
+    """Where kubegpu._idscan was not built (no C compiler at install), `_prefer_raw` reads
+    in Python; its answers are the same as with the compiled table, and as protobuf's."""
+    ids = [d.id for d in SPEC.devices]
+    rng.shuffle(ids)
+    offered = ids[lacking:]
+    size = data.draw(st.integers(1, max(1, len(offered))))
+    policy = data.draw(st.sampled_from(list(AllocationPolicy)))
+    req = pb.ContainerPreferredAllocationRequest(available_deviceIDs=offered, allocation_size=size)
+    raw = pb.PreferredAllocationRequest(container_requests=[req]).SerializeToString()
+
+    def answer() -> list[list[str]] | str:
+        try:
+            return _prefer_raw(SPEC, raw, policy)
+        except AllocationError as exc:
+            return str(exc)
+
+    with_table = answer()
+    saved = topology.compiled_table
+    try:
+        topology.compiled_table = None
+        topology._table_cache.clear()
+        assert topology.id_table(SPEC) is None
+        assert answer() == with_table
+    finally:
+        topology.compiled_table = saved
+        topology._table_cache.clear()
+    try:
+        expected: list[list[str]] | str = [_prefer(SPEC, req, policy)]
+    except AllocationError as exc:
+        expected = str(exc)
+    assert with_table == expected

@@ -289,9 +289,9 @@ def _prefer(
 def _prefer_raw(spec: ResourceSpec, data: bytes, policy: AllocationPolicy) -> list[list[str]]:
     """`_prefer` for every container request of a request's bytes, read without making a
     string per offered ID when nothing is unusual; else decoded by protobuf as before."""
-    from kubegpu.topology import AllBut, encoded_ids, encoded_whole
+    from kubegpu.topology import AllBut, encoded_ids, encoded_whole, id_table
 
-    asks = read_preferred(data, encoded_ids(spec), encoded_whole(spec))
+    asks = read_preferred(data, encoded_ids(spec), encoded_whole(spec), id_table(spec))
     known = spec.by_id.keys()
     if asks is not None and all(
         (a.available is None or len(a.available) == a.offered)

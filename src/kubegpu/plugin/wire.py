@@ -21,6 +21,10 @@ from __future__ import annotations
 from collections.abc import Mapping
 from dataclasses import dataclass
 from itertools import islice
+from typing import TYPE_CHECKING
+
+if TYPE_CHECKING:
+    from kubegpu.topology import IdReader
 
 #: Tags (field number << 3 | wire type) of the messages read here (api.proto).
 _REQUESTS = 0x0A  # PreferredAllocationRequest.container_requests, length-delimited
@@ -55,7 +59,10 @@ class ContainerAsk:
 
 
 def read_preferred(
-    data: bytes, encoded: Mapping[bytes, str], whole: frozenset[bytes] | None = None
+    data: bytes,
+    encoded: Mapping[bytes, str],
+    whole: frozenset[bytes] | None = None,
+    table: IdReader | None = None,
 ) -> list[ContainerAsk] | None:
     """The container requests of `data`, or None where protobuf must decode it instead.
 
@@ -64,6 +71,8 @@ def read_preferred(
     in it (one the spec no longer advertises) also gives None: the caller's protobuf path
     logs what vanished. `whole`, its keys when they are every ID the spec advertises, lets
     a request that offers most of them be read as what it lacks (`available` None).
+    `table`, the compiled reader of the same keys (`topology.id_table`, given only with
+    `whole`), reads the kubelet's shape of run in C to the answer the Python below gives.
     """
     asks: list[ContainerAsk] = []
     end = len(data)
@@ -74,7 +83,7 @@ def read_preferred(
         length, pos = _varint(data, pos + 1)
         if length < 0 or pos + length > end:
             return None
-        ask = _container(data, pos, pos + length, encoded, whole)
+        ask = _container(data, pos, pos + length, encoded, whole, table)
         if ask is None:
             return None
         asks.append(ask)
@@ -83,7 +92,12 @@ def read_preferred(
 
 
 def _container(
-    data: bytes, start: int, end: int, encoded: Mapping[bytes, str], whole: frozenset[bytes] | None
+    data: bytes,
+    start: int,
+    end: int,
+    encoded: Mapping[bytes, str],
+    whole: frozenset[bytes] | None,
+    table: IdReader | None,
 ) -> ContainerAsk | None:
     """The container request in `data[start:end]`."""
     # The kubelet's shape first: offered IDs, no must-include IDs, a one-byte size last.
@@ -91,6 +105,16 @@ def _container(
     # field-1 entries, so the last two are the size field whatever their values suggest.
     if end - start > 2 and data[start] == _AVAILABLE and data[end - 2] == _SIZE:
         size = data[end - 1]
+        if size < 0x80 and table is not None:
+            # The same walk in C: None is anything but distinct keys, each one whole
+            # entry, which the field-by-field read below sorts out as the split would.
+            read = table.read(data, start, end - 2)
+            if read is None:
+                return _fields(data[start:end], encoded)
+            offered, lacks, ids = read
+            if lacks:
+                return ContainerAsk(None, ids, offered, [], size)
+            return ContainerAsk(ids, set(), offered, [], size)
         if size < 0x80:
             if end == len(data) and size != _AVAILABLE and _SPLIT not in data[1:start]:
                 # The last container request: the whole message split as it is, rather
