@@ -6,7 +6,10 @@ that was most of the call's cost over the socket. Here the request keeps its byt
 container request's run of `available_deviceIDs` (field 1; api.proto) is split on the field's
 tag byte and each piece, which is the ID as the wire has it (its one-byte length, then its
 UTF-8 bytes), is looked up in a per-spec table of such encodings (`topology.encoded_ids`).
-What comes back is the spec's own ID strings.
+What comes back is the spec's own ID strings. Where kubegpu was built with a C compiler,
+the kubelet's shape of run is walked by `kubegpu._idscan` instead (no object per ID at
+all; `topology.id_table`), to the same answer; the Python below reads every other shape,
+and every request where the extension is absent.
 
 Nothing here guesses: a piece that is a table key is exactly one whole field entry, so a
 prefix of matched pieces is what protobuf reads too. Whatever else the bytes hold (an ID not
