@@ -5,47 +5,41 @@ Moved from tests/unit/test_labels.py with the readers (issue 9: only `devices` r
 
 from __future__ import annotations
 
+from collections.abc import Iterator
 from pathlib import Path
 
 import pytest
 
-from kubegpu.devices.pci import (
-    CONFIG_SPACE_SIZE,
-    PciBus,
-    pci_classes,
-    pci_configs,
-    pci_present,
-    read_bus,
-)
+from kubegpu.devices.pci import CONFIG_SPACE_SIZE, PciBus, read_bus
 
 FIXTURES = Path(__file__).parent.parent / "fixtures"
 
 
-def test_pci_present_reads_vendor_files() -> None:
-    assert pci_present(str(FIXTURES / "pci-nvidia"))
-    assert not pci_present(str(FIXTURES / "pci-none"))
-    assert not pci_present(str(FIXTURES / "does-not-exist"))
+def test_presence_reads_vendor_files() -> None:
+    assert read_bus(str(FIXTURES / "pci-nvidia")).present
+    assert not read_bus(str(FIXTURES / "pci-none")).present
+    assert not read_bus(str(FIXTURES / "does-not-exist")).present
 
 
-def test_pci_classes_lists_nvidia_devices_only() -> None:
-    assert pci_classes(str(FIXTURES / "pci-nvidia")) == {
+def test_classes_list_nvidia_devices_only() -> None:
+    assert read_bus(str(FIXTURES / "pci-nvidia")).classes == {
         "0000:00:1e.0": "0x030200",
         "0000:17:00.0": "0x030000",
     }
 
 
-def test_pci_configs_give_up_on_a_short_read(tmp_path: Path) -> None:
+def test_configs_give_up_on_a_short_read(tmp_path: Path) -> None:
     dev = tmp_path / "sys/bus/pci/devices/0000:17:00.0"
     dev.mkdir(parents=True)
     (dev / "vendor").write_text("0x10de\n")
     (dev / "config").write_bytes(bytes(64))
-    assert pci_configs(str(tmp_path)) is None
+    assert read_bus(str(tmp_path)).configs is None
     (dev / "config").write_bytes(bytes(256))
-    assert pci_configs(str(tmp_path)) == [bytes(256)]
-    assert pci_configs(str(tmp_path / "nowhere")) is None
+    assert read_bus(str(tmp_path)).configs == [bytes(256)]
+    assert read_bus(str(tmp_path / "nowhere")).configs is None
 
 
-def test_pci_configs_skip_other_vendors_and_keep_bus_order(tmp_path: Path) -> None:
+def test_configs_skip_other_vendors_and_keep_bus_order(tmp_path: Path) -> None:
     devices = tmp_path / "sys/bus/pci/devices"
     for address, vendor, fill in [
         ("0000:3b:00.0", "0x10de", 2),
@@ -56,25 +50,33 @@ def test_pci_configs_skip_other_vendors_and_keep_bus_order(tmp_path: Path) -> No
         dev.mkdir(parents=True)
         (dev / "vendor").write_text(f"{vendor}\n")
         (dev / "config").write_bytes(bytes([fill]) * CONFIG_SPACE_SIZE)
-    assert pci_configs(str(tmp_path)) == [bytes([1]) * 256, bytes([2]) * 256]
+    assert read_bus(str(tmp_path)).configs == [bytes([1]) * 256, bytes([2]) * 256]
 
 
-@pytest.mark.parametrize("fixture", ["pci-nvidia", "pci-none", "does-not-exist"])
-def test_one_look_at_the_bus_reads_what_the_three_readers_do(fixture: str) -> None:
-    root = str(FIXTURES / fixture)
-    assert read_bus(root) == PciBus(pci_present(root), pci_classes(root), pci_configs(root))
+def test_a_bus_that_cannot_be_listed_or_has_no_nvidia_function() -> None:
+    assert read_bus(str(FIXTURES / "does-not-exist")) == PciBus(False, {}, None)
+    assert read_bus(str(FIXTURES / "pci-none")) == PciBus(False, {}, [])
+
+
+def test_a_vendor_that_cannot_be_read_withholds_the_config_spaces(tmp_path: Path) -> None:
+    devices = tmp_path / "sys/bus/pci/devices"
+    for address in ("0000:17:00.0", "0000:3b:00.0"):
+        (devices / address).mkdir(parents=True)
+        (devices / address / "config").write_bytes(bytes(CONFIG_SPACE_SIZE))
+    (devices / "0000:17:00.0" / "vendor").write_text("0x10de\n")
+    # 0000:3b:00.0 has no vendor file: it might be NVIDIA's, so no vgpu.* from a part.
+    assert read_bus(str(tmp_path)) == PciBus(True, {}, None)
 
 
 def test_one_look_lists_the_bus_once(monkeypatch: pytest.MonkeyPatch) -> None:
-    from kubegpu.devices import pci
+    listed: list[Path] = []
+    real = Path.iterdir
 
-    listings: list[str] = []
-    real = pci._nvidia_functions
+    def counted(self: Path) -> Iterator[Path]:
+        listed.append(self)
+        return real(self)
 
-    def counted(root: str) -> pci.Functions:
-        listings.append(root)
-        return real(root)
-
-    monkeypatch.setattr(pci, "_nvidia_functions", counted)
-    read_bus(str(FIXTURES / "pci-nvidia"))
-    assert len(listings) == 1
+    monkeypatch.setattr(Path, "iterdir", counted)
+    bus = read_bus(str(FIXTURES / "pci-nvidia"))
+    assert bus.present and bus.classes
+    assert listed == [FIXTURES / "pci-nvidia" / "sys/bus/pci/devices"]

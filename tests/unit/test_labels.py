@@ -9,7 +9,7 @@ import pytest
 from kubegpu.config import parse_config
 from kubegpu.config.v1 import Config
 from kubegpu.devices.model import Gpu, Inventory, MigDevice, Vendor
-from kubegpu.devices.pci import pci_classes
+from kubegpu.devices.pci import read_bus
 from kubegpu.labels import family, gpu_labels, gpu_mode, sanitise
 
 FIXTURES = Path(__file__).parent.parent / "fixtures"
@@ -314,7 +314,7 @@ def test_pci_class_feeds_gpu_mode() -> None:
         cfg(),
         machine_type=None,
         timestamp=None,
-        pci_classes=pci_classes(str(FIXTURES / "pci-nvidia")),
+        pci_classes=read_bus(str(FIXTURES / "pci-nvidia")).classes,
     )
     assert labels["nvidia.com/gpu.mode"] == "graphics"
 

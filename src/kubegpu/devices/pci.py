@@ -20,35 +20,29 @@ NVIDIA_VENDOR = "0x10de"
 CONFIG_SPACE_SIZE = 256
 
 
-#: NVIDIA's functions in bus order, and whether every function's vendor could be read;
-#: None when the bus itself cannot be listed.
-Functions = tuple[list[Path], bool] | None
-
-
 @dataclass(frozen=True)
 class PciBus:
-    """What one look at the bus says, for one labelling pass (see the three readers)."""
+    """What one look at the bus says, for one labelling pass."""
 
+    #: Whether any function is NVIDIA's (no driver needed): `gpu.present`.
     present: bool
+    #: PCI bus id → class code of each NVIDIA function: `gpu.mode`.
     classes: dict[str, str]
+    #: The config space of every NVIDIA function in bus order, for the `vgpu.*` labels;
+    #: None when the bus or a vendor cannot be read or a config space is cut short (an
+    #: unprivileged container sees only 64 bytes): GFD then writes no `vgpu.*` labels, and
+    #: so do we.
     configs: list[bytes] | None
 
 
 def read_bus(root: str = "/") -> PciBus:
-    """`pci_present`, `pci_classes` and `pci_configs` from one listing of the bus."""
-    functions = _nvidia_functions(root)
-    return PciBus(_present(functions), _classes(functions), _configs(functions))
-
-
-def _nvidia_functions(root: str) -> Functions:
-    """NVIDIA's functions on the bus, in bus order, and whether every function's vendor
-    could be read; None when the bus itself cannot be listed."""
+    """NVIDIA's functions under `<root>/sys/bus/pci/devices`, from one listing."""
     try:
         entries = sorted(Path(root, DEVICES).iterdir())
     except OSError:
-        return None
-    found: list[Path] = []
-    complete = True
+        return PciBus(False, {}, None)
+    nvidia: list[Path] = []
+    complete = True  # every function's vendor was read
     for entry in entries:
         try:
             vendor = (entry / "vendor").read_text(encoding="ascii").strip().lower()
@@ -56,48 +50,19 @@ def _nvidia_functions(root: str) -> Functions:
             complete = False
             continue
         if vendor == NVIDIA_VENDOR:
-            found.append(entry)
-    return found, complete
-
-
-def pci_present(root: str = "/") -> bool:
-    """Whether any PCI device under `<root>/sys/bus/pci/devices` is NVIDIA's (no driver needed)."""
-    return _present(_nvidia_functions(root))
-
-
-def _present(functions: Functions) -> bool:
-    return functions is not None and bool(functions[0])
-
-
-def pci_classes(root: str = "/") -> dict[str, str]:
-    """PCI bus id → class code for NVIDIA devices, for `gpu.mode`."""
-    return _classes(_nvidia_functions(root))
-
-
-def _classes(functions: Functions) -> dict[str, str]:
-    out: dict[str, str] = {}
-    for entry in functions[0] if functions is not None else ():
+            nvidia.append(entry)
+    classes: dict[str, str] = {}
+    for entry in nvidia:
         try:
-            out[entry.name.lower()] = (entry / "class").read_text(encoding="ascii").strip()
+            classes[entry.name.lower()] = (entry / "class").read_text(encoding="ascii").strip()
         except OSError:
             continue
-    return out
+    return PciBus(bool(nvidia), classes, _configs(nvidia) if complete else None)
 
 
-def pci_configs(root: str = "/") -> list[bytes] | None:
-    """The PCI config space of every NVIDIA function, for the `vgpu.*` labels.
-
-    None when the bus cannot be read or a config space is cut short (an unprivileged
-    container sees only 64 bytes): GFD then writes no `vgpu.*` labels, and so do we.
-    """
-    return _configs(_nvidia_functions(root))
-
-
-def _configs(functions: Functions) -> list[bytes] | None:
-    if functions is None or not functions[1]:
-        return None
+def _configs(nvidia: list[Path]) -> list[bytes] | None:
     out: list[bytes] = []
-    for entry in functions[0]:
+    for entry in nvidia:
         try:
             config = (entry / "config").read_bytes()
         except OSError:
