@@ -7,7 +7,11 @@ or `beta.amd.com/gpu.vram.192G`, so the keys and value formats are ROCm's exactl
 * a property with one value on the node: `amd.com/gpu.<kind>=<value>`; with several,
   `amd.com/gpu.<kind>.<value>=<count>` for each instead;
 * the `beta.amd.com` variant always writes `beta.amd.com/gpu.<kind>.<value>=<count>`
-  and, when the value is unique, `beta.amd.com/gpu.<kind>=<value>` too.
+  and, when the value is unique, `beta.amd.com/gpu.<kind>=<value>` too;
+* `firmware` has only the beta counts (`beta.amd.com/gpu.firmware.MEC.fw.352=8`), and the
+  node-wide kinds (driver-version, driver-src-version, compute-memory-partition, the two
+  `*-partitioning-supported`) only `amd.com/gpu.<kind>=<value>`: ROCm lists their beta keys
+  solely to remove stale ones.
 
 ROCm counts every device it advertises, partitions included, for the properties it reads
 from KFD (vram, simd-count, cu-count), but only PCI functions for those it reads from the

@@ -286,11 +286,11 @@ class AmdBackend:
         first = pci[min(pci)].path if pci else None
         return Inventory(
             gpus=tuple(gpus),
-            driver_version=_read(self.root / "sys/module/amdgpu/version") or "",
+            driver_version=self._module_file(first, "version"),
             control_device_paths=("/dev/kfd",) if (self.root / "dev/kfd").exists() else (),
             backend=self.name,
             amd=AmdNode(
-                driver_src_version=_read(self.root / "sys/module/amdgpu/srcversion") or "",
+                driver_src_version=self._module_file(first, "srcversion"),
                 # ROCm asks the first GPU only: a node's GPUs are one model.
                 compute_partitioning_supported=first is not None
                 and (first / "available_compute_partition").exists(),
@@ -298,6 +298,15 @@ class AmdBackend:
                 and (first / "available_memory_partition").exists(),
             ),
         )
+
+    def _module_file(self, device: Path | None, name: str) -> str:
+        """The amdgpu module's `version` or `srcversion`, "" when unreadable.
+
+        ROCm's labeller reads it through the GPU (`/sys/class/drm/card<N>/device/driver/
+        module/<name>`); that link leads to `/sys/module/amdgpu`, read when a tree lacks it.
+        """
+        via_device = _read(device / "driver/module" / name) if device is not None else None
+        return via_device or _read(self.root / "sys/module/amdgpu" / name) or ""
 
     @staticmethod
     def _link_kind(gpu: Gpu, peer: Gpu, xgmi: Mapping[str, int]) -> LinkKind | None:
@@ -341,7 +350,9 @@ class AmdBackend:
         banks = _properties(node / "mem_banks/0/properties").get("size_in_bytes", 0)
         vram = banks or ((_int(_read(pdev / "mem_info_vram_total")) or 0) if pdev else 0)
         debugfs = self.root / f"sys/kernel/debug/dri/{card}/amdgpu_firmware_info"
-        device = props.get("device_id") or (_int(_read(pdev / "device"), 16) if pdev else None)
+        # ROCm labels the PCI function's `device` file and libdrm names the board by it;
+        # KFD's copy stands in for a tree without the PCI files.
+        device = (_int(_read(pdev / "device"), 16) if pdev else None) or props.get("device_id")
         product_file = (_read(pdev / "product_name") if pdev else None) or ""
         revision = _int(_read(pdev / "revision"), 16) if pdev else None
         # libdrm matches device and revision exactly; without a revision file, the device.
