@@ -7,6 +7,7 @@ import pytest
 from kubegpu.allocation import (
     VOLUME_MOUNT_ROOT,
     ContainerEdits,
+    ImexChannel,
     MountSpec,
     build_response,
     cdi_device_name,
@@ -189,3 +190,69 @@ def test_amd_always_gets_device_nodes() -> None:
     a = build_response(spec, validate_request(spec, ["AMD-1"]), config, response_id="r")
     assert a.envs == {"AMD_VISIBLE_DEVICES": "AMD-1"}
     assert [d.container_path for d in a.device_specs] == ["/dev/dri/renderD128", "/dev/kfd"]
+
+
+# -- IMEX channels (NVIDIA internal/plugin/server.go; the cases with NVIDIA's answers are in
+# tests/conformance/data/nvidia/config/imex.yaml and plugin/allocate.yaml) --------------------
+
+CDI_BOTH = "version: v1\nflags: {plugin: {deviceListStrategy: [cdi-annotations, cdi-cri]}}"
+
+
+def imex_answer(config_text: str, cdi_classes: frozenset[str] | None) -> ContainerEdits:
+    config = parse_config(config_text)
+    spec = spec_for(config)
+    devices = validate_request(spec, [INV.gpus[0].uuid])
+    return build_response(
+        spec,
+        devices,
+        config,
+        response_id="r1",
+        imex_channels=[ImexChannel("0")],
+        cdi_classes=cdi_classes,
+    )
+
+
+def test_imex_channel_is_named_in_the_cdi_annotation_and_cri_list() -> None:
+    a = imex_answer(CDI_BOTH, frozenset({"gpu", "imex-channel"}))
+    names = (cdi_device_name(INV.gpus[0].uuid), "k8s.device-plugin.nvidia.com/imex-channel=0")
+    assert a.annotations == {"cdi.k8s.io/nvidia-device-plugin_r1": ",".join(names)}
+    assert a.cdi_devices == names
+    assert a.envs == {}, "CDI only: no NVIDIA_IMEX_CHANNELS, the runtime injects the channel"
+
+
+def test_imex_channel_without_a_cdi_spec_is_not_named() -> None:
+    """A CDI name with no spec on the node fails the container: the channel is left out
+    until the plugin has written `...-imex-channel.json`, the GPUs are still named."""
+    a = imex_answer(CDI_BOTH, frozenset({"gpu"}))
+    assert a.cdi_devices == (cdi_device_name(INV.gpus[0].uuid),)
+    assert "imex-channel" not in a.annotations["cdi.k8s.io/nvidia-device-plugin_r1"]
+
+
+def test_imex_channel_names_match_the_cdi_spec() -> None:
+    """The name Allocate uses is a device of the spec the plugin writes for the channel."""
+    from kubegpu import cdi
+
+    spec = cdi.generate_imex_spec([ImexChannel("0")])
+    assert spec is not None
+    (name,) = [n for n in imex_answer(CDI_BOTH, None).cdi_devices if "imex" in n]
+    assert name == f"{spec['kind']}={spec['devices'][0]['name']}"
+
+
+def test_amd_answers_carry_no_imex_channel() -> None:
+    """IMEX is NVIDIA's (NVLink fabric memory): an AMD container gets none of it."""
+    import dataclasses
+
+    from kubegpu.devices import Vendor
+
+    g = dataclasses.replace(
+        gpu(0), vendor=Vendor.AMD, uuid="AMD-1", device_paths=("/dev/dri/renderD128",)
+    )
+    config = parse_config(CDI_BOTH)
+    (spec,) = build_resources(inventory(g), config)
+    devices = validate_request(spec, ["AMD-1"])
+    a = build_response(
+        spec, devices, config, response_id="r", imex_channels=[ImexChannel("0")], cdi_classes=None
+    )
+    assert a.annotations == {} and a.cdi_devices == ()
+    assert "NVIDIA_IMEX_CHANNELS" not in a.envs
+    assert all("imex" not in d.container_path for d in a.device_specs)

@@ -1,6 +1,7 @@
 """NVIDIA's Allocate answers (internal/plugin) against kubegpu.
 
-The cases live in ``data/nvidia/plugin/allocate.yaml``; each builds a four-GPU node with
+The cases live in ``data/nvidia/plugin/allocate.yaml`` (and, for IMEX channels,
+``data/nvidia/config/imex.yaml``); each builds a four-GPU node with
 tests.builders, a config from the case's `flags`, and compares kubegpu's answer
 (`allocation.build_response`) field by field. Cases that need no fixed response ID also
 go end to end through the real gRPC servicer on a unix socket.
@@ -36,9 +37,11 @@ from kubegpu.resources import ResourceSpec, build_resources
 from tests import builders
 from tests.conformance.origin import DATA, NVIDIA_DP
 
-CASES: list[dict[str, Any]] = yaml.safe_load(
-    (DATA / "nvidia" / "plugin" / "allocate.yaml").read_text()
-)["cases"]
+CASES: list[dict[str, Any]] = [
+    *yaml.safe_load((DATA / "nvidia" / "plugin" / "allocate.yaml").read_text())["cases"],
+    # Allocate with IMEX channels, kept with the other IMEX facts.
+    *yaml.safe_load((DATA / "nvidia" / "config" / "imex.yaml").read_text())["allocate"],
+]
 FIELDS = ("envs", "mounts", "device_specs", "annotations", "cdi_devices")
 GPUS = [builders.gpu(i) for i in range(4)]
 SUBST = {f"gpu{i}": g.uuid for i, g in enumerate(GPUS)} | {
