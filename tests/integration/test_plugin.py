@@ -4,7 +4,9 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import os
 import shutil
+import stat
 import tempfile
 import threading
 from collections.abc import AsyncIterator, Iterator, Mapping
@@ -279,6 +281,20 @@ async def test_mig_layout_change_is_readvertised_without_restart(socket_dir: Pat
         node.backend.set_mig_layout(1, ["3g.20gb", "3g.20gb"])
         await k.wait_for_resource("nvidia.com/mig-3g.20gb", capacity=2, timeout=5)
         await eventually(lambda: not gone.exists(), 5)
+
+
+async def test_plugin_sockets_are_owner_only_whatever_the_umask(socket_dir: Path) -> None:
+    old = os.umask(0o022)
+    try:
+        async with running_node(socket_dir, "t4-1") as node:
+            await node.kubelet.wait_for_resource(GPU, capacity=1)
+            assert stat.S_IMODE(node.socket().stat().st_mode) == 0o600
+            await node.kubelet.restart()  # re-served on a new socket: the same mode
+            await eventually(lambda: node.daemon.manager.kubelet_restarts == 1, 20)
+            await node.kubelet.wait_for_resource(GPU, capacity=1, allocatable=1, timeout=20)
+            assert stat.S_IMODE(node.socket().stat().st_mode) == 0o600
+    finally:
+        os.umask(old)
 
 
 async def test_names_that_differ_only_in_dash_and_slash_get_their_own_sockets(
