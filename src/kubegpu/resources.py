@@ -125,8 +125,11 @@ class ResourceSpec:
 
 
 def socket_name(resource: str) -> str:
-    """`nvidia.com/gpu` -> `kubegpu-nvidia.com-gpu.sock` (dots kept, slashes replaced)."""
-    return f"kubegpu-{resource.replace('/', '-')}.sock"
+    """`nvidia.com/gpu` -> `kubegpu-nvidia.com-gpu.sock`: the `/` becomes `-`, and a `-` of
+    the name is doubled, so that no two resource names share a socket (`x.io-a/b` and
+    `x.io/a-b` would both be `x.io-a-b` otherwise). A valid resource name has one `/`,
+    between two letters or digits, so a lone `-` in the file name can only be the `/`."""
+    return f"kubegpu-{resource.replace('-', '--').replace('/', '-')}.sock"
 
 
 def replica_id(uuid: str, n: int) -> DeviceID:

@@ -4,7 +4,9 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import os
 import shutil
+import stat
 import tempfile
 import threading
 from collections.abc import AsyncIterator, Iterator, Mapping
@@ -25,7 +27,7 @@ from kubegpu.events import FakeEventSink, NodeEvents
 from kubegpu.kubelet import KubeletEmulator
 from kubegpu.plugin.manager import socket_path_too_long
 from kubegpu.plugin.server import ResourceServer
-from kubegpu.resources import ResourceSpec, build_resources
+from kubegpu.resources import ResourceSpec, build_resources, socket_name
 from tests import builders
 from tests.integration.waiting import eventually
 
@@ -46,7 +48,7 @@ class Node:
         return [g.uuid for g in self.daemon.inventory.gpus]
 
     def socket(self, resource: str = GPU) -> Path:
-        return self.plugin_dir / f"kubegpu-{resource.replace('/', '-')}.sock"
+        return self.plugin_dir / socket_name(resource)
 
 
 @contextlib.asynccontextmanager
@@ -274,10 +276,51 @@ async def test_mig_layout_change_is_readvertised_without_restart(socket_dir: Pat
     async with running_node(socket_dir, "a100-40gb-mig", overrides) as node:
         k = node.kubelet
         await k.wait_for_resource("nvidia.com/mig-3g.20gb", capacity=1)
+        gone = node.socket("nvidia.com/mig-2g.10gb")
+        assert gone.exists()
         node.backend.set_mig_layout(1, ["3g.20gb", "3g.20gb"])
         await k.wait_for_resource("nvidia.com/mig-3g.20gb", capacity=2, timeout=5)
-        gone = node.plugin_dir / "kubegpu-nvidia.com-mig-2g.10gb.sock"
         await eventually(lambda: not gone.exists(), 5)
+
+
+async def test_plugin_sockets_are_owner_only_whatever_the_umask(socket_dir: Path) -> None:
+    old = os.umask(0o022)
+    try:
+        async with running_node(socket_dir, "t4-1") as node:
+            await node.kubelet.wait_for_resource(GPU, capacity=1)
+            assert stat.S_IMODE(node.socket().stat().st_mode) == 0o600
+            await node.kubelet.restart()  # re-served on a new socket: the same mode
+            await eventually(lambda: node.daemon.manager.kubelet_restarts == 1, 20)
+            await node.kubelet.wait_for_resource(GPU, capacity=1, allocatable=1, timeout=20)
+            assert stat.S_IMODE(node.socket().stat().st_mode) == 0o600
+    finally:
+        os.umask(old)
+
+
+async def test_names_that_differ_only_in_dash_and_slash_get_their_own_sockets(
+    socket_dir: Path, tmp_path: Path
+) -> None:
+    """`x.io-a/b` and `x.io/a-b` once shared one socket file: the kubelet saw both names
+    behind it, and the renamed replicas were never advertised under their own name."""
+    config = tmp_path / "config.yaml"
+    config.write_text(
+        "version: v1\n"
+        "resources:\n"
+        "  gpus: [{pattern: '*H100*', name: x.io-a/b}]\n"
+        "sharing:\n"
+        "  timeSlicing:\n"
+        "    resources: [{name: x.io-a/b, rename: x.io/a-b, replicas: 2, devices: [0, 1]}]\n"
+    )
+    async with running_node(socket_dir, config_file=config) as node:
+        k = node.kubelet
+        await k.wait_for_resource("x.io-a/b", capacity=6, allocatable=6)
+        await k.wait_for_resource("x.io/a-b", capacity=4, allocatable=4)
+        assert node.socket("x.io-a/b") != node.socket("x.io/a-b")
+        assert node.socket("x.io-a/b").exists() and node.socket("x.io/a-b").exists()
+        whole = await k.allocate("x.io-a/b", 1, pod="whole")
+        shared = await k.allocate("x.io/a-b", 1, pod="shared")
+        assert "::" not in whole.device_ids[0]
+        assert "::" in shared.device_ids[0]
 
 
 async def test_kubelet_down_for_a_while_then_back(socket_dir: Path) -> None:

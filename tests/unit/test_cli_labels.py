@@ -76,6 +76,22 @@ def test_cli_oneshot_writes_features_file(
     assert fake_backend[1]["kind"] == "nvml"
 
 
+def test_cli_oneshot_refuses_to_replace_a_system_file_unless_forced(
+    tmp_path: Path, fake_backend: list[dict[str, Any]], capsys: pytest.CaptureFixture[str]
+) -> None:
+    account = tmp_path / "etc" / "passwd"
+    account.parent.mkdir()
+    account.write_text("root:x:0:0:root:/root:/bin/bash\n")
+    relative = tmp_path / "features.d" / ".." / "etc" / "passwd"
+    argv = ["--oneshot", "-o", str(relative), "--sysfs-root", str(tmp_path)]
+    assert run_cli(argv) != 0
+    assert account.read_text() == "root:x:0:0:root:/root:/bin/bash\n"
+    err = capsys.readouterr().err
+    assert "refusing to replace" in err and "Traceback" not in err
+    assert run_cli(argv, {"KUBEGPU_FORCE_OUTPUT": "true"}) == 0
+    assert "nvidia.com/gpu.count=1" in account.read_text().splitlines()
+
+
 def test_cli_flag_beats_env_and_env_beats_config_file(
     tmp_path: Path, fake_backend: list[dict[str, Any]]
 ) -> None:

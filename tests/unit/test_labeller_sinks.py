@@ -7,6 +7,7 @@ recording custom-objects API, so the adapter's translation is what the sinks see
 from __future__ import annotations
 
 import json
+import os
 from pathlib import Path
 from typing import Any
 
@@ -43,6 +44,55 @@ async def test_feature_file_sink_unwritable_dir_says_what_to_fix(tmp_path: Path)
     blocker.write_text("")
     with pytest.raises(PublishError, match=r"features\.d"):
         await FeatureFileSink(str(blocker / "gfd")).publish({"a": "b"})
+
+
+SYSTEM_LIKE = {
+    "passwd": b"root:x:0:0:root:/root:/bin/bash\ndaemon:x:1:1::/usr/sbin:/usr/sbin/nologin\n",
+    "environment": b'PATH="/usr/local/sbin:/usr/local/bin:/usr/sbin:/usr/bin"\n',
+    "binary": b"\x7fELF\x02\x01\x01\x00\xff\xfe",
+    "half-labels": b"nvidia.com/gpu.count=2\nnot a label line\n",
+}
+
+
+@pytest.mark.parametrize("name", sorted(SYSTEM_LIKE))
+async def test_feature_file_sink_refuses_to_replace_a_file_that_is_not_labels(
+    tmp_path: Path, name: str
+) -> None:
+    """The labeller runs as root: `-o ../../etc/passwd` must not replace a system file."""
+    target = tmp_path / name
+    target.write_bytes(SYSTEM_LIKE[name])
+    with pytest.raises(PublishError, match=r"refusing to replace .* --force-output"):
+        await FeatureFileSink(str(target)).publish({"nvidia.com/gpu.count": "1"})
+    assert target.read_bytes() == SYSTEM_LIKE[name]
+    assert sorted(p.name for p in tmp_path.iterdir()) == [name]  # no temp file left behind
+
+
+async def test_feature_file_sink_refuses_a_fifo_or_a_directory_without_blocking(
+    tmp_path: Path,
+) -> None:
+    fifo = tmp_path / "fifo"
+    os.mkfifo(fifo)
+    (tmp_path / "dir").mkdir()
+    for target in (fifo, tmp_path / "dir"):
+        with pytest.raises(PublishError, match="not a regular file"):
+            await FeatureFileSink(str(target)).publish({"a": "b"})
+
+
+async def test_feature_file_sink_replaces_labels_files_and_forced_paths(tmp_path: Path) -> None:
+    labels = tmp_path / "gfd"
+    labels.write_text("# +expiry-time=2030-01-01T00:00:00Z\n\nnvidia.com/gpu.count=2\nplain=\n")
+    await FeatureFileSink(str(labels)).publish({"nvidia.com/gpu.count": "1"})
+    assert labels.read_text() == "nvidia.com/gpu.count=1\n"
+    other = tmp_path / "notes"
+    other.write_text("not labels\n")
+    await FeatureFileSink(str(other), force=True).publish({"a": "b"})
+    assert other.read_text() == "a=b\n"
+    link = tmp_path / "link"
+    link.symlink_to(tmp_path / "notes-target")
+    (tmp_path / "notes-target").write_text("kept: a link is replaced, never its target\n")
+    await FeatureFileSink(str(link)).publish({"a": "c"})
+    assert not link.is_symlink() and link.read_text() == "a=c\n"
+    assert (tmp_path / "notes-target").read_text().startswith("kept")
 
 
 async def test_node_patch_sets_and_later_removes_only_its_own_labels() -> None:

@@ -3,6 +3,8 @@
 from __future__ import annotations
 
 import pytest
+from hypothesis import given
+from hypothesis import strategies as st
 
 from kubegpu.config import parse_config
 from kubegpu.devices import Health, Vendor
@@ -25,8 +27,8 @@ def test_plain_gpus_are_nvidia_gpu_with_uuid_ids() -> None:
     assert spec.control_device_paths == inv.control_device_paths
 
 
-def test_socket_name_replaces_slashes() -> None:
-    assert socket_name("nvidia.com/mig-1g.10gb") == "kubegpu-nvidia.com-mig-1g.10gb.sock"
+def test_socket_name_replaces_the_slash_and_doubles_dashes() -> None:
+    assert socket_name("nvidia.com/mig-1g.10gb") == "kubegpu-nvidia.com-mig--1g.10gb.sock"
 
 
 def test_health_follows_inventory() -> None:
@@ -257,3 +259,18 @@ sharing:
 """
     )
     assert names(build_resources(inv, config)) == ["nvidia.com/a100"]
+
+
+def test_socket_names_are_distinct_for_names_that_differ_only_in_dash_and_slash() -> None:
+    label = st.from_regex(r"[a-z0-9]([-a-z0-9]{0,6}[a-z0-9])?", fullmatch=True)
+    domain = st.lists(label, min_size=1, max_size=3).map(".".join)
+    short = st.from_regex(r"[A-Za-z0-9]([-A-Za-z0-9_.]{0,8}[A-Za-z0-9])?", fullmatch=True)
+    name = st.builds(lambda d, n: f"{d}/{n}", domain, short)
+
+    @given(name, name)
+    def distinct(a: str, b: str) -> None:
+        assert (socket_name(a) == socket_name(b)) == (a == b)
+
+    distinct()
+    assert socket_name("x.io-a/b") != socket_name("x.io/a-b")
+    assert socket_name("nvidia.com/gpu") == "kubegpu-nvidia.com-gpu.sock"

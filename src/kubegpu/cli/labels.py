@@ -86,6 +86,13 @@ LABELS_OPTIONS: list[click.Parameter] = [
         show_default="/etc/kubernetes/node-feature-discovery/features.d/gfd",
         help="NFD features.d file to write; '-' for stdout",
     ),
+    bool_option(
+        "--force-output",
+        envvar="KUBEGPU_FORCE_OUTPUT",
+        default=False,
+        show_default="false",
+        help="replace the output file even if it is not a labels file (it is refused otherwise)",
+    ),
     option(
         "--machine-type-file",
         envvar="GFD_MACHINE_TYPE_FILE",
@@ -297,7 +304,7 @@ def _make_sink(
     if gfd.use_node_feature_api and values.get("node_patch"):
         raise UsageError("--node-patch: cannot be combined with --use-node-feature-api")
     if not (gfd.use_node_feature_api or values.get("node_patch")):
-        return FeatureFileSink(gfd.output_file)
+        return FeatureFileSink(gfd.output_file, force=bool(values.get("force_output")))
     flag = "--use-node-feature-api" if gfd.use_node_feature_api else "--node-patch"
     if not node_name:
         raise UsageError(f"--node-name: required with {flag} (set NODE_NAME from spec.nodeName)")

@@ -13,6 +13,7 @@ tests and `labels_main` use); `kubegpu.cli.main` runs the same options over `os.
 
 from __future__ import annotations
 
+import ipaddress
 import os
 import re
 from collections.abc import Callable, Mapping, Sequence
@@ -63,6 +64,29 @@ def parse_port(text: str) -> int:
     if not 0 <= value <= 65535:
         raise ValueError(f"port {value} is out of range; use 1-65535, or 0 for off")
     return value
+
+
+_HOST_LABEL = re.compile(r"[A-Za-z0-9]([-A-Za-z0-9]{0,61}[A-Za-z0-9])?")
+
+
+def parse_listen_address(text: str) -> str:
+    """An IP address (`[::1]` taken as `::1`) or a host name to listen on.
+
+    Checked here because the event loop's resolver raises a codec error, not an OSError,
+    on a malformed name (`a..b`), which would reach the operator as a traceback.
+    """
+    host = text[1:-1] if text.startswith("[") and text.endswith("]") else text
+    try:
+        return str(ipaddress.ip_address(host))
+    except ValueError:
+        pass
+    labels = host.removesuffix(".").split(".")
+    if len(host) <= 253 and all(_HOST_LABEL.fullmatch(label) for label in labels):
+        return host
+    raise ValueError(
+        f"{text!r} is not an IP address or host name; give one of this node's addresses, "
+        "e.g. 0.0.0.0 for every address"
+    )
 
 
 def parse_go_duration_text(text: str) -> str:
@@ -187,6 +211,7 @@ TEXT = Parsed("text", str)
 PATH = Parsed("path", str)
 LIST = Parsed("list", parse_list, whole_env=True)
 PORT = Parsed("port", parse_port)
+ADDRESS = Parsed("address", parse_listen_address)
 GO_DURATION = Parsed("duration", parse_go_duration_text)
 
 

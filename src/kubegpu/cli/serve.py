@@ -18,6 +18,7 @@ from typing import Any
 import click
 
 from kubegpu.cli.options import (
+    ADDRESS,
     DEVICE_PLUGIN_PATH,
     PORT,
     TEXT,
@@ -197,7 +198,7 @@ SERVE_OPTIONS: list[click.Parameter] = [
     option(
         "--metrics-address",
         envvar="METRICS_ADDRESS",
-        type=TEXT,
+        type=ADDRESS,
         show_default="POD_IP, else 127.0.0.1",
         help="address for /metrics",
     ),
@@ -211,7 +212,7 @@ SERVE_OPTIONS: list[click.Parameter] = [
     option(
         "--health-address",
         envvar="HEALTH_ADDRESS",
-        type=TEXT,
+        type=ADDRESS,
         default="0.0.0.0",
         help="address for probes",
     ),

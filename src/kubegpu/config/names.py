@@ -76,6 +76,22 @@ def qualify_resource_name(name: str) -> str:
     return full
 
 
+_LABEL_VALUE = re.compile(r"([A-Za-z0-9]([-A-Za-z0-9_.]{0,61}[A-Za-z0-9])?)?")
+
+
+def is_label_key(text: str) -> bool:
+    """A Kubernetes label key: `[prefix/]name`, the prefix a DNS subdomain."""
+    prefix, slash, name = text.rpartition("/")
+    if slash and not (0 < len(prefix) <= 253 and _DNS_SUBDOMAIN.fullmatch(prefix)):
+        return False
+    return len(name) <= 63 and _NAME_PART.fullmatch(name) is not None
+
+
+def is_label_value(text: str) -> bool:
+    """A Kubernetes label value: empty, or up to 63 letters, digits, `-`, `_`, `.`."""
+    return _LABEL_VALUE.fullmatch(text) is not None
+
+
 def parse_quantity(value: str | int) -> int:
     """A Kubernetes quantity (`10Gi`, `512Mi`, `1e9`, `1073741824`) as whole bytes, > 0.
 

@@ -20,6 +20,7 @@ import copy
 import json
 import logging
 import os
+import stat
 import sys
 import tempfile
 from collections.abc import Mapping
@@ -27,6 +28,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, Protocol
 
+from kubegpu.config.names import is_label_key, is_label_value
 from kubegpu.errors import KubegpuError
 from kubegpu.kube import NFD_GROUP, NFD_VERSION, Kube
 from kubegpu.kube import owner_references as owner_references  # re-exported for the CLI
@@ -55,11 +57,20 @@ def format_features(labels: Mapping[str, str]) -> str:
     return "".join(f"{key}={labels[key]}\n" for key in sorted(labels))
 
 
+#: A features file kubegpu writes is a few KiB; anything far larger is something else.
+MAX_LABELS_FILE_BYTES = 1 << 20
+
+
 @dataclass
 class FeatureFileSink:
-    """An NFD features.d file; `path` "-" or "" writes to stdout (GFD: empty = stdout)."""
+    """An NFD features.d file; `path` "-" or "" writes to stdout (GFD: empty = stdout).
+
+    An existing file is replaced only if it reads as a labels file (`replaceable`), unless
+    `force`: the labeller runs as root, and a mistyped path must not replace a system file.
+    """
 
     path: str
+    force: bool = False
 
     async def publish(self, labels: Mapping[str, str]) -> None:
         text = format_features(labels)
@@ -67,13 +78,44 @@ class FeatureFileSink:
             sys.stdout.write(text)
             sys.stdout.flush()
             return
-        await asyncio.to_thread(write_atomically, Path(self.path), text)
+        await asyncio.to_thread(write_atomically, Path(self.path), text, force=self.force)
 
 
-def write_atomically(path: Path, text: str) -> None:
+def replaceable(path: Path) -> None:
+    """PublishError unless `path` is absent, a link (`os.replace` swaps the link itself,
+    never its target) or a regular file of `key=value` node labels, as NFD reads them."""
+    try:
+        info = path.lstat()
+    except OSError:
+        return  # absent, or its directory unusable: the write itself says why
+    if stat.S_ISLNK(info.st_mode):
+        return
+    refuse = f"refusing to replace {path}: it is not a labels file"
+    fix = "remove it, or pass --force-output to replace it anyway"
+    if not stat.S_ISREG(info.st_mode):
+        raise PublishError(f"{refuse} (not a regular file); {fix}")
+    if info.st_size > MAX_LABELS_FILE_BYTES:
+        raise PublishError(f"{refuse} ({info.st_size} bytes); {fix}")
+    try:
+        lines = path.read_bytes().decode("utf-8").splitlines()
+    except UnicodeDecodeError:
+        raise PublishError(f"{refuse} (not UTF-8 text); {fix}") from None
+    except OSError as exc:
+        raise PublishError(f"cannot read {path} before writing labels ({exc.strerror})") from exc
+    for number, line in enumerate(lines, 1):
+        if not line.strip() or line.startswith("#"):  # NFD's comments and directives
+            continue
+        key, sep, value = line.partition("=")
+        if not (sep and is_label_key(key) and is_label_value(value)):
+            raise PublishError(f"{refuse} (line {number} is not a node label); {fix}")
+
+
+def write_atomically(path: Path, text: str, *, force: bool = False) -> None:
     """Temp file in the same directory + `os.replace`: readers see old or new, never half."""
     try:
         path.parent.mkdir(parents=True, exist_ok=True)
+        if not force:  # after mkdir: `new-dir/../passwd` names a file only once it exists
+            replaceable(path)
         fd, tmp = tempfile.mkstemp(prefix=f".{path.name}.", dir=path.parent)
         try:
             with os.fdopen(fd, "w", encoding="utf-8") as out:

@@ -513,6 +513,8 @@ class ResourceServer:
             self.socket_path.unlink()
         if server.add_insecure_port(f"unix://{self.socket_path}") == 0:
             raise OSError(f"cannot listen on {self.socket_path}")
+        # Bound, not yet listening: only root (the kubelet) may connect, whatever the umask.
+        self.socket_path.chmod(0o600)
         await server.start()
         self._server = server
 
