@@ -14,6 +14,7 @@ from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
 from kubegpu.config import Config, parse_config, yamlsafe
+from kubegpu.config.v1 import CONFIG_ADAPTER
 from kubegpu.errors import ConfigError
 
 SHARED = "version: v1\nsharing:\n  timeSlicing:\n    resources:\n    - name: nvidia.com/gpu\n"
@@ -167,7 +168,7 @@ def test_unexpected_library_errors_still_become_config_errors(
     def boom(*args: Any, **kwargs: Any) -> Any:
         raise RuntimeError("surprise\nsecond line")
 
-    monkeypatch.setattr(Config, "read", boom)
+    monkeypatch.setattr(CONFIG_ADAPTER, "validate_python", boom)
     with pytest.raises(ConfigError) as info:
         parse_config("version: v1\n", "cm.yaml")
     assert str(info.value).startswith("cm.yaml: cannot read this config (RuntimeError: surprise")

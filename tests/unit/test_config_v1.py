@@ -1,11 +1,8 @@
-"""`kubegpu.config.schema`: the validator the v1 schema is written in.
+"""`kubegpu.config.v1` on pydantic, and the loader's one place that words pydantic's errors.
 
-The expected conversions of the lax kinds (kubegpu's own health keys) are the ones the
-schema had when it was built on pydantic 2 (recorded from pydantic's validators on
-2026-11-23, before the switch), so a file that loaded before loads the same now. The
-whole loader was also compared with the pydantic-based one on ~14,000 generated and
-mutated configs, value for value and error line for error line (docs/performance.md,
-"A config schema without pydantic").
+The lax forms of kubegpu's own health keys are the ones they have always read (recorded
+from pydantic's validators when the schema first ran on it); NVIDIA's keys are strict, as
+Go's JSON decoding is. Each case goes through the loader, as a file's value would.
 """
 
 from __future__ import annotations
@@ -14,28 +11,31 @@ import dataclasses
 import math
 from typing import Any
 
+import pydantic
 import pytest
 
-from kubegpu.config import Config, Flags, HealthFlags, MigStrategy, build_config, parse_config
-from kubegpu.config.schema import (
-    LAX_BOOL,
-    LAX_FLOAT,
-    LAX_INT,
-    STR,
-    STRICT_BOOL,
-    STRICT_INT,
-    Invalid,
-    Kind,
-    Problem,
-    Problems,
-    field_at,
-    literal,
+from kubegpu.config import (
+    Config,
+    Flags,
+    HealthFlags,
+    MigStrategy,
+    build_config,
+    config_to_raw,
+    parse_config,
 )
+from kubegpu.config.loader import _error_path, _leaf_annotation, format_validation_error
+from kubegpu.config.v1 import CONFIG_ADAPTER, ReplicatedResource
 from kubegpu.errors import ConfigError
 
 
-def _read(kind: Kind, value: Any) -> Any:
-    return kind(value, ("key",))
+def _health(**keys: Any) -> HealthFlags:
+    return build_config({"flags": {"health": keys}}, {}, source="cm.yaml").flags.health
+
+
+def _refusal(raw: dict[str, Any]) -> str:
+    with pytest.raises(ConfigError) as info:
+        build_config(raw, {}, source="cm.yaml")
+    return str(info.value)
 
 
 @pytest.mark.parametrize(
@@ -44,7 +44,6 @@ def _read(kind: Kind, value: Any) -> Any:
         (True, 1),
         (False, 0),
         (2, 2),
-        (-1, -1),
         (1.0, 1),
         ("1", 1),
         (" 1 ", 1),
@@ -55,22 +54,29 @@ def _read(kind: Kind, value: Any) -> Any:
         (10**30, 10**30),
     ],
 )
-def test_lax_int_reads_what_pydantic_read(value: Any, expected: int) -> None:
-    assert _read(LAX_INT, value) == expected
+def test_lax_int_keys_read_what_they_always_read(value: Any, expected: int) -> None:
+    assert _health(criticalXids=[value]).critical_xids == (expected,)
 
 
 @pytest.mark.parametrize(
-    "value", [1.5, "0x10", "true", "1e3", "inf", "a", "٣", None, [1], {}, 1e300, float(2**63)]
+    "value", [1.5, "0x10", "true", "1e3", "inf", "a", "٣", [1], {}, 1e300, float(2**63)]
 )
-def test_lax_int_refuses_what_pydantic_refused(value: Any) -> None:
-    with pytest.raises(Invalid, match="must be a whole number"):
-        _read(LAX_INT, value)
+def test_lax_int_keys_refuse_what_they_always_refused(value: Any) -> None:
+    assert "criticalXids[0]: must be a whole number" in _refusal(
+        {"flags": {"health": {"criticalXids": [value]}}}
+    )
 
 
 @pytest.mark.parametrize("value", [math.nan, math.inf])
-def test_lax_int_refuses_non_finite_numbers(value: float) -> None:
-    with pytest.raises(Invalid, match="finite number"):
-        _read(LAX_INT, value)
+def test_lax_int_keys_refuse_non_finite_numbers(value: float) -> None:
+    line = _refusal({"flags": {"health": {"criticalXids": [value]}}})
+    assert "criticalXids[0]: input should be a finite number" in line
+    assert line.endswith("; write e.g. 4")
+
+
+def test_a_negative_xid_is_refused_with_its_bound() -> None:
+    line = _refusal({"flags": {"health": {"ignoredXids": [-1]}}})
+    assert line == "cm.yaml: flags.health.ignoredXids[0]: must be >= 0 (got -1); use a value >= 0"
 
 
 @pytest.mark.parametrize(
@@ -81,20 +87,20 @@ def test_lax_int_refuses_non_finite_numbers(value: float) -> None:
         ("1.5", 1.5),
         (" 1 ", 1.0),
         ("1e3", 1000.0),
-        ("-inf", -math.inf),
         ("Infinity", math.inf),
         (b"1", 1.0),
         (10**30, 1e30),
     ],
 )
-def test_lax_float_reads_what_pydantic_read(value: Any, expected: float) -> None:
-    assert _read(LAX_FLOAT, value) == expected
+def test_lax_float_keys_read_what_they_always_read(value: Any, expected: float) -> None:
+    assert _health(recoverySeconds=value).recovery_seconds == expected
 
 
-@pytest.mark.parametrize("value", ["0x10", "true", "a", "٣", None, [1], 10**400])
-def test_lax_float_refuses_what_pydantic_refused(value: Any) -> None:
-    with pytest.raises(Invalid, match="must be a number"):
-        _read(LAX_FLOAT, value)
+@pytest.mark.parametrize("value", ["0x10", "true", "a", "٣", [1], 10**400])
+def test_lax_float_keys_refuse_what_they_always_refused(value: Any) -> None:
+    assert "recoverySeconds: must be a number" in _refusal(
+        {"flags": {"health": {"recoverySeconds": value}}}
+    )
 
 
 @pytest.mark.parametrize(
@@ -111,81 +117,91 @@ def test_lax_float_refuses_what_pydantic_refused(value: Any) -> None:
         (b"true", True),
     ],
 )
-def test_lax_bool_reads_what_pydantic_read(value: Any, expected: bool) -> None:
-    assert _read(LAX_BOOL, value) is expected
+def test_lax_bool_keys_read_what_they_always_read(value: Any, expected: bool) -> None:
+    assert _health(disabled=value).disabled is expected
 
 
-@pytest.mark.parametrize("value", [2, -1, 1.5, " 1 ", "1.0", "+5", None, [True]])
-def test_lax_bool_refuses_what_pydantic_refused(value: Any) -> None:
-    with pytest.raises(Invalid, match="must be true or false"):
-        _read(LAX_BOOL, value)
+@pytest.mark.parametrize("value", [2, -1, 1.5, " 1 ", "1.0", "+5", [True]])
+def test_lax_bool_keys_refuse_what_they_always_refused(value: Any) -> None:
+    assert "disabled: must be true or false" in _refusal({"flags": {"health": {"disabled": value}}})
 
 
 @pytest.mark.parametrize(
-    ("kind", "value"),
+    ("raw", "fragment"),
     [
-        (STRICT_BOOL, "true"),
-        (STRICT_BOOL, 1),
-        (STRICT_INT, True),
-        (STRICT_INT, 2.0),
-        (STRICT_INT, "2"),
-        (STR, 1),
-        (STR, b"\xff"),
-        (STR, None),
+        ({"flags": {"plugin": {"passDeviceSpecs": "true"}}}, "must be true or false"),
+        ({"flags": {"plugin": {"passDeviceSpecs": 1}}}, "must be true or false"),
+        ({"imex": {"channelIDs": [True]}}, "must be a whole number"),
+        ({"imex": {"channelIDs": [0.0]}}, "must be a whole number"),
+        ({"imex": {"channelIDs": ["0"]}}, "must be a whole number"),
+        ({"flags": {"nvidiaDriverRoot": 1}}, "must be a string"),
+        ({"flags": {"nvidiaDriverRoot": b"\xff"}}, "must be a string"),
+        ({"resources": {"gpus": [{"pattern": "*", "name": None}]}}, "must be a string"),
     ],
 )
-def test_nvidias_keys_are_strict_as_gos_json_decoding_is(kind: Kind, value: Any) -> None:
-    with pytest.raises(Invalid, match="must be"):
-        _read(kind, value)
+def test_nvidias_keys_are_strict_as_gos_json_decoding_is(
+    raw: dict[str, Any], fragment: str
+) -> None:
+    assert fragment in _refusal(raw)
 
 
 def test_a_literal_names_its_choices() -> None:
-    with pytest.raises(Invalid) as info:
-        _read(literal("auto", "nvml", "tegra"), "cuda")
-    assert info.value.text == (
-        "input should be 'auto', 'nvml' or 'tegra' (got 'cuda'); see docs/configuration.md"
+    assert _refusal({"flags": {"deviceDiscoveryStrategy": "cuda"}}) == (
+        "cm.yaml: flags.deviceDiscoveryStrategy: input should be 'auto', 'nvml' or 'tegra' "
+        "(got 'cuda'); see docs/configuration.md"
     )
 
 
+def _errors(raw: dict[str, Any]) -> pydantic.ValidationError:
+    with pytest.raises(pydantic.ValidationError) as info:
+        CONFIG_ADAPTER.validate_python(raw, by_name=False)
+    return info.value
+
+
 def test_every_failing_field_is_reported_with_its_path() -> None:
-    with pytest.raises(Problems) as info:
-        Config.read({"flags": {"migStrategy": "x", "plugin": {"passDeviceSpecs": 1}, "bad": 1}})
-    paths = [p.path for p in info.value.problems]
-    assert paths == ["flags.migStrategy", "flags.plugin.passDeviceSpecs", "flags.bad"]
-    assert [p.unknown for p in info.value.problems] == [False, False, True]
+    exc = _errors({"flags": {"migStrategy": "x", "plugin": {"passDeviceSpecs": 1}, "bad": 1}})
+    assert [_error_path(e) for e in exc.errors()] == [
+        "flags.migStrategy",
+        "flags.plugin.passDeviceSpecs",
+        "flags.bad",
+    ]
+    # The unknown key is shown first: a typo also makes the key it meant look missing.
+    assert format_validation_error(exc).startswith("flags.bad: unknown key 'bad'")
+    assert format_validation_error(exc).endswith("[2 more error(s) after this one]")
 
 
 def test_rules_across_fields_run_only_once_the_fields_are_valid() -> None:
     # The MPS rule (mpsRoot required) would fire too; a bad field is what to fix first.
-    raw = {"sharing": {"mps": {"resources": [{"name": "gpu", "replicas": "x"}]}}}
-    with pytest.raises(Problems) as info:
-        Config.read(raw)
-    assert [p.path for p in info.value.problems] == ["sharing.mps.resources[0].replicas"]
+    exc = _errors({"sharing": {"mps": {"resources": [{"name": "gpu", "replicas": "x"}]}}})
+    assert [_error_path(e) for e in exc.errors()] == ["sharing.mps.resources[0].replicas"]
 
 
-def test_a_problem_path_joins_keys_indices_and_the_sub_path() -> None:
-    assert Problem(("a", 0, "b"), "x", at="c[1]").path == "a[0].b.c[1]"
-    assert Problem(("a",), "x", at="[2]").path == "a[2]"
-    assert Problem((), "x", at="flags.mpsRoot").path == "flags.mpsRoot"
+def test_an_error_path_joins_keys_indices_and_the_sub_path() -> None:
+    def path(loc: tuple[Any, ...], at: str) -> str:
+        return _error_path({"loc": loc, "ctx": {"at": at}})
+
+    assert path(("a", 0, "b"), "c[1]") == "a[0].b.c[1]"
+    assert path(("a",), "[2]") == "a[2]"
+    assert path((), "flags.mpsRoot") == "flags.mpsRoot"
+    assert path(("devices", "function-before[_devices()]", "tuple[str, ...]"), "") == "devices"
 
 
-def test_to_raw_gives_the_files_keys_and_leaves_unset_keys_out_unless_asked() -> None:
-    raw = Config(flags=Flags(mig_strategy=MigStrategy.MIXED)).to_raw()
+def test_config_to_raw_gives_the_files_keys_and_leaves_unset_keys_out_unless_asked() -> None:
+    raw = config_to_raw(Config(flags=Flags(mig_strategy=MigStrategy.MIXED)))
     assert raw["flags"]["migStrategy"] == "mixed"
     assert raw["flags"]["plugin"]["deviceIDStrategy"] == "uuid"
     assert "mpsRoot" not in raw["flags"]
-    assert Config().to_raw(nulls=True)["flags"]["mpsRoot"] is None
+    assert config_to_raw(Config(), nulls=True)["flags"]["mpsRoot"] is None
     assert parse_config(str(raw).replace("'", '"')) == Config(
         flags=Flags(mig_strategy=MigStrategy.MIXED)
     )
 
 
-def test_field_at_follows_nested_and_optional_models() -> None:
-    found = field_at(Config, ["sharing", "mps", "resources"])
-    assert found is not None and found.name == "resources"
-    assert field_at(Config, ["flags", "plugin", "deviceIDStrategy"]) is not None
-    assert field_at(Config, ["flags", "nope"]) is None
-    assert field_at(Config, ["version", "deeper"]) is None
+def test_override_keys_find_their_field_through_nested_and_optional_models() -> None:
+    assert _leaf_annotation(["sharing", "mps", "resources"]) == tuple[ReplicatedResource, ...]
+    assert _leaf_annotation(["flags", "plugin", "deviceIDStrategy"]) is not None
+    assert _leaf_annotation(["flags", "nope"]) is None
+    assert _leaf_annotation(["version", "deeper"]) is None
 
 
 def test_a_helper_value_error_becomes_a_one_line_config_error() -> None:
@@ -203,3 +219,4 @@ def test_models_are_hashable_frozen_values() -> None:
     assert hash(HealthFlags()) == hash(HealthFlags())
     with pytest.raises(dataclasses.FrozenInstanceError):
         HealthFlags().disabled = True  # type: ignore[misc]
+    assert dataclasses.replace(HealthFlags(), disabled=True).disabled is True
