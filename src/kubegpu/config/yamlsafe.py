@@ -5,13 +5,15 @@ alias bomb expands to gigabytes, 3,000 nested brackets overflow the recursive co
 4,301-digit integer trips CPython's int limit (`ValueError`), a self-referencing alias
 builds a cycle, and timestamps or mappings used as keys later break JSON logging.
 
-`_Loader` is PyYAML's `SafeLoader` with the limits checked where each node is composed,
-so every refusal names the key path and what to do. It is the pure-Python loader, not
-libyaml's `CSafeLoader`: that one composes in C (no place for the checks) and, since
-libyaml 0.2.5's nesting limit, refuses deep input before our limit is reached, with its own
-words. Its parser is a state machine; only the composer recurses, and never deeper than
-`MAX_DEPTH`. The limits are far above any real device-plugin config (NVIDIA's examples are
-under 2 KiB).
+So PyYAML's own composer is subclassed (`_Checks`) to check every limit where each node
+is composed, naming the key path in the refusal. Under it runs libyaml's scanner and parser
+(`CSafeLoader`'s, when PyYAML has libyaml: fast, never recursive, and tabs between tokens
+read as go-yaml reads them); libyaml's own composer is not used. Newer libyaml
+releases refuse 1,000-deep nesting while scanning ahead, before the composer sees it, so on any
+libyaml error the pure-Python loader reads the text again under the same composer: the
+limit it hits is what is reported, else libyaml's error. The refusals therefore do not
+depend on the PyYAML or libyaml release. The limits are far above any real device-plugin
+config (NVIDIA's examples are under 2 KiB).
 
 The result is what sigs.k8s.io/yaml (which NVIDIA's plugin uses) would see: keys are
 strings, timestamps stay strings, only the core tags are understood, and of several
@@ -20,10 +22,13 @@ documents the first is the config.
 
 from __future__ import annotations
 
+import contextlib
 import re
-from typing import Any, Final
+from typing import TYPE_CHECKING, Any, Final
 
 import yaml
+from yaml.composer import Composer
+from yaml.constructor import SafeConstructor
 from yaml.nodes import MappingNode, Node, ScalarNode, SequenceNode
 
 from kubegpu.errors import ConfigError
@@ -73,7 +78,20 @@ def load_text(text: str, source: str = "<config>") -> Any:
             "a device-plugin config is a few KiB: remove what does not belong"
         )
     _check_text(text, source, "")
-    loader = _Loader(text.removeprefix("\ufeff"), source)
+    text = text.removeprefix("\ufeff")
+    try:
+        return _load(_FastLoader(text, source))
+    except yaml.YAMLError as exc:
+        if _FastLoader is not _PureLoader:
+            # libyaml may stop first on input that breaks one of our limits (newer ones
+            # refuse 1,000-deep nesting while scanning ahead): the pure loader,
+            # which checks as it goes, says which limit; otherwise the error is libyaml's.
+            with contextlib.suppress(yaml.YAMLError):
+                _load(_PureLoader(text, source))
+        raise _not_yaml(exc, source) from exc
+
+
+def _load(loader: Any) -> Any:
     try:
         if not loader.check_node():
             return None
@@ -81,25 +99,24 @@ def load_text(text: str, source: str = "<config>") -> Any:
         while loader.check_node():  # later documents are read (and bounded), then ignored
             loader.get_node()
         return loader.construct_document(node)
-    except yaml.MarkedYAMLError as exc:
-        mark = exc.problem_mark or exc.context_mark
-        where = f" at line {mark.line + 1}, column {mark.column + 1}" if mark else ""
-        problem = " ".join(str(exc.problem or exc.context or "syntax error").split())
-        raise ConfigError(f"{source}: not valid YAML ({problem}{where}); fix the syntax") from exc
-    except yaml.reader.ReaderError as exc:
-        raise ConfigError(
-            f"{source}: not valid YAML (character U+{exc.character:04X} at offset "
-            f"{exc.position} is not allowed); remove it"
-        ) from exc
     finally:
         loader.dispose()
 
 
-class _Loader(yaml.SafeLoader):
-    """`SafeLoader` that checks every limit, tag and key as it composes each node."""
+def _not_yaml(exc: yaml.YAMLError, source: str) -> ConfigError:
+    if isinstance(exc, yaml.MarkedYAMLError):
+        mark = exc.problem_mark or exc.context_mark
+        where = f" at line {mark.line + 1}, column {mark.column + 1}" if mark else ""
+        problem = " ".join(str(exc.problem or exc.context or "syntax error").split())
+        return ConfigError(f"{source}: not valid YAML ({problem}{where}); fix the syntax")
+    return ConfigError(f"{source}: not valid YAML ({_short(str(exc))}); fix the syntax")
 
-    def __init__(self, text: str, source: str) -> None:
-        super().__init__(text)
+
+class _Checks(Composer, SafeConstructor):
+    """PyYAML's composer, checking every limit, tag and key as it composes each node."""
+
+    def __init__(self, source: str) -> None:
+        Composer.__init__(self)
         self.source = source
         #: Key paths of the mappings and lists being composed, outermost first.
         self.paths: list[str] = []
@@ -121,9 +138,13 @@ class _Loader(yaml.SafeLoader):
                 "count each time they are used); write the values out or remove the aliases",
             )
 
+    if TYPE_CHECKING:  # provided by the parser that the concrete loader mixes in
+
+        def peek_event(self) -> Any: ...
+
     def upcoming(self) -> Any:
         """The next event, not consumed."""
-        return self.peek_event()  # type: ignore[no-untyped-call]  # untyped in types-PyYAML
+        return self.peek_event()
 
     def path_of(self, parent: Node | None, index: Any) -> str:
         """The key path of the node about to be composed under `parent`."""
@@ -227,7 +248,7 @@ class _Loader(yaml.SafeLoader):
         """An explicitly tagged number (`!!int abc`) that does not parse is refused here."""
         try:
             construct(node)
-        except ValueError:
+        except (ValueError, IndexError):  # PyYAML indexes an empty `!!int` or `!!float`
             raise self.fail(
                 path, f"not {what} (got {node.value[:40]!r}); write e.g. {example}"
             ) from None
@@ -237,17 +258,44 @@ class _Loader(yaml.SafeLoader):
         self.flatten_mapping(node)
         return {key.value: self.construct_object(value, deep=deep) for key, value in node.value}
 
-    def construct_text(self, node: Node) -> str:
-        return str(node.value)
-
     def construct_yaml_bool(self, node: ScalarNode) -> bool:
         """YAML 1.1's words; `!!bool` on any other word is false rather than an error."""
         return str(node.value).lower() in ("yes", "true", "on")
 
 
-for _tag in _AS_TEXT:
-    _Loader.add_constructor(_tag, _Loader.construct_text)
-_Loader.add_constructor(f"{_TAG}bool", _Loader.construct_yaml_bool)
+class _PureLoader(_Checks, yaml.SafeLoader):
+    def __init__(self, text: str, source: str) -> None:
+        yaml.SafeLoader.__init__(self, text)
+        _Checks.__init__(self, source)
+
+
+_CSafeLoader: Any = getattr(yaml, "CSafeLoader", yaml.SafeLoader)
+
+
+class _CLoader(_Checks, _CSafeLoader):  # type: ignore[misc]
+    """libyaml's scanner and parser (C: fast, and tabs read as libyaml reads them) under
+    the checking composer, which comes first in the MRO, before libyaml's own."""
+
+    def __init__(self, text: str, source: str) -> None:
+        _CSafeLoader.__init__(self, text)
+        _Checks.__init__(self, source)
+
+
+_FastLoader: Any = _CLoader if hasattr(yaml, "CSafeLoader") else _PureLoader
+
+
+def _construct_text(loader: Any, node: Node) -> str:
+    return str(node.value)
+
+
+def _construct_bool(loader: Any, node: ScalarNode) -> bool:
+    return bool(loader.construct_yaml_bool(node))
+
+
+for _loader in (_PureLoader, _CLoader):
+    for _tag in _AS_TEXT:
+        _loader.add_constructor(_tag, _construct_text)
+    _loader.add_constructor(f"{_TAG}bool", _construct_bool)
 
 
 def _check_text(text: str, source: str, path: str) -> None:
