@@ -120,22 +120,33 @@ def file_key(name: str) -> str:
 
 def _schema_extra(schema: dict[str, Any], cls: type) -> None:
     """The JSON Schema of a model as the loader reads it: `key: null` means "not set"
-    (except for the `_null_is_error` keys), plus what `_schema` adds for the model."""
-    never_null: frozenset[str] = getattr(cls, "_null_is_error", frozenset())
-    for key, prop in schema.get("properties", {}).items():
-        if key in never_null or _allows_null(prop):
-            continue
-        outer = {k: prop.pop(k) for k in ("title", "description", "default") if k in prop}
-        schema["properties"][key] = {**outer, "anyOf": [prop, {"type": "null"}]}
-    for key, value in getattr(cls, "_schema", {}).items():
-        if isinstance(value, dict):
-            schema.setdefault(key, {}).update(value)
-        else:
-            schema[key] = value
+    (except for the `_null_is_error` keys, which never take the null of an optional
+    field), plus what the model's `_schema` adds to a property or to the model."""
+    extra: dict[str, Any] = dict(getattr(cls, "_schema", {}))
+    never_null = {*getattr(cls, "_null_is_error", ()), *extra.get("required", ())}
+    properties: dict[str, Any] = schema.get("properties", {})
+    for key, added in extra.pop("properties", {}).items():
+        properties.setdefault(key, {}).update(added)
+    schema.update(extra)
+    for key, prop in properties.items():
+        prop.pop("title", None)  # pydantic's title is the field name, not the file key
+        if key in never_null:
+            if "anyOf" in prop:
+                prop["anyOf"] = [p for p in prop["anyOf"] if p != {"type": "null"}]
+                if len(prop["anyOf"]) == 1:
+                    prop.update(prop.pop("anyOf")[0])
+        elif not _allows_null(prop):
+            outer = {k: prop.pop(k) for k in ("description", "default") if k in prop}
+            properties[key] = {**outer, "anyOf": [prop, {"type": "null"}]}
 
 
 def _allows_null(prop: dict[str, Any]) -> bool:
-    return prop.get("type") == "null" or any(_allows_null(p) for p in prop.get("anyOf", ()))
+    types = prop.get("type")
+    return (
+        types == "null"
+        or (isinstance(types, list) and "null" in types)
+        or any(_allows_null(p) for p in prop.get("anyOf", ()))
+    )
 
 
 _CONFIG: Final = ConfigDict(
@@ -556,9 +567,7 @@ class Sharing(_Model):
     time_slicing: SharingStrategy | None = None
     mps: SharingStrategy | None = None
 
-    @field_validator(
-        "time_slicing", mode="before", json_schema_input_type=_schema_of({"type": "object"})
-    )
+    @field_validator("time_slicing", mode="before")
     @classmethod
     def _time_slicing(cls, value: Any) -> Any:
         if value is None:
