@@ -142,27 +142,22 @@ class _Checks(Composer, SafeConstructor):
 
         def peek_event(self) -> Any: ...
 
-    def upcoming(self) -> Any:
-        """The next event, not consumed."""
-        return self.peek_event()
-
-    def path_of(self, parent: Node | None, index: Any) -> str:
-        """The key path of the node about to be composed under `parent`."""
-        base = self.paths[-1] if self.paths else ""
+    def path_of(self, parent: Node | None, index: Any, event: Any) -> str:
+        """The key path of the node about to be composed under `parent` from `event`."""
         if parent is None:
             return ""
+        base = self.paths[-1]
         if isinstance(parent, SequenceNode):
             return f"{base}[{index}]"
         if index is None:  # a key: its path is the one it names
-            event = self.upcoming()
             name = event.value if isinstance(event, yaml.ScalarEvent) else ""
         else:
             name = index.value if isinstance(index, ScalarNode) else ""
         return f"{base}.{name}" if base and name else base or name
 
     def compose_node(self, parent: Node | None, index: Any) -> Node | None:
-        path = self.path_of(parent, index)
-        event = self.upcoming()
+        event = self.peek_event()
+        path = self.path_of(parent, index, event)
         anchor = event.anchor
         if isinstance(event, yaml.AliasEvent):
             if anchor in self.open_anchors:
