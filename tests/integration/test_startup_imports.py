@@ -89,9 +89,8 @@ async def test_serve_registers_and_allocates_without_the_kubernetes_client(
     first Event sent. Nor prometheus_client without a metrics port: it loads on the first
     scrape. Placement (`kubegpu.topology`) loads with the first GetPreferredAllocation,
     which the kubelet sends before Allocate, and not before. Nor difflib: the config
-    loader needs it only to suggest a fix for an unknown key. Nor pydantic, which other
-    installed packages may bring: the config schema is kubegpu's own (`config.schema`).
-    Nor `importlib.resources`: the simulated presets are read by path."""
+    loader needs it only to suggest a fix for an unknown key. (pydantic validates the config
+    at start, and its plugin lookup brings `importlib.resources`: neither is watched.)"""
     kubelet = KubeletEmulator(socket_dir / "dp", grace_period=0.5)
     await kubelet.start()
     report = socket_dir / "loaded"
@@ -102,8 +101,6 @@ async def test_serve_registers_and_allocates_without_the_kubernetes_client(
         "kubegpu.topology",
         "prometheus_client",
         "difflib",
-        "pydantic",
-        "importlib.resources",
     )
     args = ["serve", "--simulate", "a10g-4", "--device-plugin-path", str(kubelet.plugin_dir)]
     env = _env(**({"NODE_NAME": node_name} if node_name else {}))

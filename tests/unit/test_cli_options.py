@@ -216,11 +216,11 @@ def test_flag_env_and_file_merge_the_same_way_for_serve_and_labels(tmp_path: Pat
 
 
 def test_config_keys_are_keys_of_the_schema() -> None:
-    from kubegpu.config import Config
+    from kubegpu.config import Config, config_to_raw
 
     for keys in (SERVE_KEYS, LABELS_KEYS):
         for key in keys.values():
-            node: Any = Config().to_raw(nulls=True)
+            node: Any = config_to_raw(Config(), nulls=True)
             for part in key.split("."):
                 assert isinstance(node, dict) and part in node, key
                 node = node[part]

@@ -10,10 +10,12 @@ import json
 from typing import Any
 
 import pytest
+import yaml
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
-from kubegpu.config import Config, parse_config, yamlsafe
+from kubegpu.config import Config, MigStrategy, parse_config, yamlsafe
+from kubegpu.config.v1 import CONFIG_ADAPTER
 from kubegpu.errors import ConfigError
 
 SHARED = "version: v1\nsharing:\n  timeSlicing:\n    resources:\n    - name: nvidia.com/gpu\n"
@@ -94,6 +96,26 @@ def test_issue_corpus_gives_one_line_error(data: bytes, fragment: str) -> None:
     assert fragment in str(result), str(result)
 
 
+@pytest.mark.parametrize(("data", "fragment"), [c[1:] for c in CORPUS], ids=[c[0] for c in CORPUS])
+def test_the_pure_python_loader_refuses_the_corpus_in_the_same_words(
+    data: bytes, fragment: str, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    # Where PyYAML has no libyaml, or libyaml stops first (its own nesting limit), the pure
+    # loader decides: the line is kubegpu's either way, whatever PyYAML's release says.
+    monkeypatch.setattr(yamlsafe, "_FastLoader", yamlsafe._PureLoader)
+    result = assert_total(data)
+    assert isinstance(result, ConfigError), result
+    assert fragment in str(result), str(result)
+
+
+@pytest.mark.skipif(not hasattr(yaml, "CSafeLoader"), reason="PyYAML without libyaml")
+def test_tabs_between_tokens_are_read_as_libyaml_and_go_yaml_read_them() -> None:
+    # PyYAML's pure scanner refuses a tab wherever it separates tokens; NVIDIA's reader
+    # (go-yaml) and libyaml take it, so a ConfigMap with a stray tab keeps loading.
+    config = parse_config("version: v1\t\nflags:\n  migStrategy:\tmixed\t# a comment\n")
+    assert config.flags.mig_strategy is MigStrategy.MIXED
+
+
 def test_replicas_of_a_billion_parse_without_expanding() -> None:
     # The schema accepts the number; the device list check refuses it (see test_resources).
     config = parse_config((SHARED + "      replicas: 1000000000\n").encode())
@@ -167,7 +189,7 @@ def test_unexpected_library_errors_still_become_config_errors(
     def boom(*args: Any, **kwargs: Any) -> Any:
         raise RuntimeError("surprise\nsecond line")
 
-    monkeypatch.setattr(Config, "read", boom)
+    monkeypatch.setattr(CONFIG_ADAPTER, "validate_python", boom)
     with pytest.raises(ConfigError) as info:
         parse_config("version: v1\n", "cm.yaml")
     assert str(info.value).startswith("cm.yaml: cannot read this config (RuntimeError: surprise")

@@ -4,19 +4,21 @@ from __future__ import annotations
 
 from pathlib import Path
 
-from kubegpu.config import Config
+from kubegpu.config import Config, build_config
 from kubegpu.daemon import driver_files_root
 
 
 def flags(driver_root: str, container_root: Path | str) -> Config:
-    return Config.read(
+    return build_config(
         {
             "version": "v1",
             "flags": {
                 "nvidiaDriverRoot": driver_root,
                 "plugin": {"containerDriverRoot": str(container_root)},
             },
-        }
+        },
+        {},
+        source="test",
     )
 
 

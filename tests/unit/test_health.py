@@ -10,7 +10,7 @@ from collections.abc import AsyncIterator, Callable, Mapping
 
 import pytest
 
-from kubegpu.config import Config
+from kubegpu.config import build_config
 from kubegpu.config.v1 import HealthFlags
 from kubegpu.devices.model import Health, HealthEvent, HealthEventKind
 from kubegpu.devices.simulated import SimulatedBackend
@@ -305,7 +305,7 @@ async def test_monitor_keeps_a_new_mig_layout_out_of_the_store_when_it_cannot_se
 ) -> None:
     backend = SimulatedBackend.load("h100-mig")
     rec = Recorder()
-    single = Config.read({"version": "v1", "flags": {"migStrategy": "single"}})
+    single = build_config({"version": "v1", "flags": {"migStrategy": "single"}}, {}, source="t")
     backend.set_mig_layout(0, ["7g.80gb"])
     rec.store.update(inventory=backend.discover(), config=single)
     monitor = HealthMonitor(backend, HealthFlags(), rec.store)

@@ -8,7 +8,7 @@ from hypothesis import assume, given, settings
 from hypothesis import strategies as st
 
 from kubegpu.allocation import build_response, validate_request
-from kubegpu.config import AllocationPolicy, Config
+from kubegpu.config import AllocationPolicy, Config, build_config
 from kubegpu.devices import Inventory
 from kubegpu.errors import ConfigError
 from kubegpu.resources import build_resources
@@ -62,7 +62,7 @@ def configs(draw: st.DrawFn, node: Inventory) -> Config:
                 "resources": [entry],
             }
         }
-    return Config.read(raw)
+    return build_config(raw, {}, source="test")
 
 
 @settings(max_examples=150, deadline=None)

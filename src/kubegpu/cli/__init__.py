@@ -1,4 +1,4 @@
-"""The `kubegpu` command: serve, labels, cdi, info, demo, check (one module each).
+"""The `kubegpu` command: serve, labels, cdi, info, demo, check, config (one module each).
 
 Options are declared once per command with click (`kubegpu.cli.options`), with the env
 var names NVIDIA's plugin and GFD read, shown in `--help`. Every mistake is one line on
@@ -53,6 +53,7 @@ COMMANDS = {
     "info": "kubegpu.cli.info:info",
     "demo": "kubegpu.cli.demo:demo",
     "check": "kubegpu.cli.check:check",
+    "config": "kubegpu.cli.config:config",
 }
 
 

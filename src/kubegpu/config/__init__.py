@@ -10,6 +10,7 @@ from kubegpu.config.loader import (
     apply_overrides,
     build_config,
     config_to_json,
+    config_to_raw,
     load_config,
     parse_config,
 )
@@ -74,6 +75,7 @@ __all__ = [
     "apply_overrides",
     "build_config",
     "config_to_json",
+    "config_to_raw",
     "driver_files_root",
     "effective_config",
     "flag_overrides",

@@ -17,12 +17,18 @@ from __future__ import annotations
 
 import contextlib
 import copy
-from collections.abc import Iterator, Mapping
+import dataclasses
+import json
+import types
+import typing
+from collections.abc import Iterator, Mapping, Sequence
 from pathlib import Path
 from typing import Any, Final
 
-from kubegpu.config.schema import Kind, Problem, Problems, field_at, show, to_json
-from kubegpu.config.v1 import SUPPORTED_VERSIONS, VERSION, Config
+import pydantic
+from pydantic.fields import FieldInfo
+
+from kubegpu.config.v1 import CONFIG_ADAPTER, SUPPORTED_VERSIONS, VERSION, Config
 from kubegpu.errors import ConfigError
 from kubegpu.gosyntax import GO_FALSE, GO_TRUE
 
@@ -46,7 +52,7 @@ def parse_raw(text: str | bytes, source: str = "<config>") -> dict[str, Any]:
         return {}
     if not isinstance(raw, dict):
         raise ConfigError(
-            f"{source}: the top level must be a mapping (got {show(raw)}); "
+            f"{source}: the top level must be a mapping (got {_show(raw)}); "
             f"start the file with 'version: {VERSION}'"
         )
     return raw
@@ -97,17 +103,17 @@ def build_config(
         if version not in SUPPORTED_VERSIONS:
             # Checked first: a future version's keys would otherwise be reported as typos.
             raise ConfigError(
-                f"{source}: version: unsupported config version (got {show(version)}); "
+                f"{source}: version: unsupported config version (got {_show(version)}); "
                 f"this kubegpu reads version {', '.join(SUPPORTED_VERSIONS)}"
             )
         merged = apply_overrides(raw, overrides)
         try:
-            # Files use NVIDIA's camelCase keys only, so `mig_strategy` is a typo.
-            return Config.read(merged)
-        except Problems as exc:
-            path = _first(exc.problems).path
+            # by_name=False: files use NVIDIA's camelCase keys only, so `mig_strategy` is a typo.
+            return CONFIG_ADAPTER.validate_python(merged, by_name=False)
+        except pydantic.ValidationError as exc:
+            path = _error_path(_first(exc.errors()))
             blamed = override_source if _overridden(path, overrides) else source
-            raise ConfigError(f"{blamed}: {_one_line(format_problems(exc))}") from exc
+            raise ConfigError(f"{blamed}: {_one_line(format_validation_error(exc))}") from exc
 
 
 @contextlib.contextmanager
@@ -145,50 +151,195 @@ def apply_overrides(raw: Mapping[str, Any], overrides: Mapping[str, Any]) -> dic
             if not isinstance(child, dict):
                 child = node[key] = {}
             node = child
-        field = field_at(Config, dotted.split("."))
-        kind = None if field is None else field.key.kind
-        item = None if kind is None else kind.item
+        annotation = _leaf_annotation(dotted.split("."))
+        item = _item_of(annotation)
         if isinstance(value, str) and item is not None:
             value = [part.strip() for part in value.split(",") if part.strip()]
         if isinstance(value, list | tuple) and item is not None:
             value = [_coerce_string(item, v) if isinstance(v, str) else v for v in value]
-        elif isinstance(value, str) and kind is not None:
-            value = _coerce_string(kind, value)
+        elif isinstance(value, str) and annotation is not None:
+            value = _coerce_string(annotation, value)
         node[leaf] = value
     return out
 
 
 def config_to_json(config: Config) -> str:
     """The effective config as one compact JSON line with the file's camelCase keys."""
-    return to_json(config)
+    raw = CONFIG_ADAPTER.dump_python(config, by_alias=True, exclude_none=True)
+    return json.dumps(raw, separators=(",", ":"), ensure_ascii=False)
 
 
-def format_problems(exc: Problems) -> str:
-    """The first problem as `key.path: what (got value); what to do`, on one line."""
-    first = _first(exc.problems)
-    path = first.path
-    text = f"{path}: {first.text}" if path else first.text
-    if len(exc.problems) > 1:
-        text += f" [{len(exc.problems) - 1} more error(s) after this one]"
+def config_to_raw(config: Config, *, nulls: bool = False) -> dict[str, Any]:
+    """The file's mapping for `config` (camelCase keys, JSON types); unset (None) keys are
+    left out unless `nulls`."""
+    raw: dict[str, Any] = CONFIG_ADAPTER.dump_python(
+        config, mode="json", by_alias=True, exclude_none=not nulls
+    )
+    return raw
+
+
+# -- pydantic's errors as one line: the only place that knows pydantic's error types ----------
+
+
+def format_validation_error(exc: pydantic.ValidationError) -> str:
+    """The first error as `key.path: what (got value); what to do`, on one line."""
+    errors = exc.errors()
+    first = _first(errors)
+    path = _error_path(first)
+    text = f"{path}: {_describe(first, path)}" if path else _describe(first, path)
+    if len(errors) > 1:
+        text += f" [{len(errors) - 1} more error(s) after this one]"
     return text.replace("\n", " ")
 
 
-def _first(problems: list[Problem]) -> Problem:
-    """The problem to show: an unknown key first, as a typo also makes a key look missing."""
-    return next((p for p in problems if p.unknown), problems[0])
+_UNKNOWN_KEY: Final = ("extra_forbidden", "unexpected_keyword_argument")
+
+
+def _first(errors: Sequence[Any]) -> Any:
+    """The error to show: an unknown key first, as a typo also makes a key look missing."""
+    return next((e for e in errors if e["type"] in _UNKNOWN_KEY), errors[0])
+
+
+def _error_path(err: Mapping[str, Any]) -> str:
+    """`flags.plugin.deviceListStrategy[0]`: the key path an operator edits."""
+    text = ""
+    for part in err["loc"]:
+        if isinstance(part, int):
+            text += f"[{part}]"
+        elif part.startswith(("function-", "literal[", "tuple[", "int")) or "[" in part:
+            continue  # pydantic's union/validator tags are not keys
+        else:
+            text += f".{part}" if text else part
+    at = (err.get("ctx") or {}).get("at", "")
+    if at:
+        text += at if at.startswith("[") or not text else f".{at}"
+    return text
+
+
+def _describe(err: Mapping[str, Any], path: str) -> str:
+    kind = err["type"]
+    ctx = err.get("ctx") or {}
+    got = err.get("input")
+    if kind == "kubegpu":
+        shown = f" (got {_show(ctx['got'])})" if "got" in ctx else ""
+        return f"{ctx['message']}{shown}; {ctx['hint']}"
+    if kind in _UNKNOWN_KEY:
+        return _unknown_key(err["loc"])
+    if kind in ("missing", "missing_argument"):
+        return f"required key is missing; add '{path.rsplit('.', 1)[-1]}'"
+    if kind == "enum":
+        choices = ", ".join(v.strip("'") for v in str(ctx.get("expected", "")).split("'")[1::2])
+        return f"unknown value (got {_show(got)}); use one of: {choices}"
+    if kind == "finite_number":  # only whole-number keys refuse NaN and infinity
+        return f"input should be a finite number (got {_show(got)}); write e.g. 4"
+    if kind.startswith("int_"):
+        return f"must be a whole number (got {_show(got)}); write e.g. 4"
+    if kind.startswith("bool_"):
+        return f"must be true or false (got {_show(got)}); write true or false"
+    if kind.startswith("float_"):
+        return f"must be a number (got {_show(got)}); write e.g. 1.5"
+    if kind.startswith("string_"):
+        return f"must be a string (got {_show(got)}); quote the value"
+    if kind in ("dataclass_type", "dataclass_args_type", "model_type", "dict_type"):
+        return f"must be a mapping of keys (got {_show(got)}); write 'key: value' lines under it"
+    if kind in ("tuple_type", "list_type"):
+        return f"must be a list (got {_show(got)}); write a YAML list, e.g. [a, b]"
+    bounds = {"greater_than_equal": ">=", "greater_than": ">"}
+    if kind in bounds:
+        limit = next(iter(ctx.values()))
+        return (
+            f"must be {bounds[kind]} {limit} (got {_show(got)}); use a value {bounds[kind]} {limit}"
+        )
+    msg = str(err["msg"])
+    return f"{msg[:1].lower()}{msg[1:]} (got {_show(got)}); see docs/configuration.md"
+
+
+def _unknown_key(loc: Sequence[Any]) -> str:
+    key = str(loc[-1])
+    valid = _keys_at(loc[:-1])
+    by_lower = {v.lower().replace("_", ""): v for v in valid}
+    guess = by_lower.get(key.lower().replace("_", ""))
+    if guess is None:
+        import difflib  # only a config with a typo pays for it
+
+        close = difflib.get_close_matches(key, valid, n=1, cutoff=0.6)
+        guess = close[0] if close else None
+    if guess is not None:
+        return f"unknown key {key!r}; did you mean {guess!r}?"
+    return f"unknown key {key!r}; valid keys here: {', '.join(valid)}"
+
+
+# -- the models' fields by file key ---------------------------------------------------------
+
+
+def _fields(model: type) -> dict[str, FieldInfo]:
+    """A model's fields by their file key (`deviceIDStrategy`)."""
+    fields: dict[str, FieldInfo] = model.__pydantic_fields__  # type: ignore[attr-defined]
+    return {info.alias or name: info for name, info in fields.items()}
+
+
+def _keys_at(loc: Sequence[Any]) -> list[str]:
+    """The file keys valid in the mapping at `loc` (every model has keys)."""
+    model: type = Config
+    for part in loc:
+        if isinstance(part, str):
+            model = _model_in(_fields(model)[part].annotation) or model
+    return list(_fields(model))
+
+
+def _model_in(annotation: Any) -> type | None:
+    """The model inside `X`, `X | None` or `tuple[X, ...]`."""
+    if dataclasses.is_dataclass(annotation) and isinstance(annotation, type):
+        return annotation
+    for arg in typing.get_args(annotation):
+        found = _model_in(arg)
+        if found is not None:
+            return found
+    return None
+
+
+def _leaf_annotation(parts: Sequence[str]) -> Any:
+    """The type of the field at a dotted key path, or None when there is no such field."""
+    model: type | None = Config
+    field = None
+    for part in parts:
+        if model is None:
+            return None
+        field = _fields(model).get(part)
+        if field is None:
+            return None
+        model = _model_in(field.annotation)
+    return None if field is None else _scalar(field)
+
+
+def _scalar(field: FieldInfo) -> Any:
+    """A field's type without `| None` (a flag sets a value, never a null)."""
+    args = [a for a in typing.get_args(field.annotation) if a is not type(None)]
+    if typing.get_origin(field.annotation) in (typing.Union, types.UnionType) and len(args) == 1:
+        return args[0]
+    return field.annotation
+
+
+def _item_of(annotation: Any) -> Any:
+    """The item type of a list key (`tuple[X, ...]`), or None for other keys."""
+    if typing.get_origin(annotation) is tuple:
+        return typing.get_args(annotation)[0]
+    return None
 
 
 #: The spellings Go's strconv.ParseBool (and so NVIDIA's flags and env vars) accepts.
 _GO_BOOLS: Final = {**dict.fromkeys(GO_TRUE, True), **dict.fromkeys(GO_FALSE, False)}
 
 
-def _coerce_string(kind: Kind, value: str) -> Any:
+def _coerce_string(annotation: Any, value: str) -> Any:
     """An env/flag string as the bool or int its key takes (the schema is strict about
     types in files, as NVIDIA's JSON decoding is); left as is when it does not parse, so
     validation reports it against the flag."""
-    if kind.scalar is bool:
+    if typing.get_origin(annotation) is typing.Annotated:
+        annotation = typing.get_args(annotation)[0]
+    if annotation is bool:
         return _GO_BOOLS.get(value.strip(), value)
-    if kind.scalar is int:
+    if annotation is int:
         try:
             return int(value.strip())
         except ValueError:
@@ -199,3 +350,15 @@ def _coerce_string(kind: Kind, value: str) -> Any:
 def _overridden(path: str, overrides: Mapping[str, Any]) -> bool:
     plain = path.split("[", 1)[0]
     return any(plain == key or plain.startswith(f"{key}.") for key in overrides)
+
+
+def _show(value: Any) -> str:
+    """A value as the operator wrote it (YAML-ish), short and on one line."""
+    if isinstance(value, str):
+        text = repr(value)
+    elif value is None or isinstance(value, bool | int | float | list | tuple | dict):
+        text = json.dumps(value, default=str, ensure_ascii=False)
+    else:
+        text = repr(value)
+    text = text.replace("\n", " ")
+    return text if len(text) <= _MAX_SHOWN else f"{text[: _MAX_SHOWN - 1]}…"

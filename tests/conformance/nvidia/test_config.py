@@ -20,7 +20,7 @@ from typing import Any
 import pytest
 import yaml
 
-from kubegpu.config import Config, config_to_json, load_config, parse_config
+from kubegpu.config import Config, config_to_json, config_to_raw, load_config, parse_config
 from kubegpu.config.loader import build_config
 from kubegpu.config.names import (
     device_entry_kind,
@@ -76,7 +76,7 @@ def _lookup(config: Config, dotted: str) -> Any:
     """A value of the effective config by its file key path (`flags.gfd.sleepInterval`)."""
     if dotted.split(".")[0].split("[")[0] not in ("version", "flags", "resources", "imex"):
         dotted = f"sharing.{dotted}"
-    node: Any = config.to_raw(nulls=True)
+    node: Any = config_to_raw(config, nulls=True)
     for part in dotted.split("."):
         name, *indices = re.split(r"\[(\d+)\]", part)
         node = node.get(name) if isinstance(node, dict) else None

@@ -19,7 +19,7 @@ from kubegpu.cli import main
 from kubegpu.cli.labels import LABELS_KEYS, labels, labels_main
 from kubegpu.cli.options import EnvOption, UsageError, env_options, parse
 from kubegpu.cli.serve import SERVE_KEYS, check_serve, plugin_dir, serve, serve_notices
-from kubegpu.config import flag_overrides, load_config
+from kubegpu.config import config_to_raw, flag_overrides, load_config
 from tests.conformance.origin import DATA, NVIDIA_DP
 
 ORIGIN = NVIDIA_DP.cite("cmd/nvidia-device-plugin/main.go")
@@ -58,7 +58,7 @@ def _serve_values(argv: list[str], env: dict[str, str]) -> dict[str, Any]:
 
 def _config_value(values: dict[str, Any], key: str) -> Any:
     """The effective config's value at NVIDIA's key, with flags/env on top of no file."""
-    node: Any = load_config(None, flag_overrides(values, SERVE_KEYS)).to_raw(nulls=True)
+    node: Any = config_to_raw(load_config(None, flag_overrides(values, SERVE_KEYS)), nulls=True)
     for part in key.split("."):
         node = node[part]
     return node
@@ -358,7 +358,7 @@ def _labels_value(nvidia: dict[str, Any], argv: list[str], env: dict[str, str]) 
     if where == "option" or not nvidia["config"]:
         return opts.get(key or nvidia["name"].replace("-", "_"))
     overrides = flag_overrides(opts, LABELS_KEYS)
-    node: Any = load_config(None, overrides).to_raw(nulls=True)
+    node: Any = config_to_raw(load_config(None, overrides), nulls=True)
     for part in key.split("."):
         node = node[part]
     return parse_duration(node) if nvidia["type"] == "duration" else node
