@@ -9,12 +9,14 @@ kubelet emulator (its topology manager on) over real unix sockets in a temp dir;
 go round the nodes in turn, so every node sees the same CPU weather. Per process:
 
 - **start → registered**: spawn → the emulator holds the plugin's first ListAndWatch list
-  (registration, dial, first list), stamped inside the emulator's state change;
-- **RSS**: `VmRSS` of `serve` right then, before any pod;
+  (registration, dial, first list), stamped inside the emulator's state change; beside
+  it, the CPU `serve` used to get there (utime+stime), which a busy machine moves less;
+- **RSS**: `VmRSS` of `serve` right then, before any pod (and after the last pod);
 - **first pod (cold)**: a 2-GPU pod (1 GPU where the node has one) admitted through
   `KubeletEmulator.allocate` as soon as the list is held: the emulator's admission path,
   topology hint + GetPreferredAllocation + Allocate, timed from the call to the
-  emulator's record of Allocate's answer. The whole call (`..._with_checkpoint_ms`,
+  emulator's record of Allocate's answer (`..._preferred_answered_ms`: of
+  GetPreferredAllocation's, where the emulator asked it). The whole call (`..._with_checkpoint_ms`,
   `time.perf_counter()` around it) adds the emulator's checkpoint write after Allocate,
   which is the emulator's cost, not the plugin's (~1-3 ms in Python here);
 - **warm pods**: the next WARM pods in the same process, each timed alike; pods are held
@@ -33,6 +35,7 @@ import asyncio
 import gc
 import json
 import logging
+import os
 import shutil
 import sys
 import time
@@ -84,61 +87,70 @@ def big_node(boards: int = 8) -> dict[str, Any]:
 
 
 @dataclass
+class Admission:
+    """One pod's admission, ms from the emulator's `allocate` call."""
+
+    preferred_ms: float | None  # to GetPreferredAllocation's answer (None: not asked)
+    allocate_ms: float  # to Allocate's answer: the judged figure
+    whole_ms: float  # the whole call, the emulator's checkpoint write included
+
+
+@dataclass
 class Runs:
-    """Every trial's figures for one node."""
+    """Every trial's figures for one node (pods: first of each process, and warm ones)."""
 
     start_s: list[float] = field(default_factory=list)
+    start_cpu_s: list[float] = field(default_factory=list)
     rss_mib: list[float] = field(default_factory=list)
-    cold_ms: list[float] = field(default_factory=list)
-    cold_call_ms: list[float] = field(default_factory=list)
-    warm_ms: list[float] = field(default_factory=list)
-    warm_call_ms: list[float] = field(default_factory=list)
     rss_after_pods_mib: list[float] = field(default_factory=list)
+    cold: list[Admission] = field(default_factory=list)
+    warm: list[Admission] = field(default_factory=list)
     gpus: int = 0
     pod_gpus: int = 0
 
 
-async def _admit(kubelet: KubeletEmulator, pod: str, count: int) -> tuple[float, float]:
-    """One pod's admission: (until the emulator recorded Allocate's answer, whole call), ms.
+async def _admit(kubelet: KubeletEmulator, pod: str, count: int) -> Admission:
+    """Admit one pod of `count` GPUs, timed (see `Admission`).
 
     The emulator stamps its RPC records with time.monotonic(), hence that clock for the
-    first figure (the same clock as perf_counter on Linux: both CLOCK_MONOTONIC)."""
+    times to each answer (the same clock as perf_counter on Linux: CLOCK_MONOTONIC)."""
     calls = len(kubelet.rpcs)
     mono = time.monotonic()
     start = time.perf_counter()
     allocation = await kubelet.allocate(RESOURCE, count, pod=pod, start=False)
-    took = (time.perf_counter() - start) * 1000
+    whole = (time.perf_counter() - start) * 1000
     if len(allocation.device_ids) != count:
         raise RuntimeError(f"{pod}: got {allocation.device_ids}, asked for {count}")
-    answered = [r for r in kubelet.rpcs[calls:] if r.method == "Allocate"]
-    if not answered or answered[-1].error is not None:
-        raise RuntimeError(f"{pod}: no successful Allocate recorded ({kubelet.rpcs[calls:]})")
-    return (answered[-1].time - mono) * 1000, took
+    made = kubelet.rpcs[calls:]
+    if any(r.error is not None for r in made) or made[-1:] == []:
+        raise RuntimeError(f"{pod}: an RPC failed or none was recorded: {made}")
+    at = {r.method: (r.time - mono) * 1000 for r in made}
+    if "Allocate" not in at:
+        raise RuntimeError(f"{pod}: no Allocate recorded: {made}")
+    return Admission(at.get("GetPreferredAllocation"), at["Allocate"], whole)
 
 
 async def one_process(work: Path, node: str, name: str, warm: int, runs: Runs) -> None:
     """A fresh `serve` + kubelet: start → registered, RSS, the first pod, `warm` more."""
     plugin_dir = work / f"dp-{name}"
+    hz = os.sysconf("SC_CLK_TCK")
     async with harness.emulator(plugin_dir, topology_manager=True) as kubelet:
         with harness.Stamp(kubelet) as listed:
             async with harness.serve(plugin_dir, work / f"{name}.log", simulate=node) as plugin:
                 await harness.wait_registered(kubelet, None, plugin)
                 runs.start_s.append(listed.ms_since(plugin.spawned) / 1000)
+                runs.start_cpu_s.append(harness.cpu_ticks(plugin.pid) / hz)
                 runs.rss_mib.append(harness.proc_status(plugin.pid)["VmRSS"])
                 gpus = kubelet.capacity(RESOURCE)
                 count = min(POD_GPUS, gpus)
                 runs.gpus, runs.pod_gpus = gpus, count
-                cold, cold_call = await _admit(kubelet, f"{name}-0", count)
-                runs.cold_ms.append(cold)
-                runs.cold_call_ms.append(cold_call)
+                runs.cold.append(await _admit(kubelet, f"{name}-0", count))
                 held = [f"{name}-0"]
                 for i in range(1, warm + 1):
                     while gpus - count * len(held) < count:
                         kubelet.release(held.pop(0))
-                    took, call = await _admit(kubelet, f"{name}-{i}", count)
+                    runs.warm.append(await _admit(kubelet, f"{name}-{i}", count))
                     held.append(f"{name}-{i}")
-                    runs.warm_ms.append(took)
-                    runs.warm_call_ms.append(call)
                 runs.rss_after_pods_mib.append(harness.proc_status(plugin.pid)["VmRSS"])
 
 
@@ -146,19 +158,27 @@ def _med_max(values: list[float], digits: int = 2) -> dict[str, float]:
     return {"median": round(harness.median(values), digits), "max": round(max(values), digits)}
 
 
+def _pods(key: str, pods: list[Admission]) -> Figures:
+    preferred = [p.preferred_ms for p in pods if p.preferred_ms is not None]
+    return {
+        f"{key}_ms": _med_max([p.allocate_ms for p in pods]),
+        f"{key}_with_checkpoint_ms": _med_max([p.whole_ms for p in pods]),
+        f"{key}_preferred_answered_ms": _med_max(preferred) if preferred else None,
+    }
+
+
 def summary(runs: Runs) -> Figures:
     return {
         "gpus": runs.gpus,
         "pod_gpus": runs.pod_gpus,
-        "processes": len(runs.cold_ms),
+        "processes": len(runs.cold),
         "start_to_registered_s": _med_max(runs.start_s, 3),
+        "cpu_to_registered_s": _med_max(runs.start_cpu_s, 2),
         "rss_mib": _med_max(runs.rss_mib, 1),
         "rss_after_pods_mib": _med_max(runs.rss_after_pods_mib, 1),
-        "first_pod_ms": _med_max(runs.cold_ms),
-        "first_pod_with_checkpoint_ms": _med_max(runs.cold_call_ms),
-        "warm_pods": len(runs.warm_ms),
-        "warm_pod_ms": _med_max(runs.warm_ms),
-        "warm_pod_with_checkpoint_ms": _med_max(runs.warm_call_ms),
+        **_pods("first_pod", runs.cold),
+        "warm_pods": len(runs.warm),
+        **_pods("warm_pod", runs.warm),
     }
 
 
