@@ -127,8 +127,8 @@ def _node_rows(figures: Figures) -> list[Row]:
                 _ms(f["first_pod_with_checkpoint_ms"]["median"]),
             ),
             Row(
-                f"warm pods: {label}, {f['warm_pods_asked_preferred']}/{f['warm_pods']} asked"
-                " GetPreferredAllocation",
+                f"warm pods: {name} ({f['warm_pods_asked_preferred']}/{f['warm_pods']}"
+                " with GetPreferredAllocation)",
                 _ms(warm["median"]),
                 _ms(warm["max"]),
                 f"≤ {WARM_MS:g} ms",
