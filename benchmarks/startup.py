@@ -6,7 +6,7 @@ Each node is a preset (every file of src/kubegpu/devices/presets) or the 64-GPU 
 written here (`gpus-64`: eight HGX H100 boards of 8 GPUs, one NVSwitch domain each, boards
 0-3 on NUMA node 0 and 4-7 on node 1). Every trial is a fresh `serve` process and a fresh
 kubelet emulator (its topology manager on) over real unix sockets in a temp dir; trials
-go round the nodes in turn, so every node sees the same CPU weather. Per process:
+take the nodes in turn, so every node sees the same CPU weather. Per process:
 
 - **start → registered**: spawn → the emulator holds the plugin's first ListAndWatch list
   (registration, dial, first list), stamped inside the emulator's state change; beside
