@@ -1,4 +1,5 @@
-"""Shared pieces of the benchmarks: subprocesses, timing loops, statistics, /proc reads.
+"""Shared pieces of the benchmarks: `serve` subprocesses, the kubelet emulator, statistics,
+/proc reads.
 
 Everything waits on conditions (a "ready" line, the kubelet emulator's state), never on
 fixed sleeps, and every subprocess and temp dir is cleaned up by the context managers here.
@@ -11,7 +12,6 @@ import contextlib
 import os
 import re
 import shutil
-import socket
 import statistics
 import sys
 import tempfile
@@ -47,21 +47,12 @@ def use_bytecode_cache() -> Path:
     On a node the image's `pip install` compiled every module; a dev shell often sets
     PYTHONDONTWRITEBYTECODE, and then each `serve` started here would compile kubegpu's
     own sources again, ~30-40 ms that no node pays. The first process to import a module
-    compiles it (the benchmark's first, uncounted, starts); later ones read the cache.
+    compiles it (the benchmark's uncounted warm-up start); later ones read the cache.
     """
     prefix = Path(tempfile.mkdtemp(prefix="kgb-pyc-", dir="/tmp"))
     os.environ["PYTHONPYCACHEPREFIX"] = str(prefix)
     os.environ.pop("PYTHONDONTWRITEBYTECODE", None)
     return prefix
-
-
-def uncompiled_env() -> dict[str, str]:
-    """This environment as a dev shell has it: bytecode read from `__pycache__` only
-    (the interpreter's and the venv's), none written, so sources without it (kubegpu's,
-    when PYTHONDONTWRITEBYTECODE is set) are compiled at every start."""
-    env = {k: v for k, v in os.environ.items() if k != "PYTHONPYCACHEPREFIX"}
-    env["PYTHONDONTWRITEBYTECODE"] = "1"
-    return env
 
 
 def kubegpu_command() -> list[str]:
@@ -154,7 +145,7 @@ async def serve(
     simulate: str = "h100-8",
     env: Mapping[str, str] | None = None,
 ) -> AsyncIterator[Child]:
-    """`kubegpu serve --simulate <preset> --device-plugin-path <dir>` as a subprocess."""
+    """`kubegpu serve --simulate <preset or node file> --device-plugin-path <dir>`."""
     args = [
         *kubegpu_command(),
         "serve",
@@ -170,8 +161,8 @@ async def serve(
 
 @contextlib.asynccontextmanager
 async def module_server(module: str, sock: Path, log: Path, *extra: str) -> AsyncIterator[Child]:
-    """`python -m <module> <socket> [extra...]` (echo_server, servicer_server), once it has
-    printed "ready"."""
+    """`python -m <module> <socket> [extra...]` (the reply servers that
+    benchmarks/placement.py compares with), once it has printed "ready"."""
     args = [sys.executable, "-m", module, str(sock), *extra]
     async with child(args, log, stdin_pipe=True) as proc:
         assert proc.proc.stdout is not None
@@ -181,16 +172,11 @@ async def module_server(module: str, sock: Path, log: Path, *extra: str) -> Asyn
         yield proc
 
 
-def free_port() -> int:
-    """A TCP port free right now on 127.0.0.1 (for the HTTP endpoints of `serve`)."""
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return int(s.getsockname()[1])
-
-
 @contextlib.asynccontextmanager
-async def emulator(plugin_dir: Path) -> AsyncIterator[KubeletEmulator]:
-    kubelet = KubeletEmulator(plugin_dir)
+async def emulator(
+    plugin_dir: Path, *, topology_manager: bool = False
+) -> AsyncIterator[KubeletEmulator]:
+    kubelet = KubeletEmulator(plugin_dir, topology_manager=topology_manager)
     await kubelet.start()
     try:
         yield kubelet
@@ -221,7 +207,7 @@ def median(values: Sequence[float]) -> float:
 
 
 def proc_status(pid: int) -> dict[str, float]:
-    """VmRSS and VmHWM of a process, in MB (MiB, as the kernel counts kB)."""
+    """VmRSS and VmHWM of a process, in MiB (the kernel counts kB)."""
     out: dict[str, float] = {}
     for line in Path(f"/proc/{pid}/status").read_text().splitlines():
         key, _, value = line.partition(":")
@@ -230,22 +216,70 @@ def proc_status(pid: int) -> dict[str, float]:
     return out
 
 
+def cpu_ticks(pid: int) -> int:
+    """utime + stime of a process (fields 14 and 15 of /proc/<pid>/stat), in clock ticks."""
+    fields = Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()
+    return int(fields[11]) + int(fields[12])
+
+
 def machine() -> dict[str, str | int]:
+    """What the figures were measured on: CPUs, their model, Python."""
+    model = "unknown"
+    with contextlib.suppress(OSError):
+        for line in Path("/proc/cpuinfo").read_text().splitlines():
+            if line.startswith("model name"):
+                model = line.partition(":")[2].strip()
+                break
     return {
-        "nproc": os.cpu_count() or 0,
-        "affinity": len(os.sched_getaffinity(0)),
+        "nproc": len(os.sched_getaffinity(0)),
+        "cpu_model": model,
         "python": sys.version.split()[0],
     }
 
 
+class Stamp:
+    """The perf_counter at which the emulator's state first holds a full, healthy list of
+    `RESOURCE` (`capacity` devices; None: any non-empty list). Stamped by an `on_change`
+    subscriber, which runs inside the state change, as the kubelet's device manager has
+    the devices in memory: not when a waiting task next gets the loop. A context manager,
+    entered before the change being timed starts."""
+
+    def __init__(self, kubelet: KubeletEmulator, capacity: int | None = None) -> None:
+        self._kubelet = kubelet
+        self._capacity = capacity
+        self.at: float | None = None
+        self._unsubscribe: Callable[[], None] | None = None
+
+    def holds(self) -> bool:
+        have = self._kubelet.capacity(RESOURCE)
+        wanted = have > 0 if self._capacity is None else have == self._capacity
+        return wanted and self._kubelet.allocatable(RESOURCE) == have
+
+    def _check(self, resource: str) -> None:
+        if self.at is None and resource == RESOURCE and self.holds():
+            self.at = time.perf_counter()
+
+    def __enter__(self) -> Stamp:
+        self._unsubscribe = self._kubelet.on_change(self._check)
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        if self._unsubscribe is not None:
+            self._unsubscribe()
+
+    def ms_since(self, start: float) -> float:
+        if self.at is None:
+            raise RuntimeError(f"the emulator never changed to {self._capacity} devices")
+        return (self.at - start) * 1000
+
+
 async def wait_registered(
-    kubelet: KubeletEmulator, capacity: int, child: Child, timeout: float = 30
+    kubelet: KubeletEmulator, capacity: int | None, child: Child, timeout: float = 30
 ) -> None:
-    """Until the kubelet reads `capacity` healthy devices; fails fast if `serve` exits."""
+    """Until the kubelet reads `capacity` healthy devices (None: its first non-empty list,
+    all healthy); fails fast, with the log's tail, if `serve` exits or times out."""
     registered = asyncio.ensure_future(
-        kubelet.wait_for_resource(
-            RESOURCE, capacity=capacity, allocatable=capacity, timeout=timeout
-        )
+        kubelet.wait_for(Stamp(kubelet, capacity).holds, timeout=timeout)
     )
     exited = asyncio.ensure_future(child.proc.wait())
     try:
@@ -259,5 +293,9 @@ async def wait_registered(
         )
     try:
         registered.result()
-    except TimeoutError as exc:
-        raise RuntimeError(f"{exc}\n--- kubegpu serve log:\n{child.tail()}") from None
+    except TimeoutError:
+        raise RuntimeError(
+            f"the kubelet emulator never held {capacity or 'a list of'} healthy {RESOURCE}"
+            f" (capacity {kubelet.capacity(RESOURCE)}, allocatable "
+            f"{kubelet.allocatable(RESOURCE)})\n--- kubegpu serve log:\n{child.tail()}"
+        ) from None

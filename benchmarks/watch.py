@@ -1,8 +1,8 @@
-"""Watches (issue 9): kubelet restart -> re-registered, config edit -> new list at the
-kubelet, and idle CPU of `serve`, with `kubegpu serve --simulate h100-8` in a subprocess
-and the kubelet emulator in this process.
+"""What an operator feels while `serve` runs: kubelet restart -> re-registered, config
+edit -> new list at the kubelet, and idle CPU, with `kubegpu serve --simulate h100-8` in a
+subprocess and the kubelet emulator in this process over real unix sockets.
 
-    python -m benchmarks.watch [--restarts 200] [--reloads 50] [--idle-seconds 60]
+    python -m benchmarks.watch [--restarts 50] [--reloads 20] [--idle-seconds 10]
 
 Figures (the last line printed is one JSON object):
 - `reregister_*`: the emulator restarts as a kubelet does (stop, wipe the plugin sockets,
@@ -12,14 +12,16 @@ Figures (the last line printed is one JSON object):
   Register answered). `..._rmdir_*`: the same with the whole device-plugin directory
   removed and re-created between stop and start.
 - `reload_*`: 8 GPUs x 24 -> 48 (and back) time-slicing replicas, from the write to the
-  kubelet holding the new capacity; `write` rewrites config.yaml by rename, `configmap`
-  swaps a ConfigMap volume's `..data` symlink as the kubelet's atomic writer does. No SIGHUP.
-
-"Holds" is stamped by an `on_change` subscriber of the emulator, which runs inside the
-state change, as the kubelet's device manager has the new devices in memory: not after
-the emulator's checkpoint write, nor when this benchmark's waiting task next gets the loop.
+  kubelet holding the new capacity (a new ListAndWatch list); `write` rewrites config.yaml
+  by rename, `configmap` swaps a ConfigMap volume's `..data` symlink as the kubelet's
+  atomic writer does. No SIGHUP.
 - `idle_cpu_pct`: user+system CPU of the registered, idle `serve` process over the
-  window, as a percentage of one core (/proc/<pid>/stat), with a config file watched.
+  window, as a percentage of one core (utime+stime of /proc/<pid>/stat), with a config
+  file watched.
+
+"Holds" is stamped inside the emulator's state change (`harness.Stamp`), as the kubelet's
+device manager has the new devices in memory: not after the emulator's checkpoint write,
+nor when this benchmark's waiting task next gets the loop.
 
 Run it against another tree with `PYTHONPATH=<tree>/src`: the subprocess inherits it.
 """
@@ -35,7 +37,6 @@ import os
 import shutil
 import sys
 import time
-from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
@@ -44,6 +45,10 @@ from benchmarks.harness import RESOURCE
 from kubegpu.kubelet import KubeletEmulator
 
 GPUS = 8
+#: `make bench`'s counts: kubelet restarts and config changes per kind, idle window (s).
+RESTARTS = 50
+RELOADS = 20
+IDLE_S = 10.0
 Figures = dict[str, Any]
 
 
@@ -70,40 +75,6 @@ async def _wait(kubelet: KubeletEmulator, capacity: int, plugin: harness.Child) 
         )
     except TimeoutError as exc:
         raise RuntimeError(f"{exc}\n--- kubegpu serve log:\n{plugin.tail()}") from None
-
-
-class _Stamp:
-    """The perf_counter at which the emulator's state first holds `capacity` healthy
-    devices; a context manager, entered before the change being timed starts."""
-
-    def __init__(self, kubelet: KubeletEmulator, capacity: int) -> None:
-        self._kubelet = kubelet
-        self._capacity = capacity
-        self.at: float | None = None
-        self._unsubscribe: Callable[[], None] | None = None
-
-    def _check(self, resource: str) -> None:
-        kubelet, capacity = self._kubelet, self._capacity
-        if (
-            self.at is None
-            and resource == RESOURCE
-            and kubelet.capacity(RESOURCE) == capacity
-            and kubelet.allocatable(RESOURCE) == capacity
-        ):
-            self.at = time.perf_counter()
-
-    def __enter__(self) -> _Stamp:
-        self._unsubscribe = self._kubelet.on_change(self._check)
-        return self
-
-    def __exit__(self, *exc: object) -> None:
-        if self._unsubscribe is not None:
-            self._unsubscribe()
-
-    def ms_since(self, start: float) -> float:
-        if self.at is None:
-            raise RuntimeError(f"the emulator never changed to {self._capacity} devices")
-        return (self.at - start) * 1000
 
 
 def _summary(key: str, runs_ms: list[float]) -> Figures:
@@ -144,7 +115,7 @@ async def bench_reregister(restarts: int) -> Figures:
                     await kubelet.stop()
                     if wipe_dir:
                         shutil.rmtree(plugin_dir)
-                    with _Stamp(kubelet, GPUS) as held:
+                    with harness.Stamp(kubelet, GPUS) as held:
                         start = time.perf_counter()
                         await kubelet.start()  # mkdir, wipe sockets, serve a new kubelet.sock
                         starts.append((time.perf_counter() - start) * 1000)
@@ -185,7 +156,7 @@ async def bench_reload_and_idle(reloads: int, idle_seconds: float) -> Figures:
                 runs = []
                 for trial in range(1, reloads + 1):
                     replicas = 48 if trial % 2 else 24
-                    with _Stamp(kubelet, GPUS * replicas) as held:
+                    with harness.Stamp(kubelet, GPUS * replicas) as held:
                         start = time.perf_counter()
                         publish(target, replicas, trial)
                         await _wait(kubelet, GPUS * replicas, plugin)
@@ -196,17 +167,12 @@ async def bench_reload_and_idle(reloads: int, idle_seconds: float) -> Figures:
     return figures
 
 
-def _cpu_ticks(pid: int) -> int:
-    fields = Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()
-    return int(fields[11]) + int(fields[12])  # utime, stime (fields 14 and 15)
-
-
 async def _idle_cpu(plugin: harness.Child, seconds: float) -> Figures:
     """CPU of the registered, idle plugin over `seconds` (a window, not a wait for state)."""
     hz = os.sysconf("SC_CLK_TCK")
-    before, start = _cpu_ticks(plugin.pid), time.perf_counter()
+    before, start = harness.cpu_ticks(plugin.pid), time.perf_counter()
     await asyncio.sleep(seconds)
-    used = (_cpu_ticks(plugin.pid) - before) / hz
+    used = (harness.cpu_ticks(plugin.pid) - before) / hz
     wall = time.perf_counter() - start
     return {
         "idle_cpu_pct": round(100 * used / wall, 3),
@@ -226,9 +192,9 @@ async def _main(args: argparse.Namespace) -> Figures:
 def main() -> int:
     logging.basicConfig(level=logging.ERROR, format="%(levelname)s %(name)s: %(message)s")
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    parser.add_argument("--restarts", type=int, default=200)
-    parser.add_argument("--reloads", type=int, default=50)
-    parser.add_argument("--idle-seconds", type=float, default=60.0)
+    parser.add_argument("--restarts", type=int, default=RESTARTS)
+    parser.add_argument("--reloads", type=int, default=RELOADS)
+    parser.add_argument("--idle-seconds", type=float, default=IDLE_S)
     figures = asyncio.run(_main(parser.parse_args()))
     for key, value in figures.items():
         print(f"{key:32} {value}", file=sys.stderr)
