@@ -13,7 +13,7 @@ from kubegpu.devices import Inventory, LinkKind
 from kubegpu.devices.simulated import SimulatedBackend, parse_node
 from kubegpu.errors import DeviceError
 from kubegpu.resources import build_resources
-from kubegpu.topology import preferred_allocation
+from kubegpu.placement import preferred_allocation
 
 
 def node(text: str) -> Inventory:

@@ -1,0 +1,82 @@
+"""Replicas of shared GPUs (time-slicing, MPS) by `sharedDevicesAllocationPolicy`.
+
+NVIDIA's meaning: `distributed` spreads a request over the least-used units (fewest of its
+own replicas first, then fewest used), `packed` fills the most-used unit first. Among
+equally used units the healthy ones go first, then the unit that talks best (summed link
+weight) with those already in the request, then the lowest (GPU, GPU instance, compute
+instance); each unit hands out its lowest free replica number.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+from collections.abc import Set as AbstractSet
+from dataclasses import dataclass
+
+from kubegpu.config import AllocationPolicy
+
+
+@dataclass(frozen=True)
+class ReplicaIndex:
+    """A shared resource's replica IDs by unit, so that a request over thousands of IDs
+    costs a few set operations per unit, not Python work per ID."""
+
+    #: Per unit, its replica IDs by replica number (the order they are handed out in).
+    ids: tuple[tuple[str, ...], ...]
+    #: Per unit, the same IDs as a set (free replicas are counted by intersection).
+    id_sets: tuple[frozenset[str], ...]
+    #: Per unit, 1 when unhealthy: taken only after every healthy unit.
+    sick: tuple[int, ...]
+    #: Per unit, its place in (GPU index, GPU instance, compute instance) order.
+    rank: tuple[int, ...]
+
+
+def pick_replicas(
+    index: ReplicaIndex,
+    link: Sequence[Sequence[int]],
+    replicas: int,
+    chosen_rows: Sequence[int],
+    taken: AbstractSet[str],
+    pool: AbstractSet[str],
+    need: int,
+    policy: AllocationPolicy,
+) -> list[str]:
+    """`need` more replica IDs from `pool` by `policy`, joining the must-include replicas
+    (`taken`, on units `chosen_rows`); `link` holds the units' pair weights."""
+    rows = range(len(index.ids))
+    in_request = [0] * len(rows)
+    gain = [0] * len(rows)
+    for r in chosen_rows:  # each must-include replica adds its pair weights
+        in_request[r] += 1
+        gain = [g + w for g, w in zip(gain, link[r], strict=True)]
+    # Free: offered and not already in the request (`taken` lies inside `pool`).
+    free = [len(ids & pool) - in_request[r] for r, ids in enumerate(index.id_sets)]
+    used = [replicas - free[r] + in_request[r] for r in rows]
+    packed = policy is AllocationPolicy.PACKED
+
+    def key(r: int) -> tuple[int, ...]:
+        tail = (index.sick[r], -gain[r], index.rank[r], r)
+        return (-used[r], *tail) if packed else (in_request[r], used[r], *tail)
+
+    keys = {r: key(r) for r in rows if free[r] > 0}
+    cursor = [0] * len(rows)  # where each unit's scan for its next free replica resumes
+    picked: list[str] = []
+    for _ in range(need):
+        target = min(keys.values())[-1]
+        ids, j = index.ids[target], cursor[target]
+        while ids[j] not in pool or ids[j] in taken:
+            j += 1
+        cursor[target] = j + 1
+        picked.append(ids[j])
+        # One fewer free and one more in the request: both count as used.
+        free[target] -= 1
+        used[target] += 2
+        in_request[target] += 1
+        if in_request[target] == 1:  # a unit joins: everyone's gain with it changes
+            gain = [g + w for g, w in zip(gain, link[target], strict=True)]
+            keys = {r: key(r) for r in keys}
+        if free[target] == 0:
+            del keys[target]
+        else:
+            keys[target] = key(target)
+    return picked
