@@ -42,6 +42,12 @@ from typing import Any
 
 import grpc
 import yaml
+from kubegpu.topology import (
+    DEFAULT_NVLINK_GBPS,
+    NVLINK_GBPS,
+    objective,
+    preferred_allocation,
+)
 
 from benchmarks import harness
 from benchmarks.harness import RESOURCE
@@ -51,12 +57,6 @@ from kubegpu.config import AllocationPolicy, parse_config
 from kubegpu.devices import Inventory, LinkKind
 from kubegpu.devices.simulated import SimulatedBackend, parse_node
 from kubegpu.resources import ResourceSpec, build_resources
-from kubegpu.topology import (
-    DEFAULT_NVLINK_GBPS,
-    NVLINK_GBPS,
-    objective,
-    preferred_allocation,
-)
 
 Figures = dict[str, Any]
 SEED = 10

@@ -26,8 +26,8 @@ from kubegpu.devices.model import (
 from kubegpu.devices.stop import Stop
 from kubegpu.errors import InitError
 from kubegpu.labels_amd import amd_labels, counted, family, product_label, vram_label
-from kubegpu.resources import build_resources
 from kubegpu.placement import amd_pair_weight
+from kubegpu.resources import build_resources
 
 FIXTURES = Path(__file__).parent.parent / "fixtures"
 MI250 = FIXTURES / "amd-mi250"

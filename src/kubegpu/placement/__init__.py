@@ -23,7 +23,7 @@ from dataclasses import dataclass
 from typing import Protocol
 
 from kubegpu.config import AllocationPolicy
-from kubegpu.devices import Health
+from kubegpu.devices import DeviceID, Health
 from kubegpu.errors import AllocationError
 from kubegpu.placement.amd import amd_pair_weight, best_amd
 from kubegpu.placement.objective import (
@@ -112,7 +112,18 @@ class Fabric:
             ordered = sorted(
                 by_id.values(), key=lambda d: (d.health is not Health.HEALTHY, device_order(d))
             )
-            return cls(name, by_id, row, lm, nm, _twins(lm, nm), {d.id: k for k, d in enumerate(ordered)}, None, 1, amd)
+            return cls(
+                name,
+                by_id,
+                row,
+                lm,
+                nm,
+                _twins(lm, nm),
+                {d.id: k for k, d in enumerate(ordered)},
+                None,
+                1,
+                amd,
+            )
         by_row: list[list[PlacedDevice]] = [[] for _ in range(n)]
         for d in by_id.values():
             by_row[row[d.id]].append(d)
@@ -138,8 +149,12 @@ def _twins(link: Matrix, numa: Matrix) -> tuple[int, ...]:
     classes: list[int] = []
     for i in range(len(link)):
         for c, j in enumerate(first):  # j < i
-            if all(m[i][:j] == m[j][:j] and m[i][j + 1 : i] == m[j][j + 1 : i]
-                   and m[i][i + 1 :] == m[j][i + 1 :] for m in (link, numa)):
+            if all(
+                m[i][:j] == m[j][:j]
+                and m[i][j + 1 : i] == m[j][j + 1 : i]
+                and m[i][i + 1 :] == m[j][i + 1 :]
+                for m in (link, numa)
+            ):
                 classes.append(c)
                 break
         else:
@@ -161,7 +176,7 @@ def preferred_allocation(
     must_include: Iterable[str],
     size: int,
     policy: AllocationPolicy = AllocationPolicy.DISTRIBUTED,
-) -> list[str]:
+) -> list[DeviceID]:
     """The preferred `size` IDs out of `available` ∪ `must_include`, must-include first."""
     fabric = spec.placement
     name, by_id = fabric.name, fabric.by_id
@@ -190,13 +205,21 @@ def preferred_allocation(
             f"{name}: allocation_size {size} exceeds the {len(pool)} devices offered"
         )
     need = size - len(required)
+    chosen = [by_id[i].id for i in required]
     if not need:
-        return required
+        return chosen
     if fabric.replica_index is not None:
         rows = [fabric.row[i] for i in required]
         free = pool if isinstance(pool, set | frozenset) else set(pool)
-        return required + pick_replicas(
-            fabric.replica_index, fabric.link, fabric.replicas, rows, set(required), free, need, policy
+        return chosen + pick_replicas(
+            fabric.replica_index,
+            fabric.link,
+            fabric.replicas,
+            rows,
+            set(required),
+            free,
+            need,
+            policy,
         )
     taken = set(required)
     offered = [by_id[i] for i in sorted(pool - taken, key=fabric.rank.__getitem__)]
@@ -204,7 +227,7 @@ def preferred_allocation(
         picks = best_amd([by_id[i] for i in required], offered, need)
     else:
         picks = _best_units(fabric, required, offered, need)
-    return required + [d.id for d in picks]
+    return chosen + [d.id for d in picks]
 
 
 def _best_units(

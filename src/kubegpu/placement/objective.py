@@ -10,7 +10,7 @@ import itertools
 from collections.abc import Sequence
 from typing import Protocol
 
-from kubegpu.devices import Gpu, Health, LinkKind, MigDevice
+from kubegpu.devices import DeviceID, Gpu, Health, LinkKind, MigDevice
 
 #: Per-link, per-direction NVLink bandwidth in GB/s by NVLink version (1: P100 ... 5: B200).
 NVLINK_GBPS = {1: 20, 2: 25, 3: 25, 4: 25, 5: 50}
@@ -52,7 +52,7 @@ class PlacedDevice(Protocol):
     """What placement reads of an advertised device (`kubegpu.resources.AdvertisedDevice`)."""
 
     @property
-    def id(self) -> str: ...
+    def id(self) -> DeviceID: ...
     @property
     def unit(self) -> PlacedUnit: ...
     @property

@@ -14,6 +14,7 @@ from collections.abc import Set as AbstractSet
 from dataclasses import dataclass
 
 from kubegpu.config import AllocationPolicy
+from kubegpu.devices import DeviceID
 
 
 @dataclass(frozen=True)
@@ -22,7 +23,7 @@ class ReplicaIndex:
     costs a few set operations per unit, not Python work per ID."""
 
     #: Per unit, its replica IDs by replica number (the order they are handed out in).
-    ids: tuple[tuple[str, ...], ...]
+    ids: tuple[tuple[DeviceID, ...], ...]
     #: Per unit, the same IDs as a set (free replicas are counted by intersection).
     id_sets: tuple[frozenset[str], ...]
     #: Per unit, 1 when unhealthy: taken only after every healthy unit.
@@ -40,7 +41,7 @@ def pick_replicas(
     pool: AbstractSet[str],
     need: int,
     policy: AllocationPolicy,
-) -> list[str]:
+) -> list[DeviceID]:
     """`need` more replica IDs from `pool` by `policy`, joining the must-include replicas
     (`taken`, on units `chosen_rows`); `link` holds the units' pair weights."""
     rows = range(len(index.ids))
@@ -60,7 +61,7 @@ def pick_replicas(
 
     keys = {r: key(r) for r in rows if free[r] > 0}
     cursor = [0] * len(rows)  # where each unit's scan for its next free replica resumes
-    picked: list[str] = []
+    picked: list[DeviceID] = []
     for _ in range(need):
         target = min(keys.values())[-1]
         ids, j = index.ids[target], cursor[target]

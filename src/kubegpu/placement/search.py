@@ -68,7 +68,9 @@ def best_subset(
         raise ValueError(f"need {need} exceeds the {n} candidates")
     cls = list(twins) if twins is not None else list(range(n))
     # Each row's other candidates, heaviest first (for the bound's "best r - 1 partners").
-    order = [sorted((x for x in range(n) if x != j), key=lambda x: -weights[j][x]) for j in range(n)]
+    order = [
+        sorted((x for x in range(n) if x != j), key=lambda x: -weights[j][x]) for j in range(n)
+    ]
     greedy = _greedy(weights, base, need)
     greedy_score = score_of(weights, base, greedy, fixed_score)
 
@@ -124,7 +126,13 @@ def best_subset(
                 return
             picked.append(i)
             row = weights[i]
-            search(i + 1, [g + w for g, w in zip(gain, row, strict=True)], score + gain[i], r - 1, closed)
+            search(
+                i + 1,
+                [g + w for g, w in zip(gain, row, strict=True)],
+                score + gain[i],
+                r - 1,
+                closed,
+            )
             picked.pop()
             if stopped:
                 return

@@ -36,8 +36,8 @@ from kubegpu.api import add_device_plugin_servicer, pb, pb_grpc
 from kubegpu.config import AllocationPolicy, Config, DeviceListStrategy
 from kubegpu.errors import AllocationError
 from kubegpu.metrics import Metrics
-from kubegpu.plugin.registration import register
 from kubegpu.placement import preferred_allocation
+from kubegpu.plugin.registration import register
 from kubegpu.plugin.status import status_for
 from kubegpu.resources import ResourceSpec, SharingKind
 
@@ -281,7 +281,7 @@ def _prefer(
     if pool == 0:
         return []
     # Fewer devices left than asked for: prefer all of them; the kubelet decides.
-    return preferred_allocation(spec, available, must_include, min(size, pool), policy)
+    return list(preferred_allocation(spec, available, must_include, min(size, pool), policy))
 
 
 def _mps_edits(spec: ResourceSpec, config: Config) -> ContainerEdits | None:
