@@ -32,7 +32,6 @@ from kubegpu.placement.objective import (
     PCIE_WEIGHT,
     PlacedDevice,
     device_order,
-    folded,
     link_weight,
     numa_term,
     objective,
@@ -240,15 +239,18 @@ def _best_units(
     rows = [fabric.row[d.id] for d in candidates]
     fixed = [fabric.row[i] for i in required]
     k = len(fixed) + need
-    pairs = k * (k - 1) // 2
+    # The objective in one integer: link x (pairs + 1) + NUMA. A set of k units has at most
+    # k(k-1)/2 same-NUMA pairs, so all of them weigh less than one unit of link weight.
+    scale = k * (k - 1) // 2 + 1
     link, numa = fabric.link, fabric.numa
-
-    def w(a: int, b: int) -> int:
-        return folded(link[a][b], numa[a][b], pairs)
-
-    weights = [[w(a, b) if a != b else 0 for b in rows] for a in rows]
-    base = [sum(w(a, f) for f in fixed) for a in rows]
-    fixed_score = sum(w(a, b) for a, b in itertools.combinations(fixed, 2))
+    weights = []
+    for i, a in enumerate(rows):
+        la, na = link[a], numa[a]
+        row = [la[b] * scale + na[b] for b in rows]
+        row[i] = 0
+        weights.append(row)
+    base = [sum(link[a][f] * scale + numa[a][f] for f in fixed) for a in rows]
+    fixed_score = sum(link[a][b] * scale + numa[a][b] for a, b in itertools.combinations(fixed, 2))
     twins = [fabric.twins[a] for a in rows]
     found = bounded(weights, base, need, fixed_score=fixed_score, twins=twins)
     if not found.optimal:

@@ -98,9 +98,3 @@ def objective(units: Sequence[OnGpu]) -> tuple[int, int]:
         link += link_weight(a, b)
         numa += numa_term(a, b)
     return link, numa
-
-
-def folded(link: int, numa: int, pairs: int) -> int:
-    """`objective` as one integer for sets of up to `pairs` pairs: the NUMA count (at most
-    `pairs`) never outweighs one unit of link weight, so integers order sets as tuples do."""
-    return link * (pairs + 1) + numa

