@@ -78,9 +78,11 @@ class Fabric:
     twins: tuple[int, ...]
     #: Device ID -> its place in (healthy first, `device_order`) order; whole units only.
     rank: Mapping[str, int]
-    #: Replicas per unit when the resource is shared, else None.
+    #: The replica IDs per unit when the resource is shared, else None.
     replica_index: ReplicaIndex | None
+    #: Replicas per unit (1 when not shared).
     replicas: int
+    #: AMD devices: weighed as ROCm's allocator weighs them.
     amd: bool
 
     @classmethod
@@ -107,38 +109,43 @@ class Fabric:
         lm = tuple(map(tuple, link))
         nm = tuple(map(tuple, numa))
         row = {i: index[d.unit.uuid] for i, d in by_id.items()}
-        if replicas is None:
-            ordered = sorted(
-                by_id.values(), key=lambda d: (d.health is not Health.HEALTHY, device_order(d))
-            )
-            return cls(
-                name,
-                by_id,
-                row,
-                lm,
-                nm,
-                _twins(lm, nm),
-                {d.id: k for k, d in enumerate(ordered)},
-                None,
-                1,
-                amd,
-            )
-        by_row: list[list[PlacedDevice]] = [[] for _ in range(n)]
-        for d in by_id.values():
-            by_row[row[d.id]].append(d)
-        for devices in by_row:
-            devices.sort(key=lambda d: d.replica if d.replica is not None else -1)
-        first = [devices[0] for devices in by_row]
-        rank = [0] * n
-        for place, r in enumerate(sorted(range(n), key=lambda r: device_order(first[r])[:3])):
-            rank[r] = place
-        replica_index = ReplicaIndex(
-            ids=tuple(tuple(d.id for d in devices) for devices in by_row),
-            id_sets=tuple(frozenset(d.id for d in devices) for devices in by_row),
-            sick=tuple(int(d.health is not Health.HEALTHY) for d in first),
-            rank=tuple(rank),
+        shared = replicas is not None
+        return cls(
+            name=name,
+            by_id=by_id,
+            row=row,
+            link=lm,
+            numa=nm,
+            twins=_twins(lm, nm),
+            rank={} if shared else _rank(by_id.values()),
+            replica_index=_replica_index(by_id.values(), row, n) if shared else None,
+            replicas=replicas or 1,
+            amd=amd,
         )
-        return cls(name, by_id, row, lm, nm, _twins(lm, nm), {}, replica_index, replicas, amd)
+
+
+def _rank(devices: Iterable[PlacedDevice]) -> dict[str, int]:
+    """Each device's place in (healthy first, `device_order`) order: one integer sort key."""
+    ordered = sorted(devices, key=lambda d: (d.health is not Health.HEALTHY, device_order(d)))
+    return {d.id: k for k, d in enumerate(ordered)}
+
+
+def _replica_index(devices: Iterable[PlacedDevice], row: Mapping[str, int], n: int) -> ReplicaIndex:
+    by_row: list[list[PlacedDevice]] = [[] for _ in range(n)]
+    for d in devices:
+        by_row[row[d.id]].append(d)
+    for replicas in by_row:
+        replicas.sort(key=lambda d: d.replica if d.replica is not None else -1)
+    first = [replicas[0] for replicas in by_row]
+    rank = [0] * n
+    for place, r in enumerate(sorted(range(n), key=lambda r: device_order(first[r])[:3])):
+        rank[r] = place
+    return ReplicaIndex(
+        ids=tuple(tuple(d.id for d in replicas) for replicas in by_row),
+        id_sets=tuple(frozenset(d.id for d in replicas) for replicas in by_row),
+        sick=tuple(int(d.health is not Health.HEALTHY) for d in first),
+        rank=tuple(rank),
+    )
 
 
 def _twins(link: Matrix, numa: Matrix) -> tuple[int, ...]:
@@ -207,20 +214,12 @@ def preferred_allocation(
     chosen = [by_id[i].id for i in required]
     if not need:
         return chosen
-    if fabric.replica_index is not None:
-        rows = [fabric.row[i] for i in required]
-        free = pool if isinstance(pool, set | frozenset) else set(pool)
-        return chosen + pick_replicas(
-            fabric.replica_index,
-            fabric.link,
-            fabric.replicas,
-            rows,
-            set(required),
-            free,
-            need,
-            policy,
-        )
     taken = set(required)
+    if fabric.replica_index is not None:
+        free = pool if isinstance(pool, set | frozenset) else set(pool)
+        rows = [fabric.row[i] for i in required]
+        index, link = fabric.replica_index, fabric.link
+        return chosen + pick_replicas(index, link, fabric.replicas, rows, taken, free, need, policy)
     offered = [by_id[i] for i in sorted(pool - taken, key=fabric.rank.__getitem__)]
     if fabric.amd:
         picks = best_amd([by_id[i] for i in required], offered, need)
