@@ -11,8 +11,8 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 
 from kubegpu.config import parse_config
-from kubegpu.devices.simulated import SimulatedBackend
-from kubegpu.placement import best_subset, link_weight, numa_term, preferred_allocation
+from kubegpu.devices.simulated import SimulatedBackend, parse_node
+from kubegpu.placement import best_subset, link_weight, numa_term, objective, preferred_allocation
 from kubegpu.resources import ResourceSpec, build_resources
 
 Matrix = list[list[int]]
@@ -150,3 +150,34 @@ def test_presets_with_must_include_get_the_first_optimal_set(preset: str) -> Non
                 if (s := score(fixed + c)) > best[0]:
                     best = (s, c)
             assert got[fixed_count:] == [ids[i] for i in best[1]]
+
+
+def _boards_spec() -> ResourceSpec:
+    """64 GPUs: eight NVSwitch boards, each on its own NUMA node (the bounded search)."""
+    gpus = [{"numa_node": b, "nvswitch": f"board{b}"} for b in range(8) for _ in range(8)]
+    inv = SimulatedBackend(parse_node({"gpus": gpus}, "boards", "test")).discover()
+    return build_resources(inv, parse_config("version: v1"))[0]
+
+
+BOARDS = _boards_spec()
+
+
+@given(st.lists(st.integers(0, 8), min_size=8, max_size=8), st.data())
+@settings(max_examples=100, deadline=None)
+def test_beyond_the_exact_limit_fragmented_boards_are_still_filled_best_first(
+    free_per_board: list[int], data: st.DataObject
+) -> None:
+    """More than 16 candidates: the bounded search. On alike boards a set's score only
+    grows by taking more from fewer boards, so the optimum fills the boards with the most
+    free GPUs first, and the bounded search finds it."""
+    ids = [d.id for d in BOARDS.devices]
+    free = [ids[8 * b + g] for b, count in enumerate(free_per_board) for g in range(count)]
+    if len(free) <= 16:
+        return  # the exact search's ground, tested above
+    need = data.draw(st.integers(1, len(free)))
+    got = preferred_allocation(BOARDS, free, [], need)
+    best: list[str] = []
+    for b in sorted(range(8), key=lambda b: -free_per_board[b]):
+        best += [ids[8 * b + g] for g in range(free_per_board[b])][: need - len(best)]
+    units = BOARDS.by_id
+    assert objective([units[i].unit for i in got]) == objective([units[i].unit for i in best])

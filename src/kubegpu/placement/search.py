@@ -181,14 +181,20 @@ def score_of(
 
 def _greedy(weights: Sequence[Sequence[int]], base: Sequence[int], need: int) -> tuple[int, ...]:
     """A quick incumbent: start from the candidate with the best neighbourhood, then add
-    the one that gains most with what is picked (ties: lowest index)."""
+    the one that gains most with what is picked; among equal gains, the one with most
+    weight to the candidates still left (on a fragmented node: the board with the most
+    free GPUs, not the lowest-numbered one), then the lowest index."""
     n = len(base)
-    seed = max(range(n), key=lambda j: (2 * base[j] + sum(weights[j]), -j))
-    picked, gain = [seed], [g + w for g, w in zip(base, weights[seed], strict=True)]
-    left = set(range(n)) - {seed}
-    while len(picked) < need:
-        nxt = max(left, key=lambda j: (gain[j], -j))
+    rest = [sum(row) for row in weights]  # weight to the candidates not picked
+    seed = max(range(n), key=lambda j: (2 * base[j] + rest[j], -j))
+    picked, gain = [seed], list(base)
+    left = set(range(n))
+    while True:
+        nxt = picked[-1]
         left.remove(nxt)
-        picked.append(nxt)
-        gain = [g + w for g, w in zip(gain, weights[nxt], strict=True)]
-    return tuple(sorted(picked))
+        row = weights[nxt]
+        gain = [g + w for g, w in zip(gain, row, strict=True)]
+        rest = [r - w for r, w in zip(rest, row, strict=True)]
+        if len(picked) == need:
+            return tuple(sorted(picked))
+        picked.append(max(left, key=lambda j: (gain[j], rest[j], -j)))
