@@ -74,7 +74,7 @@ class Fabric:
     link: Matrix
     numa: Matrix
     #: Per row, its class of twins: units that weigh the same to every other unit (the
-    #: GPUs of one NVSwitch board on one NUMA node, the slices of one GPU).
+    #: GPUs of one NVSwitch board on one NUMA node, the slices of one GPU); whole units only.
     twins: tuple[int, ...]
     #: Device ID -> its place in (healthy first, `device_order`) order; whole units only.
     rank: Mapping[str, int]
@@ -116,7 +116,7 @@ class Fabric:
             row=row,
             link=lm,
             numa=nm,
-            twins=_twins(lm, nm),
+            twins=() if shared else _twins(lm, nm),
             rank={} if shared else _rank(by_id.values()),
             replica_index=_replica_index(by_id.values(), row, n) if shared else None,
             replicas=replicas or 1,
