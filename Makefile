@@ -7,8 +7,7 @@ STAMP := $(VENV)/.installed
 
 .PHONY: demo test lint bench proto venv clean static-manifests image image-offline
 
-# setup.py and the C source: the compiled ID reader is built by this install (in place).
-$(STAMP): pyproject.toml setup.py src/kubegpu/_idscan.c
+$(STAMP): pyproject.toml
 	@test -x $(BIN)/python || $(PYTHON) -m venv $(VENV)
 	@$(BIN)/python -m pip install -q --upgrade pip setuptools
 	@$(BIN)/python -m pip install -q -e '.[dev]'

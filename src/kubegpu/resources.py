@@ -16,7 +16,7 @@ from __future__ import annotations
 
 import re
 from collections.abc import Mapping, Sequence
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from enum import StrEnum
 from functools import cached_property
 
@@ -30,6 +30,7 @@ from kubegpu.config import (
 from kubegpu.config.names import pattern_matches
 from kubegpu.devices import DeviceID, Gpu, Health, Inventory, MigDevice, ResourceName, Vendor
 from kubegpu.errors import ConfigError
+from kubegpu.placement import Fabric
 
 DEFAULT_NVIDIA = ResourceName("nvidia.com/gpu")
 DEFAULT_AMD = ResourceName("amd.com/gpu")
@@ -110,6 +111,18 @@ class ResourceSpec:
     #: Device nodes every container of this vendor needs (nvidiactl, uvm, kfd).
     control_device_paths: tuple[str, ...] = ()
     vendor: Vendor = Vendor.NVIDIA
+    #: What GetPreferredAllocation reads of these devices (pair weights, ranks, replicas),
+    #: built here with the spec so that no request pays for it.
+    placement: Fabric = field(init=False, repr=False, compare=False)
+
+    def __post_init__(self) -> None:
+        fabric = Fabric.build(
+            self.name,
+            self.by_id,
+            replicas=self.replicas if self.sharing is not SharingKind.NONE else None,
+            amd=self.vendor is Vendor.AMD,
+        )
+        object.__setattr__(self, "placement", fabric)  # frozen: set once, here
 
     @cached_property
     def by_id(self) -> Mapping[str, AdvertisedDevice]:

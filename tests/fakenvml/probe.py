@@ -31,8 +31,8 @@ from kubegpu.devices.nvml import NvmlBackend
 from kubegpu.devices.stop import Stop
 from kubegpu.errors import ConfigError
 from kubegpu.health import HealthTracker
+from kubegpu.placement import preferred_allocation
 from kubegpu.resources import build_resources
-from kubegpu.topology import preferred_allocation
 
 _WAIT_S = 20.0
 

@@ -16,6 +16,7 @@ from typing import Any
 
 import grpc
 import pytest
+from google.protobuf.message import DecodeError
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
@@ -26,7 +27,7 @@ from kubegpu.devices.simulated import SimulatedBackend
 from kubegpu.events import FakeEventSink, NodeEvents
 from kubegpu.kubelet import KubeletEmulator
 from kubegpu.plugin.manager import socket_path_too_long
-from kubegpu.plugin.server import ResourceServer
+from kubegpu.plugin.server import ResourceServer, undecodable
 from kubegpu.resources import ResourceSpec, build_resources, socket_name
 from tests import builders
 from tests.integration.waiting import eventually
@@ -447,6 +448,42 @@ async def test_invalid_utf8_id_gets_a_status_and_plugin_keeps_serving(socket_dir
             assert info.value.code() is grpc.StatusCode.INVALID_ARGUMENT, attempt
             ok = await stub.Allocate(_allocate(spec.devices[0].id))
             assert ok.container_responses[0].envs
+
+
+async def test_undecodable_preferred_request_gets_invalid_argument_in_one_line(
+    socket_dir: Path,
+) -> None:
+    """GetPreferredAllocation is decoded by protobuf like every RPC: bad UTF-8 in an offered
+    ID is INVALID_ARGUMENT with protobuf's reason in one line, and the plugin keeps serving."""
+    spec = _spec()
+    # ContainerPreferredAllocationRequest{available_deviceIDs: b"GPU-\xff", size 1}.
+    inner = b"\x0a\x05GPU-\xff\x18\x01"
+    raw = b"\x0a" + bytes([len(inner)]) + inner
+    with pytest.raises(DecodeError) as decoded:
+        pb.PreferredAllocationRequest.FromString(raw)
+    expected = str(undecodable(str(decoded.value)))
+    address = f"unix://{socket_dir / spec.socket_name}"
+    async with (
+        serving(socket_dir, spec) as (_, stub),
+        grpc.aio.insecure_channel(address) as channel,
+    ):
+        call = channel.unary_unary("/v1beta1.DevicePlugin/GetPreferredAllocation", None, None)
+        for attempt in range(2):
+            with pytest.raises(grpc.aio.AioRpcError) as info:
+                await call(raw)
+            assert info.value.code() is grpc.StatusCode.INVALID_ARGUMENT, attempt
+            assert info.value.details() == expected
+            assert "\n" not in expected and expected.endswith("; send valid UTF-8 IDs")
+            ok = await stub.GetPreferredAllocation(
+                pb.PreferredAllocationRequest(
+                    container_requests=[
+                        pb.ContainerPreferredAllocationRequest(
+                            available_deviceIDs=[d.id for d in spec.devices], allocation_size=2
+                        )
+                    ]
+                )
+            )
+            assert len(ok.container_responses[0].deviceIDs) == 2
 
 
 # Hypothesis runs each example synchronously, so the server runs on its own loop in a thread.

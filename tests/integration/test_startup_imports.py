@@ -1,7 +1,8 @@
 """What `kubegpu serve` imports: start-up time and RSS pay for every module loaded before
 registering, so the clients of outside worlds (Kubernetes, and kubegpu's own adapter to
-it), the parts only some runs need (the labeller, PyYAML without a config file) and the
-parts only some requests need (placement) load when first used, not at import.
+it) and the parts only some runs need (the labeller, PyYAML without a config file) load
+when first used, not at import. Placement is the opposite: it loads with the resources,
+before registering, so that no request pays for an import.
 
 Each probe runs in a fresh interpreter: `sys.modules` of the test process is shared with
 every other test and says nothing.
@@ -68,7 +69,6 @@ async def test_importing_the_daemon_loads_no_kubernetes_labeller_yaml_or_prometh
         "kubernetes",
         "kubegpu.kube",
         "kubegpu.labeller",
-        "kubegpu.topology",
         "yaml",
         "prometheus_client",
         "difflib",
@@ -87,8 +87,8 @@ async def test_serve_registers_and_allocates_without_the_kubernetes_client(
     """`serve` up to registered, one Allocate and a clean stop load no Kubernetes client,
     nor kubegpu's adapter to it, also with NODE_NAME set (events on): both load with the
     first Event sent. Nor prometheus_client without a metrics port: it loads on the first
-    scrape. Placement (`kubegpu.topology`) loads with the first GetPreferredAllocation,
-    which the kubelet sends before Allocate, and not before. Nor difflib: the config
+    scrape. Placement (`kubegpu.placement`) is loaded before registering, with or without
+    a request: the first GetPreferredAllocation imports nothing. Nor difflib: the config
     loader needs it only to suggest a fix for an unknown key. (pydantic validates the config
     at start, and its plugin lookup brings `importlib.resources`: neither is watched.)"""
     kubelet = KubeletEmulator(socket_dir / "dp", grace_period=0.5)
@@ -98,7 +98,7 @@ async def test_serve_registers_and_allocates_without_the_kubernetes_client(
         "kubegpu.daemon",
         "kubernetes",
         "kubegpu.kube",
-        "kubegpu.topology",
+        "kubegpu.placement",
         "prometheus_client",
         "difflib",
     )
@@ -124,8 +124,7 @@ async def test_serve_registers_and_allocates_without_the_kubernetes_client(
         _, err = await asyncio.wait_for(proc.communicate(), 20)
         await kubelet.stop()
     assert proc.returncode == 0, err.decode()
-    placement = {"kubegpu.topology"} if allocate else set()
-    assert set(report.read_text().split()) == {"kubegpu.daemon", *placement}
+    assert set(report.read_text().split()) == {"kubegpu.daemon", "kubegpu.placement"}
 
 
 def test_events_still_answers_to_the_old_name_of_kube_errors() -> None:

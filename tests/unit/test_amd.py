@@ -26,8 +26,8 @@ from kubegpu.devices.model import (
 from kubegpu.devices.stop import Stop
 from kubegpu.errors import InitError
 from kubegpu.labels_amd import amd_labels, counted, family, product_label, vram_label
+from kubegpu.placement import amd_pair_weight
 from kubegpu.resources import build_resources
-from kubegpu.topology import amd_pair_weight
 
 FIXTURES = Path(__file__).parent.parent / "fixtures"
 MI250 = FIXTURES / "amd-mi250"
@@ -225,7 +225,7 @@ def test_unknown_board_has_no_product_label() -> None:
     assert labels["amd.com/gpu.device-id"] == "1234"
 
 
-# --- ROCm's pair weights (kubegpu.topology) ---------------------------------------------
+# --- ROCm's pair weights (kubegpu.placement) -------------------------------------------
 
 
 def test_pair_weight_terms() -> None:

@@ -11,8 +11,8 @@ from kubegpu.allocation import build_response, validate_request
 from kubegpu.config import AllocationPolicy, Config, build_config
 from kubegpu.devices import Inventory
 from kubegpu.errors import ConfigError
+from kubegpu.placement import preferred_allocation
 from kubegpu.resources import build_resources
-from kubegpu.topology import preferred_allocation
 from tests.builders import gpu, inventory
 
 PROFILES = ["1g.10gb", "2g.20gb", "3g.40gb"]

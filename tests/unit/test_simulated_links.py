@@ -12,8 +12,8 @@ from kubegpu.config import parse_config
 from kubegpu.devices import Inventory, LinkKind
 from kubegpu.devices.simulated import SimulatedBackend, parse_node
 from kubegpu.errors import DeviceError
+from kubegpu.placement import preferred_allocation
 from kubegpu.resources import build_resources
-from kubegpu.topology import preferred_allocation
 
 
 def node(text: str) -> Inventory:

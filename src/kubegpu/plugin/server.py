@@ -15,7 +15,6 @@ import stat
 import time
 import uuid
 from collections.abc import AsyncIterator, Awaitable, Callable
-from collections.abc import Set as AbstractSet
 from pathlib import Path
 from typing import Any
 
@@ -37,9 +36,9 @@ from kubegpu.api import add_device_plugin_servicer, pb, pb_grpc
 from kubegpu.config import AllocationPolicy, Config, DeviceListStrategy
 from kubegpu.errors import AllocationError
 from kubegpu.metrics import Metrics
+from kubegpu.placement import preferred_allocation
 from kubegpu.plugin.registration import register
 from kubegpu.plugin.status import status_for
-from kubegpu.plugin.wire import RawRequest, read_preferred
 from kubegpu.resources import ResourceSpec, SharingKind
 
 log = logging.getLogger("kubegpu.plugin")
@@ -173,7 +172,7 @@ class DevicePluginServicer(pb_grpc.DevicePluginServicer):
 
     async def GetPreferredAllocation(
         self,
-        request: pb.PreferredAllocationRequest | RawRequest,
+        request: pb.PreferredAllocationRequest,
         context: grpc.aio.ServicerContext[
             pb.PreferredAllocationRequest, pb.PreferredAllocationResponse
         ],
@@ -181,11 +180,7 @@ class DevicePluginServicer(pb_grpc.DevicePluginServicer):
         spec, config = self.spec, self.config
         policy: AllocationPolicy = config.flags.plugin.shared_devices_allocation_policy
         # Errors (a bad allocation_size, a bug) become a status at the `Boundary`.
-        if isinstance(request, RawRequest):
-            # Behind the `Boundary` the request arrives as bytes (see `kubegpu.plugin.wire`).
-            picks = _prefer_raw(spec, request.data, policy)
-        else:
-            picks = [_prefer(spec, req, policy) for req in request.container_requests]
+        picks = [_prefer(spec, req, policy) for req in request.container_requests]
         answers = [pb.ContainerPreferredAllocationResponse(deviceIDs=ids) for ids in picks]
         return pb.PreferredAllocationResponse(container_responses=answers)
 
@@ -262,15 +257,11 @@ def _prefer(
     refusing the whole call would fail the pod, so vanished IDs are dropped (logged) and
     the hint is built from the rest. The kubelet makes the final choice anyway.
     """
-    # Placement is imported on the first request, not before registering (~1,000 lines).
-    from kubegpu.topology import advertised
-
-    # The offered IDs that are still advertised, as a set, in one C-level pass (a request
-    # can carry thousands), which `topology` takes as is. Fewer than offered means
-    # vanished IDs (or repeats: set semantics, as the kubelet's own sets have).
+    # The offered IDs still advertised, as a set (repeats count once, as in the kubelet's
+    # own sets); fewer than offered means vanished IDs or repeats.
     offered = req.available_deviceIDs
     known = spec.by_id.keys()
-    available = advertised(spec, offered)
+    available = known & set(offered)
     must_include = dict.fromkeys(req.must_include_deviceIDs)
     if len(available) < len(offered) or not must_include.keys() <= known:
         order = dict.fromkeys([*req.must_include_deviceIDs, *offered])
@@ -283,49 +274,7 @@ def _prefer(
                 describe_ids(gone),
             )
         must_include = {i: None for i in must_include if i in known}
-    return _choose(spec, available, must_include, req.allocation_size, policy)
-
-
-def _prefer_raw(spec: ResourceSpec, data: bytes, policy: AllocationPolicy) -> list[list[str]]:
-    """`_prefer` for every container request of a request's bytes, read without making a
-    string per offered ID when nothing is unusual; else decoded by protobuf as before."""
-    from kubegpu.topology import AllBut, encoded_ids, encoded_whole, id_table
-
-    asks = read_preferred(data, encoded_ids(spec), encoded_whole(spec), id_table(spec))
-    known = spec.by_id.keys()
-    if asks is not None and all(
-        (a.available is None or len(a.available) == a.offered)
-        and all(map(known.__contains__, a.must_include))
-        for a in asks
-    ):
-        return [
-            _choose(
-                spec,
-                AllBut(spec, a.missing) if a.available is None else a.available,
-                dict.fromkeys(a.must_include),
-                a.size,
-                policy,
-            )
-            for a in asks
-        ]
-    # Vanished or repeated IDs (logged by `_prefer`), or bytes the reader leaves to protobuf.
-    try:
-        request = pb.PreferredAllocationRequest.FromString(data)
-    except DecodeError as exc:
-        raise undecodable(str(exc)) from None
-    return [_prefer(spec, req, policy) for req in request.container_requests]
-
-
-def _choose(
-    spec: ResourceSpec,
-    available: AbstractSet[str],
-    must_include: dict[str, None],
-    size: int,
-    policy: AllocationPolicy,
-) -> list[str]:
-    """The pick from offered IDs that are all advertised (the spec's own strings)."""
-    from kubegpu.topology import preferred_allocation
-
+    size = req.allocation_size
     if size <= 0:
         raise AllocationError(f"{spec.name}: allocation_size must be at least 1, got {size}")
     pool = len(available) + sum(1 for i in must_include if i not in available)
@@ -394,12 +343,6 @@ class Boundary(grpc.aio.ServerInterceptor):  # type: ignore[type-arg]
         return guarded
 
 
-#: Methods whose request reaches the servicer as bytes (`kubegpu.plugin.wire.RawRequest`).
-_RAW_REQUESTS: dict[str, Callable[[bytes], Any]] = {
-    "/v1beta1.DevicePlugin/GetPreferredAllocation": RawRequest,
-}
-
-
 def _guard(handler: Any, method: str) -> Any:
     """`handler` with a request decoder that turns a decode failure into INVALID_ARGUMENT,
     and every exception of the method into its status."""
@@ -407,9 +350,6 @@ def _guard(handler: Any, method: str) -> Any:
     if decode is None:
         return handler
     rpc = method.rsplit("/", 1)[-1]
-    # Its bytes are read by the method itself, without a string per offered ID; what the
-    # reader leaves to protobuf gets the same INVALID_ARGUMENT there (`undecodable`).
-    decode = _RAW_REQUESTS.get(method, decode)
 
     def safe_decode(data: bytes) -> Any:
         try:

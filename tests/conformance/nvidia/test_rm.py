@@ -19,8 +19,8 @@ from kubegpu.config.v1 import HealthFlags
 from kubegpu.devices.model import Health, HealthEvent, HealthEventKind
 from kubegpu.errors import AllocationError, ConfigError, KubegpuError
 from kubegpu.health import HealthTracker, health_flags_from_env
+from kubegpu.placement import preferred_allocation
 from kubegpu.resources import ResourceSpec, build_resources, mig_resource_name
-from kubegpu.topology import preferred_allocation
 from tests import builders
 from tests.conformance.origin import DATA, NVIDIA_DP
 

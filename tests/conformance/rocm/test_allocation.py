@@ -20,8 +20,8 @@ from kubegpu.config import parse_config
 from kubegpu.daemon import Daemon, DaemonSettings
 from kubegpu.devices.amd import AmdBackend
 from kubegpu.kubelet import KubeletEmulator
+from kubegpu.placement import amd_pair_weight, preferred_allocation
 from kubegpu.resources import ResourceSpec, build_resources
-from kubegpu.topology import amd_pair_weight, preferred_allocation
 from tests.conformance.rocm.cases import cites, load
 from tests.conformance.rocm.sysfs import Node, build_node
 

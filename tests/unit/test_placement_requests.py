@@ -1,4 +1,4 @@
-"""Preferred allocation: validity of the hint, topology scoring, replica policies."""
+"""Preferred allocation: validity of the hint, NUMA and NVLink scoring, replica policies."""
 
 from __future__ import annotations
 
@@ -7,8 +7,8 @@ import pytest
 from kubegpu.config import AllocationPolicy, parse_config
 from kubegpu.devices import Link, LinkKind
 from kubegpu.errors import AllocationError
+from kubegpu.placement import preferred_allocation
 from kubegpu.resources import ResourceSpec, build_resources
-from kubegpu.topology import advertised, preferred_allocation
 from tests.builders import gpu, inventory, nvlinked
 
 
@@ -133,15 +133,3 @@ def test_packed_prefers_partly_used_gpu() -> None:
     ]
     got = preferred_allocation(spec, free, [], 2, AllocationPolicy.PACKED)
     assert {spec.by_id[i].unit.gpu.index for i in got} == {1}
-
-
-def test_advertised_keeps_known_ids_as_the_specs_own_strings() -> None:
-    spec = plain(inventory(gpu(0), gpu(1)))
-    mine = ids(spec)
-    # Fresh string objects, as a decoded request carries them.
-    offered = ["".join(i) for i in [mine[1], "GPU-gone", mine[1], mine[0]]]
-    got = advertised(spec, offered)
-    assert got == set(mine)
-    # The spec's own objects: later set operations match them by identity.
-    assert {id(i) for i in got} == {id(i) for i in mine}
-    assert advertised(spec, []) == set()
