@@ -16,11 +16,16 @@ tree, so `hostPath` always names a regular file even when the driver uses absolu
 No hooks are written unless asked for: updating the container's ld cache needs
 `nvidia-ctk` on the host, which this plugin can neither ship nor verify. Pass
 `nvidia_ctk_path` when the host has it.
+
+`CdiWriter` keeps the files of a running `serve` in step with the node's state: the
+inventory or the config changes, the files follow.
 """
 
 from __future__ import annotations
 
+import asyncio
 import json
+import logging
 import os
 import posixpath
 import tempfile
@@ -29,7 +34,9 @@ from collections.abc import Callable, Iterable, Sequence
 from pathlib import Path
 from typing import Any
 
-from kubegpu.allocation import ImexChannel, cdi_device_name, under_root
+import yaml
+
+from kubegpu.allocation import CDI_STRATEGIES, ImexChannel, cdi_device_name, under_root
 from kubegpu.config import Config
 from kubegpu.devices.model import Gpu, Inventory, MigDevice
 from kubegpu.errors import ConfigError
@@ -46,6 +53,9 @@ from kubegpu.nvidia_paths import LIBRARY_PATTERNS as LIBRARY_PATTERNS
 from kubegpu.nvidia_paths import OPTIONAL_CONTROL_DEVICES as OPTIONAL_CONTROL_NODES
 from kubegpu.nvidia_paths import REQUIRED_CONTROL_DEVICES as REQUIRED_CONTROL_NODES
 from kubegpu.nvidia_paths import gpu_device_node
+from kubegpu.state import NodeState, NodeStore
+
+log = logging.getLogger(__name__)
 
 #: The CDI spec version written; 0.6.0 is understood by containerd >= 1.7 and CRI-O >= 1.28.
 CDI_VERSION = "0.6.0"
@@ -428,17 +438,73 @@ def update_spec(spec: dict[str, Any], directory: str, name: str) -> Path | None:
 
 def dump(spec: dict[str, Any], format: str = "json") -> str:
     if format == "yaml":
-        import yaml
-
         return str(yaml.safe_dump(spec, sort_keys=False))
     if format == "json":
         return json.dumps(spec, indent=2) + "\n"
     raise ConfigError(f"--format {format!r} is not one of: json, yaml")
 
 
+class CdiWriter:
+    """Keeps the CDI spec files in `directory` up to date with the node's state.
+
+    The files depend on the inventory and the config (strategies, modes such as
+    `gdsEnabled`, IMEX channels), so only a change of either rewrites them, and a file
+    whose bytes would not change is left alone. A class switched off loses its file, so
+    Allocate stops naming it. A directory that cannot be written is logged, not fatal:
+    the plugin keeps serving, the CDI names will not resolve.
+    """
+
+    def __init__(self, store: NodeStore, directory: Path | str = DEFAULT_DIRECTORY) -> None:
+        self.store = store
+        self.directory = Path(directory)
+        #: The config the spec files were last brought up to date for (None: not yet).
+        self.config: Config | None = None
+        self._inventory: Inventory | None = None
+
+    async def follow(self, since: int) -> None:
+        """Rewrite the specs for every state after version `since` whose inventory or
+        config differs from those last written (a root task)."""
+        async for state in self.store.subscribe(since):
+            if state.inventory is self._inventory and state.config is self.config:
+                continue  # only health or MPS readiness moved
+            await self.write(state)
+
+    async def write(self, state: NodeState) -> None:
+        """Bring the spec files up to date for `state` (off the loop: it reads the driver
+        tree and writes files)."""
+        plugin = state.config.flags.plugin
+        if CDI_STRATEGIES.isdisjoint(plugin.device_list_strategy) or not state.inventory.gpus:
+            self.config, self._inventory = state.config, state.inventory
+            return
+        directory = self.directory
+        try:
+            specs = await asyncio.to_thread(node_specs, state.inventory, state.config)
+            for name, spec in specs.items():
+                # Unchanged bytes are left alone: most reloads touch nothing CDI-related.
+                path = await asyncio.to_thread(update_spec, spec, str(directory), name)
+                if path is not None:
+                    count = len(spec.get("devices", []))
+                    log.info("wrote CDI spec %s (%d devices)", path, count)
+            # A class switched off (gdsEnabled: false) must stop being named by Allocate.
+            for cdi_class in available_classes(directory):
+                stale = directory / spec_name(cdi_class)
+                if stale.name not in specs and stale.exists():
+                    stale.unlink()
+                    log.info("removed CDI spec %s: no longer enabled", stale)
+        except OSError as exc:
+            log.error(
+                "cannot write the CDI spec to %s (%s): CDI device names will not resolve; "
+                "mount /var/run/cdi read-write",
+                directory,
+                exc,
+            )
+        self.config, self._inventory = state.config, state.inventory
+
+
 __all__ = [
     "CDI_VERSION",
     "KIND",
+    "CdiWriter",
     "ClassCache",
     "cdi_device_name",
     "find_binaries",

@@ -3,8 +3,11 @@
 Startup (config, backend, first device list, plugins) → run (root tasks under one
 `Supervisor`) → graceful shutdown (plugins stop, sockets removed). The first root task
 to fail stops all of them. State lives in one `NodeStore` (inventory, health, config,
-MPS readiness); writers (health monitor, config follower, MPS supervisors) update it,
-and the plugins, MPS, CDI, metrics and Node events follow it as subscribers.
+MPS readiness); writers (health monitor, config follower, MPS daemons) update it, and
+the plugins, metrics and Node events follow it as subscribers. Each room runs its own
+loop over the store and the daemon only starts, supervises and stops it: the MPS control
+daemons (`mps.MpsReconciler`), the CDI spec files (`cdi.CdiWriter`) and, with
+`--with-labels`, the node labels (`labeller.follow_store`).
 """
 
 from __future__ import annotations
@@ -13,24 +16,21 @@ import asyncio
 import contextlib
 import errno
 import fcntl
-import functools
 import logging
-import math
 import os
 import socket
-import time
 from collections.abc import AsyncIterator, Callable, Mapping
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import TYPE_CHECKING, Any
+from typing import Any
 
-from kubegpu import cdi
-from kubegpu.allocation import CDI_STRATEGIES
+from kubegpu import labeller
 from kubegpu.api import DEVICE_PLUGIN_PATH
+from kubegpu.cdi import DEFAULT_DIRECTORY as DEFAULT_CDI_DIRECTORY
+from kubegpu.cdi import CdiWriter
 from kubegpu.config import Config, Flags
 from kubegpu.config import driver_files_root as config_driver_files_root
 from kubegpu.config.loader import config_to_json
-from kubegpu.config.names import parse_quantity
 from kubegpu.config.source import POLL_INTERVAL, ConfigSource, ConfigUpdate, NamedConfigs
 from kubegpu.devices import (
     DeviceBackend,
@@ -44,16 +44,13 @@ from kubegpu.events import NodeEvents, Reason
 from kubegpu.health import HealthMonitor, health_flags_from_env
 from kubegpu.httpserver import HttpServer
 from kubegpu.metrics import Metrics
-from kubegpu.mps import MpsDaemon, MpsError
+from kubegpu.mps import MpsReconciler
 from kubegpu.nvidia_paths import MPS_CONTROL_BINARY
 from kubegpu.plugin import PluginManager
 from kubegpu.plugin.manager import socket_path_too_long
-from kubegpu.resources import ResourceSpec, SharingKind
-from kubegpu.state import NodeState, NodeStore
-from kubegpu.supervisor import Supervisor, spawn, until_stopped
-
-if TYPE_CHECKING:
-    from kubegpu import labeller
+from kubegpu.resources import ResourceSpec
+from kubegpu.state import NodeStore
+from kubegpu.supervisor import Supervisor, until_stopped
 
 log = logging.getLogger("kubegpu.daemon")
 
@@ -95,7 +92,7 @@ class DaemonSettings:
     health_port: int = 0
     config_poll_interval: float = POLL_INTERVAL
     #: Where CDI specs go when a CDI device-list strategy is on.
-    cdi_dir: Path = Path(cdi.DEFAULT_DIRECTORY)
+    cdi_dir: Path = Path(DEFAULT_CDI_DIRECTORY)
     mps_control_binary: str = MPS_CONTROL_BINARY
     #: Also write GPU Feature Discovery labels (NFD features.d file), as `kubegpu labels`.
     with_labels: bool = False
@@ -130,12 +127,10 @@ class Daemon:
             poll_interval=settings.config_poll_interval,
         )
         self.started = asyncio.Event()
-        #: The config the CDI spec files were last brought up to date for (None: not yet).
-        self.cdi_config: Config | None = None
-        #: One supervised MPS control daemon per MPS-shared resource, and its supervisor.
-        self.mps: dict[str, MpsDaemon] = {}
-        self._mps_tasks: dict[str, asyncio.Task[None]] = {}
-        self._mps_keys: dict[str, tuple[object, ...]] = {}
+        #: The CDI spec files, kept in step with the store.
+        self.cdi = CdiWriter(self.store, settings.cdi_dir)
+        #: One supervised MPS control daemon per MPS-shared resource of the store.
+        self.mps = MpsReconciler(self.store, control_binary=settings.mps_control_binary)
         #: The open plugin directory holding our flock, while we run.
         self._lock_fd: int | None = None
 
@@ -193,15 +188,15 @@ class Daemon:
                 since = self.store.state.version
                 # Subscribers first (they miss nothing), then the writers.
                 tasks.start("plugins", self.manager.follow(self.store, since), root=True)
-                tasks.start("mps", self._follow_mps(since), root=True)
-                tasks.start("cdi writer", self._follow_cdi(since), root=True)
+                tasks.start("mps", self.mps.follow(since), root=True)
+                tasks.start("cdi writer", self.cdi.follow(since), root=True)
                 tasks.start("health reporter", self._report_health(), root=True)
                 tasks.start("events", self.events.run(), root=True)
                 tasks.start("kubelet watcher", self.manager.run(), root=True)
                 tasks.start("health monitor", monitor.run(), root=True)
                 tasks.start("config follower", self._follow_config(updates), root=True)
                 if self.settings.with_labels:
-                    tasks.start("labeller", self._label(), root=True)
+                    tasks.start("labeller", labeller.follow_store(self.store), root=True)
                 self.started.set()
                 try:
                     await tasks.wait(stop)
@@ -211,8 +206,7 @@ class Daemon:
             await self.manager.stop()
             for server in http:
                 await server.stop()
-            for name in list(self.mps):
-                await self._stop_mps(name)
+            await self.mps.stop()
             closer = getattr(updates, "aclose", None)
             if closer is not None:
                 with contextlib.suppress(Exception):
@@ -231,9 +225,9 @@ class Daemon:
         # A config that cannot serve this node raises here and ends start-up.
         state = self.store.update(inventory=inventory, config=config)
         self._check_socket_paths(state.planned)
-        await self._write_cdi_spec(state)
+        await self.cdi.write(state)
         # MPS daemons before the first list, so the kubelet's first view is the right one.
-        await self._reconcile_mps(state)
+        await self.mps.reconcile(state)
         state = self.store.state
         await self.manager.apply(state.specs, state.config)
         for spec in state.specs:
@@ -369,8 +363,7 @@ class Daemon:
     def ready(self) -> tuple[bool, str]:
         if not self.started.is_set():
             return False, "starting"
-        mps_ready = self.store.state.mps_ready
-        waiting = [name for name in self.mps if not mps_ready.get(name, False)]
+        waiting = self.mps.waiting()
         if waiting:
             return False, f"MPS control daemon not ready: {', '.join(waiting)}"
         return self.manager.ready()
@@ -417,170 +410,3 @@ class Daemon:
     def poke_config(self) -> None:
         """SIGHUP: re-read the config now."""
         self.source.poke()
-
-    async def _label(self) -> None:
-        """Publish node labels from the store: again as soon as the inventory, health or
-        config changes, else every sleep interval; a failure never stops serving."""
-        # Imported here: only `--with-labels` needs the labeller, and start-up pays for
-        # every module imported before registering.
-        from kubegpu import labeller
-
-        gfd = self.config.flags.gfd
-        interval = labeller.parse_duration(gfd.sleep_interval)
-        sink = labeller.FeatureFileSink(gfd.output_file)
-        # GFD stamps the time its loop started, not each pass, so NFD rewrites nothing.
-        started = time.time()
-        while True:
-            state = self.store.state
-            wait = interval
-            try:
-                await self._label_once(state, sink, started)
-            except KubegpuError as exc:
-                wait = min(interval, 60)
-                log.error("labelling failed, retrying in %.0f s: %s", wait, exc)
-            with contextlib.suppress(TimeoutError):
-                await asyncio.wait_for(
-                    self._labels_stale(state), None if math.isinf(wait) else wait
-                )
-
-    async def _label_once(
-        self, state: NodeState, sink: labeller.FeatureFileSink, started: float
-    ) -> None:
-        """One labelling pass over `state` (a snapshot: the store may move meanwhile)."""
-        from kubegpu import labeller  # loaded by `_label` already; see there
-
-        gfd = state.config.flags.gfd
-        await labeller.run_labeller(
-            lambda: state.inventory.with_health(state.health),
-            lambda: state.config,
-            sink,
-            interval=None,
-            machine_type=lambda: labeller.read_machine_type(gfd.machine_type_file),
-            timestamps=not gfd.no_timestamp,
-            clock=lambda: started,
-        )
-
-    async def _labels_stale(self, labelled: NodeState) -> None:
-        """Until a state the labels depend on differs from `labelled` (MPS readiness and
-        versions alone do not count)."""
-        async for state in self.store.subscribe(labelled.version):
-            if (state.inventory, state.config, state.health) != (
-                labelled.inventory,
-                labelled.config,
-                labelled.health,
-            ):
-                return
-
-    # -- CDI and MPS ----------------------------------------------------------------------
-
-    async def _follow_cdi(self, since: int) -> None:
-        """Rewrite the CDI specs whenever the inventory or the config changes: strategies,
-        modes (gdsEnabled...) and IMEX channels decide the CDI files."""
-        written = self.store.state
-        async for state in self.store.subscribe(since):
-            if state.inventory is written.inventory and state.config is written.config:
-                continue  # only health or MPS readiness moved
-            written = state
-            await self._write_cdi_spec(state)
-
-    async def _write_cdi_spec(self, state: NodeState) -> None:
-        plugin = state.config.flags.plugin
-        if CDI_STRATEGIES.isdisjoint(plugin.device_list_strategy) or not state.inventory.gpus:
-            self.cdi_config = state.config
-            return
-        directory = self.settings.cdi_dir
-        try:
-            specs = await asyncio.to_thread(cdi.node_specs, state.inventory, state.config)
-            for name, spec in specs.items():
-                # Unchanged bytes are left alone: most reloads touch nothing CDI-related.
-                path = await asyncio.to_thread(cdi.update_spec, spec, str(directory), name)
-                if path is not None:
-                    count = len(spec.get("devices", []))
-                    log.info("wrote CDI spec %s (%d devices)", path, count)
-            # A class switched off (gdsEnabled: false) must stop being named by Allocate.
-            for cdi_class in cdi.available_classes(directory):
-                stale = directory / cdi.spec_name(cdi_class)
-                if stale.name not in specs and stale.exists():
-                    stale.unlink()
-                    log.info("removed CDI spec %s: no longer enabled", stale)
-        except OSError as exc:
-            log.error(
-                "cannot write the CDI spec to %s (%s): CDI device names will not resolve; "
-                "mount /var/run/cdi read-write",
-                directory,
-                exc,
-            )
-        self.cdi_config = state.config
-
-    async def _follow_mps(self, since: int) -> None:
-        """Keep one control daemon per MPS resource of the newest state."""
-        async for state in self.store.subscribe(since):
-            await self._reconcile_mps(state)
-
-    async def _reconcile_mps(self, state: NodeState) -> None:
-        """Start a control daemon for each MPS resource, stop those no longer wanted.
-
-        A daemon is restarted when its resource's GPUs or limits change. Readiness goes
-        to the store (`mps_ready`), which keeps the resource's devices unhealthy until
-        its daemon answers.
-        """
-        specs = state.planned
-        wanted: dict[str, ResourceSpec] = {s.name: s for s in specs if s.sharing is SharingKind.MPS}
-        for name in list(self.mps):
-            spec = wanted.get(name)
-            if spec is None or self._mps_key(spec) != self._mps_keys.get(name):
-                await self._stop_mps(name)
-        for name, spec in wanted.items():
-            if name not in self.mps:
-                await self._start_mps(spec, state.config)
-
-    def _mps_changed(self, name: str, ready: bool) -> None:
-        self.store.update(mps_ready={**self.store.state.mps_ready, name: ready})
-
-    @staticmethod
-    def _mps_key(spec: ResourceSpec) -> tuple[object, ...]:
-        entry = spec.shared_by
-        gpus = tuple(sorted({d.unit.gpu.uuid for d in spec.devices}))
-        limits = (entry.memory_limit, entry.active_thread_percentage) if entry else (None, None)
-        return (gpus, spec.replicas, *limits)
-
-    async def _start_mps(self, spec: ResourceSpec, config: Config) -> None:
-        root = config.flags.mps_root
-        if root is None:  # validation requires it; be explicit anyway
-            raise ConfigError("sharing.mps needs flags.mpsRoot (--mps-root); set it")
-        entry = spec.shared_by
-        memory = entry.memory_limit if entry else None
-        gpus = {d.unit.gpu.uuid: d.unit.gpu for d in spec.devices}
-        daemon = MpsDaemon(
-            spec.name,
-            Path(root),
-            list(gpus.values()),
-            spec.replicas,
-            memory_limit_mib=parse_quantity(memory) // (1 << 20) if memory else None,
-            active_thread_percentage=entry.active_thread_percentage if entry else None,
-            control_binary=self.settings.mps_control_binary,
-            on_change=functools.partial(self._mps_changed, spec.name),
-        )
-        self._mps_keys[spec.name] = self._mps_key(spec)
-        self.mps[spec.name] = daemon
-        try:
-            await daemon.start()
-        except MpsError as exc:
-            log.error("%s: advertised as unhealthy until it starts", exc)
-        self._mps_tasks[spec.name] = spawn(f"mps {spec.name}", daemon.supervise())
-        log.info("MPS control daemon for %s: ready=%s", spec.name, daemon.ready)
-
-    async def _stop_mps(self, name: str) -> None:
-        task = self._mps_tasks.pop(name, None)
-        if task is not None:
-            task.cancel()
-            with contextlib.suppress(asyncio.CancelledError):
-                await task
-        daemon = self.mps.pop(name)
-        self._mps_keys.pop(name, None)
-        with contextlib.suppress(MpsError):
-            await daemon.stop()
-        # A resource no longer MPS-shared has no readiness to wait for.
-        self.store.update(
-            mps_ready={k: v for k, v in self.store.state.mps_ready.items() if k != name}
-        )

@@ -25,14 +25,11 @@ from collections.abc import Callable, Mapping
 from dataclasses import dataclass, field
 from datetime import UTC, datetime
 from enum import StrEnum
-from typing import TYPE_CHECKING, Any, Protocol
+from typing import Any, Protocol
 
+from kubegpu.kube import Kube, KubeError, default_client
 from kubegpu.metrics import Metrics
 from kubegpu.supervisor import spawn
-
-if TYPE_CHECKING:
-    # The adapter is imported with the first event sent (`LazySink`), not at start-up.
-    from kubegpu.kube import Kube, KubeError
 
 log = logging.getLogger(__name__)
 
@@ -58,14 +55,8 @@ class Reason(StrEnum):
     MPS_DAEMON_FAILED = "MPSDaemonFailed"
 
 
-def __getattr__(name: str) -> type[KubeError]:
-    """`EventError`: the name events' failures had before `kubegpu.kube`; every API
-    failure is a `KubeError` now (resolved on use, so importing events loads no adapter)."""
-    if name == "EventError":
-        from kubegpu.kube import KubeError
-
-        return KubeError
-    raise AttributeError(f"module {__name__!r} has no attribute {name!r}")
+#: The name events' failures had before `kubegpu.kube`: every API failure is a `KubeError`.
+EventError = KubeError
 
 
 @dataclass(frozen=True)
@@ -98,8 +89,6 @@ class KubernetesEventSink:
     @classmethod
     def connect(cls) -> KubernetesEventSink:
         """On the process's one client, its credentials loaded now (raises `KubeError`)."""
-        from kubegpu.kube import default_client
-
         return cls(default_client().connect())
 
     def body(self, event: NodeEvent) -> dict[str, Any]:
@@ -134,11 +123,8 @@ class KubernetesEventSink:
 
 
 class LazySink:
-    """Connects on the first event, in the delivery thread.
-
-    The official client costs ~12 MiB and ~0.13 s to import; most nodes never post an
-    event, so the plugin should not pay that at start (docs/performance.md).
-    """
+    """Connects on the first event, in the delivery thread: start-up never waits on
+    loading credentials, and most nodes never post an event."""
 
     def __init__(self, connect: Callable[[], EventSink]) -> None:
         self._connect = connect
@@ -218,8 +204,8 @@ class NodeEvents:
     ) -> NodeEvents:
         """Enabled when `NODE_NAME` is set (downward API) and a cluster is reachable.
 
-        `lazy` defers connecting (and importing the client) to the first event; a
-        cluster that turns out unreachable then shows as one logged delivery failure.
+        `lazy` defers connecting to the first event; a cluster that turns out
+        unreachable then shows as one logged delivery failure.
         """
         node = (os.environ if env is None else env).get("NODE_NAME", "").strip()
         if not node:
@@ -227,8 +213,6 @@ class NodeEvents:
             return cls.disabled()
         if lazy:
             return cls(node, LazySink(connect), metrics=metrics)
-        from kubegpu.kube import KubeError
-
         try:
             sink = connect()
         except KubeError as e:

@@ -5,11 +5,10 @@ tests and several daemons in one process (the demo, the integration suite) never
 collide on metric names.
 
 The values are kept in plain dicts and turned into Prometheus families only when read
-(`render`, `value`, `registry`): `prometheus_client` is imported on the first scrape, not
-at start-up (~15 ms and ~2.5 MiB that a node without a metrics port never needs), and
-the `Allocate` hot path pays a dict update instead of a labelled child's locks. The
-exposition is the one `prometheus_client`'s own Counter, Gauge and Histogram give:
-the same families, samples (`_total`, `_created`, `_bucket`...), order and values.
+(`render`, `value`, `registry`), so the `Allocate` hot path pays a dict update instead of
+a labelled child's locks. The exposition is the one `prometheus_client`'s own Counter,
+Gauge and Histogram give: the same families, samples (`_total`, `_created`,
+`_bucket`...), order and values.
 """
 
 from __future__ import annotations
@@ -20,12 +19,17 @@ import os
 import threading
 import time
 from collections.abc import Iterator
-from typing import TYPE_CHECKING, Any
+from typing import Any
+
+from prometheus_client import CollectorRegistry, generate_latest
+from prometheus_client.metrics_core import (
+    CounterMetricFamily,
+    GaugeMetricFamily,
+    HistogramMetricFamily,
+)
+from prometheus_client.utils import floatToGoString
 
 from kubegpu import __version__
-
-if TYPE_CHECKING:
-    from prometheus_client import CollectorRegistry
 
 #: The `Content-Type` of `Metrics.render()` output: prometheus_client's
 #: `CONTENT_TYPE_LATEST` (tests/unit/test_metrics.py checks they agree).
@@ -212,8 +216,6 @@ class Metrics:
     def registry(self) -> CollectorRegistry:
         """The registry holding this object's families (built on first use)."""
         if self._registry is None:
-            from prometheus_client import CollectorRegistry
-
             registry = CollectorRegistry(auto_describe=True)
             registry.register(_Collector(self))
             self._registry = registry
@@ -221,8 +223,6 @@ class Metrics:
 
     def render(self) -> bytes:
         """The Prometheus text exposition of every metric in this registry."""
-        from prometheus_client import generate_latest
-
         return generate_latest(self.registry)
 
     def value(self, name: str, labels: dict[str, str] | None = None) -> float | None:
@@ -231,13 +231,6 @@ class Metrics:
 
     def families(self) -> Iterator[Any]:
         """The families as prometheus_client metric objects, in exposition order."""
-        from prometheus_client.metrics_core import (
-            CounterMetricFamily,
-            GaugeMetricFamily,
-            HistogramMetricFamily,
-        )
-        from prometheus_client.utils import floatToGoString
-
         # Read when scraped, as prometheus_client reads it at import.
         created = os.environ.get("PROMETHEUS_DISABLE_CREATED_SERIES", "False").lower() not in (
             "true",

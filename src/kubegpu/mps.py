@@ -12,12 +12,17 @@ every other interaction is one command line on the stdin of a client invocation 
 shares the daemon's `CUDA_MPS_PIPE_DIRECTORY`. The real binary forks and its parent
 exits; when the process we started is still running we wait on it, otherwise liveness
 is checked by querying the daemon every `health_interval` seconds.
+
+`MpsReconciler` keeps the set of daemons in step with the node's state: one per
+MPS-shared resource of the newest `NodeState`, restarted when its GPUs or limits change,
+its readiness written back to the store.
 """
 
 from __future__ import annotations
 
 import asyncio
 import contextlib
+import functools
 import logging
 import os
 import shutil
@@ -26,10 +31,15 @@ from collections.abc import Callable, Mapping, Sequence
 from pathlib import Path
 
 from kubegpu.allocation import ContainerEdits, MountSpec
+from kubegpu.config import Config
+from kubegpu.config.names import parse_quantity
 from kubegpu.devices.model import Gpu
 from kubegpu.errors import ConfigError, DeviceError
 from kubegpu.nvidia_paths import MPS_CONTAINER_PIPE_DIR as CONTAINER_PIPE_DIR
 from kubegpu.nvidia_paths import MPS_CONTROL_BINARY
+from kubegpu.resources import ResourceSpec, SharingKind
+from kubegpu.state import NodeState, NodeStore
+from kubegpu.supervisor import spawn
 from kubegpu.watch.backoff import Backoff
 
 log = logging.getLogger(__name__)
@@ -351,3 +361,100 @@ class MpsDaemon:
             self._ready = ready
             if self.on_change is not None:
                 self.on_change(ready)
+
+
+class MpsReconciler:
+    """Keeps one supervised `MpsDaemon` per MPS-shared resource of the store's state.
+
+    A daemon is restarted when its resource's GPUs or limits change, stopped when the
+    resource is no longer MPS-shared. Readiness goes to the store (`mps_ready`), which
+    keeps the resource's devices unhealthy until its daemon answers.
+    """
+
+    def __init__(self, store: NodeStore, *, control_binary: str = MPS_CONTROL_BINARY) -> None:
+        self.store = store
+        self.control_binary = control_binary
+        #: The running daemons by resource name.
+        self.daemons: dict[str, MpsDaemon] = {}
+        self._tasks: dict[str, asyncio.Task[None]] = {}
+        self._keys: dict[str, tuple[object, ...]] = {}
+
+    def waiting(self) -> list[str]:
+        """Resources whose daemon does not answer yet (not ready to serve)."""
+        ready = self.store.state.mps_ready
+        return [name for name in self.daemons if not ready.get(name, False)]
+
+    async def follow(self, since: int) -> None:
+        """Reconcile with every newer state of the store, for ever (a root task)."""
+        async for state in self.store.subscribe(since):
+            await self.reconcile(state)
+
+    async def reconcile(self, state: NodeState) -> None:
+        """Start a daemon for each MPS resource of `state`, stop those no longer wanted."""
+        wanted: dict[str, ResourceSpec] = {
+            s.name: s for s in state.planned if s.sharing is SharingKind.MPS
+        }
+        for name in list(self.daemons):
+            spec = wanted.get(name)
+            if spec is None or _key(spec) != self._keys.get(name):
+                await self._stop(name)
+        for name, spec in wanted.items():
+            if name not in self.daemons:
+                await self._start(spec, state.config)
+
+    async def stop(self) -> None:
+        """Stop every daemon (shutdown)."""
+        for name in list(self.daemons):
+            await self._stop(name)
+
+    def _changed(self, name: str, ready: bool) -> None:
+        self.store.update(mps_ready={**self.store.state.mps_ready, name: ready})
+
+    async def _start(self, spec: ResourceSpec, config: Config) -> None:
+        root = config.flags.mps_root
+        if root is None:  # validation requires it; be explicit anyway
+            raise ConfigError("sharing.mps needs flags.mpsRoot (--mps-root); set it")
+        entry = spec.shared_by
+        memory = entry.memory_limit if entry else None
+        gpus = {d.unit.gpu.uuid: d.unit.gpu for d in spec.devices}
+        daemon = MpsDaemon(
+            spec.name,
+            Path(root),
+            list(gpus.values()),
+            spec.replicas,
+            memory_limit_mib=parse_quantity(memory) // (1 << 20) if memory else None,
+            active_thread_percentage=entry.active_thread_percentage if entry else None,
+            control_binary=self.control_binary,
+            on_change=functools.partial(self._changed, spec.name),
+        )
+        self._keys[spec.name] = _key(spec)
+        self.daemons[spec.name] = daemon
+        try:
+            await daemon.start()
+        except MpsError as exc:
+            log.error("%s: advertised as unhealthy until it starts", exc)
+        self._tasks[spec.name] = spawn(f"mps {spec.name}", daemon.supervise())
+        log.info("MPS control daemon for %s: ready=%s", spec.name, daemon.ready)
+
+    async def _stop(self, name: str) -> None:
+        task = self._tasks.pop(name, None)
+        if task is not None:
+            task.cancel()
+            with contextlib.suppress(asyncio.CancelledError):
+                await task
+        daemon = self.daemons.pop(name)
+        self._keys.pop(name, None)
+        with contextlib.suppress(MpsError):
+            await daemon.stop()
+        # A resource no longer MPS-shared has no readiness to wait for.
+        self.store.update(
+            mps_ready={k: v for k, v in self.store.state.mps_ready.items() if k != name}
+        )
+
+
+def _key(spec: ResourceSpec) -> tuple[object, ...]:
+    """What a running daemon was started for: a change restarts it."""
+    entry = spec.shared_by
+    gpus = tuple(sorted({d.unit.gpu.uuid for d in spec.devices}))
+    limits = (entry.memory_limit, entry.active_thread_percentage) if entry else (None, None)
+    return (gpus, spec.replicas, *limits)

@@ -117,7 +117,7 @@ sharing:
     ) as node:
         k = node.kubelet
         await k.wait_for_resource(GPU, capacity=16, allocatable=16)
-        daemon = node.daemon.mps[GPU]
+        daemon = node.daemon.mps.daemons[GPU]
         assert daemon.ready
         commands = (daemon.pipe_dir / "commands.log").read_text()
         assert "set_default_active_thread_percentage 25" in commands
@@ -329,7 +329,7 @@ async def test_a_reload_that_changes_nothing_cdi_leaves_the_spec_files_alone(
         write(3)
         await k.wait_for_resource(GPU, allocatable=12)
         # The CDI writer follows the store beside the plugins: wait until it has seen 3.
-        await eventually(lambda: node.daemon.cdi_config is node.daemon.store.state.config)
+        await eventually(lambda: node.daemon.cdi.config is node.daemon.store.state.config)
         after = spec_file.stat()
         assert (after.st_ino, after.st_mtime_ns) == (before.st_ino, before.st_mtime_ns)
         a = await k.allocate(GPU, 1)  # a replica is named by its GPU's CDI device

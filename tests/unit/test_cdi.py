@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import json
+import logging
 import os
 import stat
 from pathlib import Path
@@ -16,8 +17,12 @@ import yaml
 from kubegpu import allocation, cdi
 from kubegpu.cli import cdi as cdi_cli
 from kubegpu.cli import options as cli_options
+from kubegpu.config import Config, parse_config
 from kubegpu.devices.model import Gpu, Inventory, MigDevice
 from kubegpu.errors import ConfigError
+from kubegpu.state import NodeStore
+from kubegpu.supervisor import Supervisor
+from tests.integration.waiting import eventually
 
 FIXTURES = Path(__file__).parent.parent / "fixtures"
 DEBIAN = FIXTURES / "driver-root-debian"
@@ -436,3 +441,87 @@ def test_update_spec_writes_only_changed_bytes_and_atomically(tmp_path: Path) ->
     assert written.stat().st_ino != first.st_ino  # replaced by rename, never rewritten
     assert json.loads(written.read_text()) == changed
     assert stat.S_IMODE(written.stat().st_mode) == 0o644
+
+
+# -- CdiWriter: the spec files of a running `serve` follow the store -----------------------
+
+
+def writer_config(dev_root: Path, *, gdrcopy: bool, strategy: str = "cdi-cri") -> Config:
+    flags = {
+        "nvidiaDevRoot": str(dev_root),
+        "gdrcopyEnabled": gdrcopy,
+        "plugin": {"deviceListStrategy": [strategy]},
+    }
+    return parse_config(json.dumps({"version": "v1", "flags": flags}))
+
+
+@pytest.fixture
+def dev_root(tmp_path: Path) -> Path:
+    """A host /dev with a GDRCopy node, so `gdrcopyEnabled` has a spec to write."""
+    root = tmp_path / "host"
+    (root / "dev").mkdir(parents=True)
+    (root / "dev" / "gdrdrv").touch()
+    return root
+
+
+async def test_the_writer_keeps_the_spec_files_as_the_state_says(
+    tmp_path: Path, dev_root: Path
+) -> None:
+    store = NodeStore()
+    directory = tmp_path / "cdi"
+    writer = cdi.CdiWriter(store, directory)
+    gpu_spec, gdrcopy_spec = directory / cdi.DEFAULT_NAME, directory / cdi.spec_name("gdrcopy")
+    state = store.update(inventory=PLAIN, config=writer_config(dev_root, gdrcopy=True))
+    await writer.write(state)
+    assert writer.config is state.config
+    assert sorted(p.name for p in directory.iterdir()) == sorted([gpu_spec.name, gdrcopy_spec.name])
+    assert len(json.loads(gpu_spec.read_text())["devices"]) == 3  # two GPUs and `all`
+    before = gpu_spec.stat()
+
+    # The same bytes again: the file (and the runtime's view of it) is left alone.
+    await writer.write(store.update(config=writer_config(dev_root, gdrcopy=True)))
+    after = gpu_spec.stat()
+    assert (after.st_ino, after.st_mtime_ns) == (before.st_ino, before.st_mtime_ns)
+
+    # A class switched off loses its file, so Allocate stops naming it.
+    await writer.write(store.update(config=writer_config(dev_root, gdrcopy=False)))
+    assert [p.name for p in directory.iterdir()] == [gpu_spec.name]
+
+    # Without a CDI strategy nothing is written; the config is still the one handled.
+    plain = store.update(config=writer_config(dev_root, gdrcopy=True, strategy="envvar"))
+    await writer.write(plain)
+    assert writer.config is plain.config and not gdrcopy_spec.exists()
+
+
+async def test_a_cdi_directory_that_cannot_be_written_is_logged_not_raised(
+    tmp_path: Path, dev_root: Path, caplog: pytest.LogCaptureFixture
+) -> None:
+    """The plugin keeps serving; only the CDI names will not resolve."""
+    blocker = tmp_path / "not-a-directory"
+    blocker.touch()
+    store = NodeStore()
+    writer = cdi.CdiWriter(store, blocker / "cdi")
+    state = store.update(inventory=PLAIN, config=writer_config(dev_root, gdrcopy=False))
+    with caplog.at_level(logging.ERROR, "kubegpu.cdi"):
+        await writer.write(state)
+    assert writer.config is state.config
+    (record,) = caplog.records
+    assert "cannot write the CDI spec" in record.getMessage()
+
+
+async def test_the_writer_follows_the_inventory_and_the_config(
+    tmp_path: Path, dev_root: Path
+) -> None:
+    store = NodeStore()
+    directory = tmp_path / "cdi"
+    writer = cdi.CdiWriter(store, directory)
+    state = store.update(inventory=PLAIN, config=writer_config(dev_root, gdrcopy=True))
+    await writer.write(state)
+    async with Supervisor("test") as tasks:
+        tasks.start("cdi writer", writer.follow(state.version), root=True)
+        switched = store.update(config=writer_config(dev_root, gdrcopy=False))
+        await eventually(lambda: writer.config is switched.config, 5)
+        assert not (directory / cdi.spec_name("gdrcopy")).exists()
+        store.update(inventory=Inventory(gpus=(gpu(0),), driver_version=VERSION))
+        spec = directory / cdi.DEFAULT_NAME
+        await eventually(lambda: len(json.loads(spec.read_text())["devices"]) == 2, 5)

@@ -5,8 +5,6 @@ from __future__ import annotations
 import asyncio
 import json
 import logging
-import subprocess
-import sys
 import threading
 from collections.abc import Iterator
 from pathlib import Path
@@ -232,23 +230,6 @@ def _kubeconfig(server: str) -> str:
             "current-context": "x",
         }
     )
-
-
-def test_nothing_imports_the_client_until_a_call_needs_it() -> None:
-    """Start-up and RSS pay for the client only when the API is used (docs/performance.md)."""
-    code = (
-        "import sys\n"
-        "from kubegpu.kube import KubeClient, default_client\n"
-        "import kubegpu.events, kubegpu.config.source\n"
-        "from kubegpu.config.source import KubernetesNodeLabels\n"
-        "KubernetesNodeLabels(); default_client(); KubeClient()\n"
-        "assert 'kubernetes' not in sys.modules, 'imported at start'\n"
-        "assert 'urllib3' not in sys.modules, 'imported at start'\n"
-    )
-    done = subprocess.run(
-        [sys.executable, "-c", code], capture_output=True, text=True, timeout=60, check=False
-    )
-    assert done.returncode == 0, done.stderr
 
 
 # -- the calls --------------------------------------------------------------------------------

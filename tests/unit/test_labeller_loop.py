@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import asyncio
+import logging
 import math
 from collections.abc import Mapping
 from pathlib import Path
@@ -10,14 +11,17 @@ from pathlib import Path
 import pytest
 
 from kubegpu.config import Config, parse_config
-from kubegpu.devices.model import Inventory
+from kubegpu.devices.model import Health, Inventory
 from kubegpu.errors import ConfigError, InitError
 from kubegpu.labeller import (
     PublishError,
     config_loader,
+    follow_store,
     parse_duration,
     run_labeller,
 )
+from kubegpu.state import NodeStore
+from kubegpu.supervisor import Supervisor
 from tests.builders import NODE, RecordingSink, config
 
 FIXTURES = Path(__file__).parent.parent / "fixtures"
@@ -229,3 +233,68 @@ def test_the_config_file_and_the_flags_are_validated_together(tmp_path: Path) ->
     path.write_text("version: v1\nflags:\n  migStrategy: [\n")
     assert good().flags.mig_strategy == "mixed"
     assert config_loader(None, {"flags.migStrategy": "single"})().flags.mig_strategy == "single"
+
+
+# -- follow_store: `serve --with-labels`, labels of the daemon's own NodeStore --------------
+
+GFD_FLAGS = "flags:\n  gfd: {sleepInterval: 1h, noTimestamp: true, machineTypeFile: /nonexistent}\n"
+
+
+def store_config(replicas: int | None = None) -> Config:
+    resource = f"{{name: nvidia.com/gpu, replicas: {replicas}}}"
+    sharing = f"sharing:\n  timeSlicing:\n    resources:\n    - {resource}\n" if replicas else ""
+    return parse_config("version: v1\n" + GFD_FLAGS + sharing)
+
+
+async def test_follow_store_labels_the_stores_view_again_on_every_change() -> None:
+    """A new config or a health change is labelled at once, not after the sleep interval
+    (an hour here)."""
+    published: asyncio.Queue[int] = asyncio.Queue()
+    sink = RecordingSink(published.put_nowait)
+    store = NodeStore()
+    store.update(inventory=NODE, config=store_config())
+    async with Supervisor("test") as tasks:
+        tasks.start("labeller", follow_store(store, sink))
+        assert await asyncio.wait_for(published.get(), 5) == 1
+        assert sink.published[0]["nvidia.com/gpu.count"] == "1"
+        assert sink.published[0]["nvidia.com/gpu.replicas"] == "1"
+        assert "nvidia.com/gfd.timestamp" not in sink.published[0]
+        store.update(config=store_config(replicas=3))
+        assert await asyncio.wait_for(published.get(), 5) == 2
+        assert sink.published[1]["nvidia.com/gpu.replicas"] == "3"
+        store.update(health={NODE.gpus[0].uuid: Health.UNHEALTHY})
+        assert await asyncio.wait_for(published.get(), 5) == 3
+
+
+class FailingOnceSink(RecordingSink):
+    """Refuses the first publish (a full disk, say), then records; `attempts` sees each try."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.tries = 0
+        self.attempts: asyncio.Queue[int] = asyncio.Queue()
+
+    async def publish(self, labels: Mapping[str, str]) -> None:
+        self.tries += 1
+        self.attempts.put_nowait(self.tries)
+        if self.tries == 1:
+            raise PublishError("features.d is full")
+        await super().publish(labels)
+
+
+async def test_follow_store_logs_a_failure_and_labels_again_on_the_next_change(
+    caplog: pytest.LogCaptureFixture,
+) -> None:
+    """Unlike `kubegpu labels`, a failed first pass does not end `serve`."""
+    sink = FailingOnceSink()
+    store = NodeStore()
+    store.update(inventory=NODE, config=store_config())
+    async with Supervisor("test") as tasks:
+        with caplog.at_level(logging.ERROR, "kubegpu.labeller"):
+            task = tasks.start("labeller", follow_store(store, sink))
+            await asyncio.wait_for(sink.attempts.get(), 5)
+            store.update(config=store_config(replicas=2))
+            await asyncio.wait_for(sink.attempts.get(), 5)
+        assert not task.done()
+    assert [labels["nvidia.com/gpu.replicas"] for labels in sink.published] == ["2"]
+    assert any("labelling failed" in r.getMessage() for r in caplog.records)

@@ -13,10 +13,13 @@ from typing import Any
 import pytest
 
 from kubegpu.allocation import MountSpec
-from kubegpu.devices.model import Gpu
+from kubegpu.config import Config, parse_config
+from kubegpu.devices.model import Gpu, Inventory
 from kubegpu.errors import ConfigError
-from kubegpu.mps import MpsDaemon, MpsError, container_edits
+from kubegpu.mps import MpsDaemon, MpsError, MpsReconciler, container_edits
 from kubegpu.nvidia_paths import MPS_CONTAINER_PIPE_DIR as CONTAINER_PIPE_DIR
+from kubegpu.state import NodeStore
+from kubegpu.supervisor import Supervisor
 
 FAKE = str(Path(__file__).parent.parent / "fixtures" / "fake-mps-control")
 # The stand-in runs once per MPS command: start it on this interpreter, not a pyenv shim.
@@ -38,6 +41,7 @@ def gpu(index: int, memory_mib: int = 81559) -> Gpu:
 
 
 GPUS = (gpu(0), gpu(1, memory_mib=40000))
+INVENTORY = Inventory(gpus=GPUS)
 
 
 def daemon(tmp_path: Path, env: dict[str, str] | None = None, **kw: Any) -> MpsDaemon:
@@ -265,3 +269,82 @@ def test_invalid_settings(tmp_path: Path, kwargs: dict[str, Any], message: str) 
 def test_thread_percentage_never_zero(tmp_path: Path) -> None:
     assert MpsDaemon(RESOURCE, tmp_path, GPUS, 48).active_thread_percentage == 2
     assert MpsDaemon(RESOURCE, tmp_path, GPUS, 1).active_thread_percentage == 100
+
+
+# -- MpsReconciler: the daemons follow the node's state ----------------------------------
+
+SHARED = "nvidia.com/gpu"
+
+
+def mps_config(root: Path, replicas: int) -> Config:
+    resource = f"{{name: {SHARED}, replicas: {replicas}}}"
+    return parse_config(
+        f"version: v1\nflags: {{mpsRoot: {root}}}\nsharing:\n  mps:\n    resources:\n"
+        f"    - {resource}\n"
+    )
+
+
+@pytest.mark.timeout(30)  # three daemons started and stopped through the stand-in binary
+async def test_the_reconciler_keeps_one_daemon_per_mps_resource_of_the_state(
+    tmp_path: Path,
+) -> None:
+    """Started with the state, restarted when its limits change, stopped when the resource
+    is no longer MPS-shared; readiness goes to the store, which gates the devices."""
+    store = NodeStore()
+    reconciler = MpsReconciler(store, control_binary=FAKE)
+    root = tmp_path / "mps"
+    try:
+        await reconciler.reconcile(store.update(inventory=INVENTORY, config=mps_config(root, 2)))
+        first = reconciler.daemons[SHARED]
+        assert first.ready and store.state.mps_ready == {SHARED: True}
+        assert reconciler.waiting() == []
+        assert store.state.specs[0].healthy_count == 4
+        assert "set_default_active_thread_percentage 50" in commands(first)
+
+        # A state that changes nothing MPS-related keeps the running daemon.
+        await reconciler.reconcile(store.update(health={}, mps_ready={SHARED: True}))
+        assert reconciler.daemons[SHARED] is first
+
+        await reconciler.reconcile(store.update(config=mps_config(root, 4)))
+        second = reconciler.daemons[SHARED]
+        assert second is not first and second.ready and not first.ready
+        assert commands(second)[-1] == "set_default_active_thread_percentage 25"
+        assert store.state.specs[0].healthy_count == 8
+
+        await reconciler.reconcile(store.update(config=Config()))
+        assert reconciler.daemons == {} and store.state.mps_ready == {}
+        assert commands(second).count("quit") == 2  # one per daemon stopped
+    finally:
+        await reconciler.stop()
+
+
+async def test_a_daemon_that_cannot_start_leaves_its_resource_waiting(tmp_path: Path) -> None:
+    """Logged, advertised unhealthy, still supervised: the node keeps serving the rest."""
+    store = NodeStore()
+    reconciler = MpsReconciler(store, control_binary=str(tmp_path / "no-such-binary"))
+    state = store.update(inventory=INVENTORY, config=mps_config(tmp_path / "mps", 2))
+    try:
+        await reconciler.reconcile(state)
+        assert reconciler.waiting() == [SHARED]
+        assert store.state.specs[0].healthy_count == 0
+    finally:
+        await reconciler.stop()
+    assert reconciler.daemons == {}
+
+
+@pytest.mark.timeout(30)  # a daemon's start and stop run the stand-in binary ~8 times
+async def test_the_reconciler_follows_the_store(tmp_path: Path) -> None:
+    store = NodeStore()
+    reconciler = MpsReconciler(store, control_binary=FAKE)
+    try:
+        async with Supervisor("test") as tasks:
+            tasks.start("mps", reconciler.follow(store.state.version), root=True)
+            store.update(inventory=INVENTORY, config=mps_config(tmp_path / "mps", 2))
+            async with asyncio.timeout(20):
+                async for state in store.subscribe():
+                    if state.mps_ready.get(SHARED):
+                        break
+    finally:
+        # As the daemon does: the follower is cancelled first, then the daemons stopped.
+        await reconciler.stop()
+    assert store.state.mps_ready == {} and reconciler.daemons == {}

@@ -3,8 +3,8 @@
 Options are declared once per command with click (`kubegpu.cli.options`), with the env
 var names NVIDIA's plugin and GFD read, shown in `--help`. Every mistake is one line on
 stderr and exit status 2; a problem with the node is one line and exit status 1; never a
-traceback. Commands are imported when run, so `kubegpu serve` loads no other command,
-and importing this package (it ignores SIGHUP first, then loads click) stays light.
+traceback. Commands are imported when run (click's lazy group), so `kubegpu serve` loads
+no other command. Importing this package ignores SIGHUP before anything else loads.
 """
 
 from __future__ import annotations
@@ -22,9 +22,15 @@ _HUP_BEFORE = (
     else None
 )
 
+import os  # noqa: E402
+
+# gRPC's C core logs transport notices (a GOAWAY when the kubelet restarts) at INFO on
+# some builds; they are not errors and would read as one. grpc reads this when it loads,
+# which the imports below do.
+os.environ.setdefault("GRPC_VERBOSITY", "ERROR")
+
 import importlib  # noqa: E402
 import logging  # noqa: E402
-import os  # noqa: E402
 import sys  # noqa: E402
 from collections.abc import Sequence  # noqa: E402
 from typing import Any  # noqa: E402
@@ -32,13 +38,8 @@ from typing import Any  # noqa: E402
 import click  # noqa: E402
 
 from kubegpu import __version__  # noqa: E402
-from kubegpu.cli.options import (  # noqa: E402
-    DEVICE_PLUGIN_PATH,
-    KUBELET_SOCKET,
-    Group,
-    UsageError,
-    one_line,
-)
+from kubegpu.api import DEVICE_PLUGIN_PATH, KUBELET_SOCKET  # noqa: E402
+from kubegpu.cli.options import Group, UsageError, one_line  # noqa: E402
 from kubegpu.errors import KubegpuError  # noqa: E402
 
 __all__ = ["DEVICE_PLUGIN_PATH", "KUBELET_SOCKET", "UsageError", "kubegpu", "main"]
@@ -101,9 +102,6 @@ def main(argv: Sequence[str] | None = None) -> int:
     previous_hup = _set_hup(signal.SIG_IGN)
     if _HUP_BEFORE is not None and previous_hup is signal.SIG_IGN:
         previous_hup = _HUP_BEFORE
-    # gRPC's C core logs transport notices (a GOAWAY when the kubelet restarts) at INFO on
-    # some builds; they are not errors and would read as one. grpc reads this at import.
-    os.environ.setdefault("GRPC_VERBOSITY", "ERROR")
     args = list(sys.argv[1:] if argv is None else argv)
     try:
         with kubegpu.make_context("kubegpu", args) as ctx:

@@ -8,6 +8,8 @@ from typing import Any
 
 import click
 
+from kubegpu import cdi as spec
+from kubegpu import devices
 from kubegpu.cli.options import (
     TEXT,
     Command,
@@ -26,15 +28,12 @@ from kubegpu.errors import KubegpuError
 
 def run_generate(values: dict[str, Any]) -> int:
     """Discover, build the spec, write it; `KubegpuError` when the node or file fails."""
-    from kubegpu import cdi as spec
-    from kubegpu.devices import open_backend
-
     host = values["driver_root"] or "/"
     local_root = files_root(values)
     output = values["output"]
     # Errors go to `kubegpu.cli.main`'s one boundary (one line, exit 1); only a failed
     # write gets its own words, naming the file.
-    backend = open_backend(
+    backend = devices.open_backend(
         values["device_discovery_strategy"], simulate=values["simulate"], driver_root=local_root
     )
     try:

@@ -7,6 +7,7 @@ from typing import Any
 
 import click
 
+from kubegpu.check import run_check
 from kubegpu.cli.options import (
     Command,
     backend_option,
@@ -18,8 +19,6 @@ from kubegpu.cli.options import (
 
 
 def _check(config: Path, **values: Any) -> int:
-    from kubegpu.check import run_check
-
     return run_check(
         config,
         simulate=values["simulate"],

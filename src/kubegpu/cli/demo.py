@@ -5,11 +5,10 @@ from __future__ import annotations
 import click
 
 from kubegpu.cli.options import Command
+from kubegpu.demo import run_demo
 
 
 def _demo(simulate: str, keep_dir: bool) -> int:
-    from kubegpu.demo import run_demo
-
     return run_demo(preset=simulate, keep=keep_dir)
 
 

@@ -2,10 +2,11 @@
 
 from __future__ import annotations
 
-from typing import TYPE_CHECKING, Any
+from typing import Any
 
 import click
 
+from kubegpu import devices
 from kubegpu.cli.options import (
     Command,
     backend_option,
@@ -15,16 +16,12 @@ from kubegpu.cli.options import (
     files_root,
     simulate_option,
 )
-
-if TYPE_CHECKING:
-    from kubegpu.devices import Inventory
+from kubegpu.devices import Inventory
 
 
 def _info(**values: Any) -> int:
-    from kubegpu.devices import open_backend
-
     check_simulate_backend(values["simulate"], values["backend"], "shows a simulated node")
-    backend = open_backend(
+    backend = devices.open_backend(
         values["backend"], simulate=values["simulate"], driver_root=files_root(values)
     )
     try:

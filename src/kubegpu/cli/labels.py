@@ -9,17 +9,19 @@ labelling itself is `kubegpu.labeller`; this module picks the sink and runs the 
 from __future__ import annotations
 
 import asyncio
+import logging
 import os
 import sys
 from collections.abc import Callable, Mapping, Sequence
 from pathlib import Path
-from typing import TYPE_CHECKING, Any
+from typing import Any
 
 import click
 
 from kubegpu.cli.options import (
     GO_DURATION,
     PATH,
+    PLUGIN_DISCOVERY_STRATEGIES,
     TEXT,
     Command,
     UsageError,
@@ -41,31 +43,42 @@ from kubegpu.cli.options import (
     parse,
     simulate_option,
 )
+from kubegpu.config import Config, GfdFlags, flag_overrides
+from kubegpu.config.source import ConfigSource, NamedConfigs, NodeLabels
 from kubegpu.errors import ConfigError, KubegpuError
+from kubegpu.kube import Kube, KubeError, default_client
+from kubegpu.labeller import (
+    FeatureFileSink,
+    LabelSink,
+    LiveConfig,
+    NodeFeatureSink,
+    NodePatchSink,
+    config_loader,
+    discoverer,
+    named_configs,
+    owner_references,
+    parse_duration,
+    read_machine_type,
+    run_until_signalled,
+)
 
-if TYPE_CHECKING:
-    from kubegpu.config import Config, GfdFlags
-    from kubegpu.config.source import NamedConfigs, NodeLabels
-    from kubegpu.kube import Kube
-    from kubegpu.labeller import LabelSink
+log = logging.getLogger("kubegpu.labeller")
 
 SERVICE_ACCOUNT_NAMESPACE = "/var/run/secrets/kubernetes.io/serviceaccount/namespace"
 #: GFD's accepted device discovery strategies (cmd/gpu-feature-discovery validateFlags).
-DISCOVERY_STRATEGIES = ("auto", "nvml", "tegra", "vfio")
+DISCOVERY_STRATEGIES = (*PLUGIN_DISCOVERY_STRATEGIES, "vfio")
 
 LABELS_OPTIONS: list[click.Parameter] = [
     bool_option(
         "--oneshot",
         envvar="GFD_ONESHOT",
         config_key="flags.gfd.oneshot",
-        show_default="false",
         help="label once and exit",
     ),
     bool_option(
         "--no-timestamp",
         envvar="GFD_NO_TIMESTAMP",
         config_key="flags.gfd.noTimestamp",
-        show_default="false",
         help="leave out nvidia.com/gfd.timestamp (labels then change only when the GPUs do)",
     ),
     option(
@@ -73,7 +86,6 @@ LABELS_OPTIONS: list[click.Parameter] = [
         envvar="GFD_SLEEP_INTERVAL",
         type=GO_DURATION,
         config_key="flags.gfd.sleepInterval",
-        show_default="60s",
         help="time between labellings (a Go duration); 'infinite' labels once and keeps running",
     ),
     option(
@@ -83,7 +95,6 @@ LABELS_OPTIONS: list[click.Parameter] = [
         envvar="GFD_OUTPUT_FILE",
         type=PATH,
         config_key="flags.gfd.outputFile",
-        show_default="/etc/kubernetes/node-feature-discovery/features.d/gfd",
         help="NFD features.d file to write; '-' for stdout",
     ),
     bool_option(
@@ -98,14 +109,12 @@ LABELS_OPTIONS: list[click.Parameter] = [
         envvar="GFD_MACHINE_TYPE_FILE",
         type=PATH,
         config_key="flags.gfd.machineTypeFile",
-        show_default="/sys/class/dmi/id/product_name",
         help="file with the machine type for nvidia.com/gpu.machine",
     ),
     bool_option(
         "--use-node-feature-api",
         envvar=("GFD_USE_NODE_FEATURE_API", "USE_NODE_FEATURE_API"),
         config_key="flags.gfd.useNodeFeatureAPI",
-        show_default="false",
         help="publish an NFD NodeFeature object instead of a file",
     ),
     bool_option(
@@ -202,9 +211,6 @@ def run_labels(
     (node label, then fallbacks), followed live, so the replica and `-SHARED` labels say
     what the device plugin advertises.
     """
-    from kubegpu.config import flag_overrides
-    from kubegpu.labeller import named_configs
-
     try:
         overrides = flag_overrides(values, LABELS_KEYS)
         named = named_configs(values, node_labels)
@@ -230,16 +236,6 @@ async def _label(
     env: Mapping[str, str],
     api_factory: Callable[[], Kube],
 ) -> int:
-    from kubegpu.config.source import ConfigSource
-    from kubegpu.labeller import (
-        LiveConfig,
-        config_loader,
-        discoverer,
-        parse_duration,
-        read_machine_type,
-        run_until_signalled,
-    )
-
     live: LiveConfig | None = None
     load_config: Callable[[], Config]
     if named is not None:
@@ -293,14 +289,6 @@ def _make_sink(
     environ: Mapping[str, str],
     api_factory: Callable[[], Kube],
 ) -> LabelSink:
-    from kubegpu.kube import KubeError
-    from kubegpu.labeller import (
-        FeatureFileSink,
-        NodeFeatureSink,
-        NodePatchSink,
-        owner_references,
-    )
-
     if gfd.use_node_feature_api and values.get("node_patch"):
         raise UsageError("--node-patch: cannot be combined with --use-node-feature-api")
     if not (gfd.use_node_feature_api or values.get("node_patch")):
@@ -319,8 +307,6 @@ def _make_sink(
         try:
             owners = owner_references(api, namespace, values.get("pod_name"))
         except KubeError as exc:  # as GFD: label anyway, just without owners
-            from kubegpu.labeller.loop import log
-
             log.warning("NodeFeature will have no owner (garbage collection off): %s", exc)
             owners = []
         return NodeFeatureSink(api, node_name, namespace, owners)
@@ -329,8 +315,6 @@ def _make_sink(
 
 def _connected_client() -> Kube:
     """The process's Kubernetes client, configured now: no credentials fail at start."""
-    from kubegpu.kube import default_client
-
     return default_client().connect()
 
 

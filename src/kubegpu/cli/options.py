@@ -18,23 +18,28 @@ import os
 import re
 from collections.abc import Callable, Mapping, Sequence
 from pathlib import Path
-from typing import Any
+from typing import Any, Final, get_args
 
 import click
 
+from kubegpu.api import DEVICE_PLUGIN_PATH, KUBELET_SOCKET
+from kubegpu.config import Config, DeviceIDStrategy, MigStrategy
+from kubegpu.config.names import parse_go_duration
+from kubegpu.config.settings import driver_files_root
+from kubegpu.config.source import DEFAULT_NODE_LABEL
+from kubegpu.config.v1 import DeviceDiscoveryStrategy
+from kubegpu.devices import BACKENDS
 from kubegpu.errors import KubegpuError
 from kubegpu.gosyntax import parse_bool, parse_go_int
+from kubegpu.plugin.manager import MAX_SOCKET_PATH
 
-#: The kubelet's device-plugin directory and its socket (as `kubegpu.api` has them; kept
-#: here so that importing the CLI pulls in neither grpc nor asyncio).
-DEVICE_PLUGIN_PATH = "/var/lib/kubelet/device-plugins/"
-KUBELET_SOCKET = "kubelet.sock"
-#: sun_path holds 108 bytes with its NUL; the kubelet's own socket must fit in the directory.
-MAX_SOCKET_PATH = 107
 #: Where the environment to read is kept in `click.Context.meta` (os.environ when absent).
 ENV_KEY = "kubegpu.environ"
 _USED_KEY = "kubegpu.envvar."
-BACKENDS = ("auto", "nvml", "amd", "simulated")
+#: The config with every default: what `--help` shows for an option over a config key.
+DEFAULTS: Final = Config()
+#: NVIDIA's device discovery strategies (the plugin's; GFD's add `vfio`).
+PLUGIN_DISCOVERY_STRATEGIES: Final[tuple[str, ...]] = get_args(DeviceDiscoveryStrategy)
 
 
 class UsageError(KubegpuError):
@@ -92,8 +97,6 @@ def parse_listen_address(text: str) -> str:
 def parse_go_duration_text(text: str) -> str:
     """GFD's `--sleep-interval`: Go's time.ParseDuration (`60s`, `1h30m`, a bare `0`) or
     `infinite`, kept as written (the config file's key takes the same text)."""
-    from kubegpu.config.names import parse_go_duration
-
     try:
         parse_go_duration(text)
     except ValueError:
@@ -118,7 +121,7 @@ _DNS_SUBDOMAIN = re.compile(r"[a-z0-9]([-a-z0-9]*[a-z0-9])?(\.[a-z0-9]([-a-z0-9]
 
 def check_plugin_path(value: str) -> str:
     if not value:
-        raise ValueError("empty; give the kubelet's directory, /var/lib/kubelet/device-plugins")
+        raise ValueError(f"empty; give the kubelet's directory, {DEVICE_PLUGIN_PATH}")
     if not value.startswith("/"):
         raise ValueError(f"{value!r} is relative; give an absolute path")
     longest = len(os.fsencode(Path(value) / KUBELET_SOCKET))
@@ -151,8 +154,7 @@ def check_label_key(value: str) -> str:
         or ("/" in value and not prefix)
     ):
         raise ValueError(
-            f"{value!r} is not a Kubernetes label key ([prefix/]name, e.g. "
-            f"nvidia.com/device-plugin.config)"
+            f"{value!r} is not a Kubernetes label key ([prefix/]name, e.g. {DEFAULT_NODE_LABEL})"
         )
     return value
 
@@ -172,7 +174,7 @@ def check_kubelet_socket(value: str) -> str:
     if not value:
         raise ValueError(
             "empty: kubegpu always registers with the kubelet; drop the setting, or give "
-            "<device-plugin dir>/kubelet.sock"
+            f"<device-plugin dir>/{KUBELET_SOCKET}"
         )
     if not value.startswith("/") or Path(value).name != KUBELET_SOCKET:
         raise ValueError(
@@ -219,7 +221,8 @@ class EnvOption(click.Option):
     """An option read from the flag, else NVIDIA's env vars (first set wins), else default.
 
     `config_key` is the dotted config-file key the value overrides (None: a daemon-only
-    setting); see `kubegpu.config.flag_overrides`.
+    setting); see `kubegpu.config.flag_overrides`. `--help` shows that key's default in
+    the config unless `show_default` says otherwise.
     """
 
     def __init__(
@@ -230,7 +233,8 @@ class EnvOption(click.Option):
         config_key: str | None = None,
         **attrs: Any,
     ) -> None:
-        attrs.setdefault("show_default", True)
+        shown = config_default(config_key) if config_key else None
+        attrs.setdefault("show_default", True if shown is None else shown)
         attrs.setdefault("show_envvar", True)
         attrs.setdefault("default", None)
         envs = [envvar] if isinstance(envvar, str) else list(envvar)
@@ -359,7 +363,6 @@ def driver_root_option() -> EnvOption:
         envvar="NVIDIA_DRIVER_ROOT",
         type=PATH,
         config_key="flags.nvidiaDriverRoot",
-        show_default="/",
         help="root of the driver installation on the host",
     )
 
@@ -372,7 +375,6 @@ def container_driver_root_option(*decls: str) -> EnvOption:
         envvar=("DRIVER_ROOT_CTR_PATH", "CONTAINER_DRIVER_ROOT"),
         type=PATH,
         config_key="flags.plugin.containerDriverRoot",
-        show_default="/driver-root",
         help="where the host's driver root is mounted in this container",
     )
 
@@ -394,23 +396,30 @@ def backend_option() -> EnvOption:
     )
 
 
-MIG_STRATEGIES = ("none", "single", "mixed")
-#: The named-config selection's label, as NVIDIA's chart sets it.
-DEFAULT_NODE_LABEL = "nvidia.com/device-plugin.config"
-
-
 def _envs(name: str, gfd: bool) -> tuple[str, ...]:
     """NVIDIA's env var for a flag; GFD reads its `GFD_` twin first (cmd/gpu-feature-discovery)."""
     return ("GFD_" + name, name) if gfd else (name,)
 
 
-def _layered(default: str, config_key: str | None) -> dict[str, Any]:
+def config_default(key: str) -> str | None:
+    """The default of the dotted config `key` as `--help` shows it (None: it has none)."""
+    value: Any = DEFAULTS.to_raw()
+    for part in key.split("."):
+        value = value.get(part) if isinstance(value, dict) else None
+    if isinstance(value, bool):
+        return str(value).lower()
+    if isinstance(value, list):
+        return ",".join(map(str, value))
+    return None if value is None else str(value)
+
+
+def _layered(key: str, config_key: str | None) -> dict[str, Any]:
     """A flag over a config key has no default of its own: `--help` shows the config's
     default in parentheses ("the config file's value, else this"). A command without a
-    config file (`cdi generate`) takes the plain default instead."""
+    config file (`cdi generate`) takes the config's default (at `key`) as its own."""
     if config_key is None:
-        return {"default": default}
-    return {"config_key": config_key, "show_default": default}
+        return {"default": config_default(key)}
+    return {"config_key": config_key}
 
 
 def config_file_option(*, gfd: bool = False) -> EnvOption:
@@ -426,9 +435,8 @@ def mig_strategy_option(*, gfd: bool = False) -> EnvOption:
     return option(
         "--mig-strategy",
         envvar=_envs("MIG_STRATEGY", gfd),
-        type=Parsed("strategy", choice(*MIG_STRATEGIES)),
+        type=Parsed("strategy", choice(*MigStrategy)),
         config_key="flags.migStrategy",
-        show_default="none",
         help="how MIG devices are advertised: none, single or mixed",
     )
 
@@ -439,7 +447,6 @@ def fail_on_init_error_option(*, gfd: bool = False, help: str) -> EnvOption:
         "--fail-on-init-error",
         envvar=_envs("FAIL_ON_INIT_ERROR", gfd),
         config_key="flags.failOnInitError",
-        show_default="true",
         help=help,
     )
 
@@ -466,7 +473,7 @@ def device_discovery_strategy_option(*choices: str, config_key: str | None) -> E
         envvar="DEVICE_DISCOVERY_STRATEGY",
         type=Parsed("strategy", choice(*choices)),
         config_key=config_key,
-        show_default="auto",
+        show_default=config_default("flags.deviceDiscoveryStrategy"),
         help=f"NVIDIA's device discovery strategy: {', '.join(choices)} (kubegpu's is --backend)",
     )
 
@@ -489,9 +496,9 @@ def device_id_strategy_option(
     return option(
         "--device-id-strategy",
         envvar="DEVICE_ID_STRATEGY",
-        type=Parsed("strategy", choice("uuid", "index")),
+        type=Parsed("strategy", choice(*DeviceIDStrategy)),
         help="how GPUs are named to the runtime: uuid or index",
-        **_layered("uuid", config_key),
+        **_layered("flags.plugin.deviceIDStrategy", config_key),
     )
 
 
@@ -501,7 +508,7 @@ def nvidia_ctk_path_option(
     help: str = "path of nvidia-ctk (or nvidia-cdi-hook) on the host, for CDI hooks",
 ) -> EnvOption:
     """Without a config key (`cdi generate`) it has no default: unset writes no hooks."""
-    defaults = _layered("/usr/bin/nvidia-ctk", config_key) if config_key else {}
+    defaults = _layered("flags.plugin.nvidiaCTKPath", config_key) if config_key else {}
     return option(
         "--nvidia-ctk-path",
         "--nvidia-cdi-hook-path",
@@ -557,11 +564,13 @@ def files_root(
     """Where this process reads the driver's files: `--container-driver-root` when given
     (the user says where the host's root is mounted), else as `serve` picks it from
     `--nvidia-driver-root` (`host`, `container`: the config's values, for unset flags)."""
-    from kubegpu.config.settings import driver_files_root
-
     if values.get("container_driver_root"):
         return str(values["container_driver_root"])
-    return driver_files_root(values.get("driver_root") or host or "/", container or "/driver-root")
+    flags = DEFAULTS.flags
+    return driver_files_root(
+        values.get("driver_root") or host or flags.nvidia_driver_root,
+        container or flags.plugin.container_driver_root,
+    )
 
 
 def check_simulate_backend(simulate: str | None, backend: str, what: str) -> None:

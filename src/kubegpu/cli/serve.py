@@ -8,7 +8,7 @@ default. Bad values exit 2 with one line naming the flag or variable.
 
 from __future__ import annotations
 
-import gc
+import asyncio
 import logging
 import signal
 from collections.abc import Callable, Coroutine, Mapping
@@ -17,9 +17,11 @@ from typing import Any
 
 import click
 
+from kubegpu.api import DEVICE_PLUGIN_PATH, KUBELET_SOCKET
+from kubegpu.cli import setup_logging
 from kubegpu.cli.options import (
     ADDRESS,
-    DEVICE_PLUGIN_PATH,
+    PLUGIN_DISCOVERY_STRATEGIES,
     PORT,
     TEXT,
     Command,
@@ -49,7 +51,17 @@ from kubegpu.cli.options import (
     parse_imex_channels,
     simulate_option,
 )
+from kubegpu.config import (
+    AllocationPolicy,
+    AmdNamingStrategy,
+    HealthFlags,
+    flag_overrides,
+)
+from kubegpu.config.source import named_configs
+from kubegpu.daemon import Daemon, DaemonSettings
 from kubegpu.errors import ConfigError, KubegpuError
+from kubegpu.events import NodeEvents
+from kubegpu.health import health_flags_from_env
 
 log = logging.getLogger("kubegpu")
 
@@ -75,14 +87,12 @@ SERVE_OPTIONS: list[click.Parameter] = [
         "--pass-device-specs",
         envvar="PASS_DEVICE_SPECS",
         config_key="flags.plugin.passDeviceSpecs",
-        show_default="false",
         help="add /dev device nodes to Allocate answers (runtimes without the NVIDIA hook)",
     ),
     list_option(
         "--device-list-strategy",
         envvar="DEVICE_LIST_STRATEGY",
         config_key="flags.plugin.deviceListStrategy",
-        show_default="envvar",
         help="envvar, volume-mounts, cdi-annotations, cdi-cri (comma list)",
     ),
     device_id_strategy_option(),
@@ -91,7 +101,6 @@ SERVE_OPTIONS: list[click.Parameter] = [
         envvar="CDI_ANNOTATION_PREFIX",
         type=TEXT,
         config_key="flags.plugin.cdiAnnotationPrefix",
-        show_default="cdi.k8s.io/",
         help="prefix of CDI annotations",
     ),
     nvidia_ctk_path_option(),
@@ -101,18 +110,16 @@ SERVE_OPTIONS: list[click.Parameter] = [
         "--resource_naming_strategy",
         "-resource_naming_strategy",
         envvar="RESOURCE_NAMING_STRATEGY",
-        type=Parsed("strategy", choice("single", "mixed")),
+        type=Parsed("strategy", choice(*AmdNamingStrategy)),
         config_key="flags.plugin.amdResourceNamingStrategy",
-        show_default="single",
         help="AMD devices as amd.com/gpu (single) or one resource per partition mode, "
         "amd.com/cpx_nps4 ... (mixed); ROCm's -resource_naming_strategy",
     ),
     option(
         "--shared-devices-allocation-policy",
         envvar="SHARED_DEVICES_ALLOCATION_POLICY",
-        type=Parsed("policy", choice("distributed", "packed")),
+        type=Parsed("policy", choice(*AllocationPolicy)),
         config_key="flags.plugin.sharedDevicesAllocationPolicy",
-        show_default="distributed",
         help="how replicas of shared GPUs are picked for a multi-replica request",
     ),
     list_option(
@@ -126,7 +133,6 @@ SERVE_OPTIONS: list[click.Parameter] = [
         "--imex-required",
         envvar="IMEX_REQUIRED",
         config_key="imex.required",
-        show_default="false",
         help="the IMEX channels must exist when the plugin starts",
     ),
     list_option(
@@ -144,25 +150,22 @@ SERVE_OPTIONS: list[click.Parameter] = [
         "--gds-enabled",
         envvar="GDS_ENABLED",
         config_key="flags.gdsEnabled",
-        show_default="false",
         help="ask the runtime for GPUDirect Storage",
     ),
     bool_option(
         "--mofed-enabled",
         envvar="MOFED_ENABLED",
         config_key="flags.mofedEnabled",
-        show_default="false",
         help="ask the runtime for MOFED",
     ),
     bool_option(
         "--gdrcopy-enabled",
         envvar="GDRCOPY_ENABLED",
         config_key="flags.gdrcopyEnabled",
-        show_default="false",
         help="ask the runtime for GDRCopy",
     ),
     device_discovery_strategy_option(
-        "auto", "nvml", "tegra", config_key="flags.deviceDiscoveryStrategy"
+        *PLUGIN_DISCOVERY_STRATEGIES, config_key="flags.deviceDiscoveryStrategy"
     ),
     option(
         "--health-recovery-seconds",
@@ -182,7 +185,7 @@ SERVE_OPTIONS: list[click.Parameter] = [
         "--kubelet-socket",
         envvar="KUBELET_SOCKET",
         type=Parsed("path", check_kubelet_socket),
-        show_default=DEVICE_PLUGIN_PATH + "kubelet.sock",
+        show_default=DEVICE_PLUGIN_PATH + KUBELET_SOCKET,
         help="the kubelet's registration socket; its directory is the device-plugin directory",
     ),
     backend_option(),
@@ -199,7 +202,7 @@ SERVE_OPTIONS: list[click.Parameter] = [
         "--metrics-address",
         envvar="METRICS_ADDRESS",
         type=ADDRESS,
-        show_default="POD_IP, else 127.0.0.1",
+        show_default=f"POD_IP, else {DaemonSettings.metrics_address}",
         help="address for /metrics",
     ),
     option(
@@ -213,7 +216,7 @@ SERVE_OPTIONS: list[click.Parameter] = [
         "--health-address",
         envvar="HEALTH_ADDRESS",
         type=ADDRESS,
-        default="0.0.0.0",
+        default=DaemonSettings.health_address,
         help="address for probes",
     ),
     bool_option(
@@ -252,21 +255,7 @@ SERVE_KEYS = config_keys(serve)
 
 def run_serve(values: Mapping[str, Any], env: Mapping[str, str]) -> int:
     """Run the daemon until SIGTERM/SIGINT; `UsageError` for settings that cannot work."""
-    import asyncio
-
-    # The imports below create most of the objects this process will ever hold, and
-    # every collection on the way scans them all again (~7 ms of a ~115 ms import phase
-    # on the bench machine); they go to the permanent generation once imported, so no
-    # collection runs until then.
-    gc.disable()
-    try:
-        main = _daemon_main(values, env)
-        # Everything imported so far (grpc, protobuf, our modules) lives as long as the
-        # process: in the permanent generation, a full collection no longer scans it
-        # (~40 ms, landing inside a re-registration or a reload, docs/performance.md).
-        gc.freeze()
-    finally:
-        gc.enable()
+    main = _daemon_main(values, env)
     try:
         asyncio.run(main())
     except BaseExceptionGroup as group:
@@ -283,14 +272,6 @@ def _daemon_main(
     values: Mapping[str, Any], env: Mapping[str, str]
 ) -> Callable[[], Coroutine[Any, Any, None]]:
     """`serve`'s checks, logging and settings; the coroutine function that runs it."""
-    import asyncio
-
-    from kubegpu.cli import setup_logging
-    from kubegpu.config import flag_overrides
-    from kubegpu.config.source import named_configs
-    from kubegpu.daemon import Daemon, DaemonSettings
-    from kubegpu.events import NodeEvents
-
     check_serve(values, env)
     setup_logging(values["log_level"])
     named = named_configs(values)
@@ -305,7 +286,9 @@ def _daemon_main(
         named=named,
         health_env={k: v for k, v in env.items() if k.startswith("DP_")},
         metrics_port=values["metrics_port"],
-        metrics_address=values["metrics_address"] or env.get("POD_IP") or "127.0.0.1",
+        metrics_address=values["metrics_address"]
+        or env.get("POD_IP")
+        or DaemonSettings.metrics_address,
         health_port=values["health_port"],
         health_address=values["health_address"],
         with_labels=values["with_labels"],
@@ -367,9 +350,6 @@ def plugin_dir(values: Mapping[str, Any]) -> Path:
 
 def check_serve(values: Mapping[str, Any], env: Mapping[str, str]) -> None:
     """Combinations that cannot mean anything; `UsageError` names both sides."""
-    from kubegpu.config.v1 import HealthFlags
-    from kubegpu.health import health_flags_from_env
-
     plugin_dir(values)
     if values["config_file"] and values["config_dir"]:
         raise UsageError(

@@ -14,6 +14,7 @@ from __future__ import annotations
 
 from collections.abc import Callable
 
+from kubegpu.devices.amd import AmdBackend
 from kubegpu.devices.model import (
     DeviceBackend,
     DeviceID,
@@ -29,6 +30,8 @@ from kubegpu.devices.model import (
     StopFlag,
     Vendor,
 )
+from kubegpu.devices.nvml import NvmlBackend
+from kubegpu.devices.simulated import SimulatedBackend
 from kubegpu.devices.stop import Stop
 from kubegpu.errors import InitError
 
@@ -69,16 +72,11 @@ def open_backend(
     Raises `InitError` with a message that says what is missing and what to do.
     """
     if simulate is not None or kind == "simulated":
-        from kubegpu.devices.simulated import SimulatedBackend
-
         return SimulatedBackend.load(simulate or "h100-8")
     if kind not in BACKENDS:
         raise InitError(f"unknown backend {kind!r}; use one of {', '.join(BACKENDS)}")
     if kind == "amd":
-        from kubegpu.devices.amd import AmdBackend
-
         return AmdBackend(root=sysfs_root)
-    from kubegpu.devices.nvml import NvmlBackend
 
     def nvml() -> DeviceBackend:
         return NvmlBackend.open(driver_root=driver_root, dev_root=dev_root, host_root=sysfs_root)
@@ -89,8 +87,6 @@ def open_backend(
     try:
         return nvml()
     except InitError as nvml_error:
-        from kubegpu.devices.amd import AmdBackend
-
         if AmdBackend.present(root=sysfs_root):
             return AmdBackend(root=sysfs_root)
         raise InitError(f"{nvml_error}; no AMD GPU (/sys/class/kfd) either") from nvml_error

@@ -445,8 +445,7 @@ class SimulatedBackend:
     def load(cls, spec: str) -> SimulatedBackend:
         """A preset by name (see `PRESETS`) or a node description file."""
         if spec in PRESETS:
-            # The presets are package files beside this module (pyproject's package-data);
-            # read by path, as importlib.resources would cost `serve` ~2 ms of imports.
+            # The presets are package files beside this module (pyproject's package-data).
             text = (PRESET_DIR / f"{spec}.yaml").read_text(encoding="utf-8")
             return cls(parse_node(yaml.load(text, Loader=PRESET_LOADER), spec, f"preset {spec}"))
         path = Path(spec)

@@ -5,8 +5,8 @@ Everything else talks to the small `Kube` protocol:
 
 - `KubeClient` (`client.py`): over the official client, one configuration per process
   (`default_client()`: in-cluster service account, else KUBECONFIG / ~/.kube/config),
-  loaded on the first call so start-up and RSS do not pay for the client when no API is
-  used. Blocking calls, run from worker threads; the node label watch runs in a thread.
+  loaded on the first call, so a process that uses no API needs no credentials.
+  Blocking calls, run from worker threads; the node label watch runs in a thread.
 - `KubeError` (`errors.py`): every failure, translated once: the API server's answer
   (403 -> RBAC hint, 404, 409, ...), transport trouble (unreachable, timed out) and
   missing credentials, each as one line naming the call, the object and what to do.

@@ -2,9 +2,9 @@
 
 One client configuration for the whole process (`default_client()`): in-cluster service
 account first (the DaemonSet case), else KUBECONFIG / ~/.kube/config. It is loaded on the
-first call, not at construction: the client costs ~12 MiB and ~0.13 s to import, and
-most `serve` processes never talk to the API (docs/performance.md). A failed load is not
-remembered, so credentials that appear later (a projected token) are picked up.
+first call, not at construction: most `serve` processes never talk to the API and need
+no credentials. A failed load is not remembered, so credentials that appear later (a
+projected token) are picked up.
 """
 
 from __future__ import annotations
@@ -17,6 +17,10 @@ import threading
 from collections.abc import AsyncIterator, Callable
 from dataclasses import dataclass, field
 from typing import Any, Final
+
+from kubernetes import client as k8s
+from kubernetes import config as k8s_config
+from kubernetes import watch as k8s_watch
 
 from kubegpu.kube.errors import KubeError, first_line, no_credentials, translate
 from kubegpu.kube.objects import (
@@ -73,35 +77,29 @@ class KubeClient:
         """The shared `ApiClient`, on this client's own `Configuration` (never the global one)."""
         with self._lock:
             if self._api_client is None:
-                from kubernetes import client, config
-
-                configuration = client.Configuration()
+                configuration = k8s.Configuration()
                 try:
-                    config.load_incluster_config(client_configuration=configuration)  # type: ignore[no-untyped-call]
-                except config.ConfigException:
+                    k8s_config.load_incluster_config(client_configuration=configuration)  # type: ignore[no-untyped-call]
+                except k8s_config.ConfigException:
                     try:
                         # KUBECONFIG read now, not when the client was imported (its default).
-                        config.load_kube_config(  # type: ignore[no-untyped-call]
+                        k8s_config.load_kube_config(  # type: ignore[no-untyped-call]
                             config_file=os.environ.get("KUBECONFIG") or None,
                             client_configuration=configuration,
                         )
                     except Exception as exc:  # missing file, bad context, bad YAML...
                         raise no_credentials(exc) from exc
-                self._api_client = client.ApiClient(configuration)
+                self._api_client = k8s.ApiClient(configuration)
             return self._api_client
 
     def _core_api(self) -> Any:
         if self._core is None:
-            from kubernetes import client
-
-            self._core = client.CoreV1Api(self._load())
+            self._core = k8s.CoreV1Api(self._load())
         return self._core
 
     def _custom_api(self) -> Any:
         if self._custom is None:
-            from kubernetes import client
-
-            self._custom = client.CustomObjectsApi(self._load())
+            self._custom = k8s.CustomObjectsApi(self._load())
         return self._custom
 
     def _call(
@@ -303,9 +301,7 @@ class _WatchState:
 
 
 def _new_watch() -> Any:
-    from kubernetes import watch
-
-    return watch.Watch()  # type: ignore[no-untyped-call]
+    return k8s_watch.Watch()  # type: ignore[no-untyped-call]
 
 
 @functools.cache

@@ -11,6 +11,10 @@ from __future__ import annotations
 import json
 from typing import Final
 
+from kubernetes.client.exceptions import ApiException
+from kubernetes.config import ConfigException
+from urllib3 import exceptions as http
+
 from kubegpu.errors import KubegpuError
 
 #: What to do, by HTTP status; 404 gets the caller's own hint (what is missing differs).
@@ -61,12 +65,6 @@ def translate(
     Unknown failures (a bug, a deserialisation error) are left to propagate unchanged, so
     they are not disguised as an outage.
     """
-    # The client is imported already: it raised `exc`. Importing here keeps this module
-    # (and `kubegpu.kube`) free of the client until a call is actually made.
-    from kubernetes.client.exceptions import ApiException
-    from kubernetes.config import ConfigException
-    from urllib3 import exceptions as http
-
     if isinstance(exc, ApiException):
         return status_error(
             what,

@@ -2,10 +2,9 @@
 
 from __future__ import annotations
 
-from typing import TYPE_CHECKING, Any, Final
+from typing import Any, Final
 
-if TYPE_CHECKING:
-    from kubegpu.kube.protocol import Kube
+from kubegpu.kube.protocol import Kube
 
 #: NFD's NodeFeature custom resource (nfd.k8s-sigs.io/v1alpha1, namespaced).
 NFD_GROUP: Final = "nfd.k8s-sigs.io"

@@ -3,7 +3,9 @@
 - `kubegpu.labeller.loop`: `run_labeller` (compute with `kubegpu.labels`, publish,
   sleep), the config it reads on each pass (`config_loader`, `LiveConfig`; the named
   configs are chosen as `serve` chooses them, `kubegpu.config.source.named_configs`,
-  re-exported here) and the backend it opens on each pass (`discoverer`);
+  re-exported here) and the backend it opens on each pass (`discoverer`); and
+  `follow_store`, `serve --with-labels`: the labels of the daemon's `NodeStore`, again on
+  every change of it;
 - `kubegpu.labeller.sinks`: where labels go (features.d file, NodeFeature, Node patch),
   the last two through the one Kubernetes adapter, `kubegpu.kube`.
 
@@ -21,6 +23,7 @@ from kubegpu.labeller.loop import (
     VendorLabels,
     config_loader,
     discoverer,
+    follow_store,
     parse_duration,
     run_labeller,
     run_until_signalled,
@@ -49,6 +52,7 @@ __all__ = [
     "VendorLabels",
     "config_loader",
     "discoverer",
+    "follow_store",
     "format_features",
     "named_configs",
     "owner_references",

@@ -4,6 +4,8 @@
 stopped, with the config read on each pass: a plain file re-read (`config_loader`), or
 the named config the node label picks, followed live (`LiveConfig`, as `kubegpu serve`
 follows it). The backend is opened and closed on each pass (`discoverer`), as GFD does.
+`follow_store` is `serve --with-labels`: the same pass over the daemon's own view (its
+`NodeStore`), again whenever that view changes.
 """
 
 from __future__ import annotations
@@ -12,22 +14,26 @@ import asyncio
 import contextlib
 import logging
 import math
+import signal
 import time
 from collections.abc import AsyncIterator, Callable, Mapping, Sequence
 from typing import Any
 
+from kubegpu import devices
 from kubegpu.config import Config, load_config
 from kubegpu.config.names import INFINITE_NS, parse_go_duration
 from kubegpu.config.source import (
     ConfigSource,
     ConfigUpdate,
 )
+from kubegpu.devices.host import read_machine_type
 from kubegpu.devices.model import Inventory
 from kubegpu.devices.pci import read_bus
 from kubegpu.errors import ConfigError, InitError, KubegpuError
-from kubegpu.labeller.sinks import LabelSink
+from kubegpu.labeller.sinks import FeatureFileSink, LabelSink
 from kubegpu.labels import gpu_labels
 from kubegpu.labels_amd import amd_labels
+from kubegpu.state import NodeState, NodeStore
 from kubegpu.supervisor import spawn
 
 log = logging.getLogger("kubegpu.labeller")
@@ -88,6 +94,54 @@ async def run_labeller(
         except TimeoutError:
             continue
         return published
+
+
+async def follow_store(store: NodeStore, sink: LabelSink | None = None) -> None:
+    """`serve --with-labels`: publish the labels of the store's state (to `sink`, by
+    default the config's `flags.gfd.outputFile`), again as soon as the inventory, health
+    or config changes, else every sleep interval; a failure is logged and retried, never
+    stops serving."""
+    gfd = store.state.config.flags.gfd
+    interval = parse_duration(gfd.sleep_interval)
+    sink = sink or FeatureFileSink(gfd.output_file)
+    # GFD stamps the time its loop started, not each pass, so NFD rewrites nothing.
+    started = time.time()
+    while True:
+        state = store.state
+        wait = interval
+        try:
+            await _label_state(state, sink, started)
+        except KubegpuError as exc:
+            wait = min(interval, 60)
+            log.error("labelling failed, retrying in %.0f s: %s", wait, exc)
+        with contextlib.suppress(TimeoutError):
+            await asyncio.wait_for(_labels_stale(store, state), None if math.isinf(wait) else wait)
+
+
+async def _label_state(state: NodeState, sink: LabelSink, started: float) -> None:
+    """One labelling pass over `state` (a snapshot: the store may move meanwhile)."""
+    gfd = state.config.flags.gfd
+    await run_labeller(
+        lambda: state.inventory.with_health(state.health),
+        lambda: state.config,
+        sink,
+        interval=None,
+        machine_type=lambda: read_machine_type(gfd.machine_type_file),
+        timestamps=not gfd.no_timestamp,
+        clock=lambda: started,
+    )
+
+
+async def _labels_stale(store: NodeStore, labelled: NodeState) -> None:
+    """Until a state the labels depend on differs from `labelled` (MPS readiness and
+    versions alone do not count)."""
+    async for state in store.subscribe(labelled.version):
+        if (state.inventory, state.config, state.health) != (
+            labelled.inventory,
+            labelled.config,
+            labelled.health,
+        ):
+            return
 
 
 def _compute(
@@ -217,10 +271,10 @@ def discoverer(
 ) -> Callable[[], Inventory]:
     """Open the backend on each pass and close it again, as GFD does: no NVML handle is
     held between passes, so driver upgrades and MIG reconfigurations are picked up."""
-    from kubegpu.devices import open_backend
 
     def discover() -> Inventory:
-        backend = open_backend(
+        # Looked up on each call, so a test's stand-in for `devices.open_backend` is used.
+        backend = devices.open_backend(
             kind, simulate=simulate, driver_root=driver_root, sysfs_root=sysfs_root
         )
         try:
@@ -238,8 +292,6 @@ async def run_until_signalled(
     **kwargs: Any,
 ) -> int:
     """`run_labeller` with SIGTERM/SIGINT setting the stop flag (handlers only set it)."""
-    import signal
-
     stop = asyncio.Event()
     loop = asyncio.get_running_loop()
     for sig in (signal.SIGTERM, signal.SIGINT):

@@ -36,6 +36,8 @@ from pathlib import Path
 from types import TracebackType
 from typing import Any
 
+from asyncinotify import Inotify, Mask
+
 from kubegpu.supervisor import spawn
 
 log = logging.getLogger("kubegpu.watch")
@@ -49,16 +51,11 @@ Fingerprint = tuple[tuple[str, str, int, int, int, int, int] | tuple[str], ...]
 
 
 def default_inotify() -> Any:
-    # Imported here: the ctypes binding is only loaded by a process that watches.
-    from asyncinotify import Inotify
-
     return Inotify()
 
 
 def _masks() -> tuple[Any, Any]:
     """(for a directory that holds a path, for an ancestor that holds such a directory)."""
-    from asyncinotify import Mask
-
     moves = Mask.CREATE | Mask.DELETE | Mask.MOVED_FROM | Mask.MOVED_TO
     own = Mask.DELETE_SELF | Mask.MOVE_SELF | Mask.ONLYDIR | Mask.EXCL_UNLINK
     return moves | Mask.MODIFY | Mask.CLOSE_WRITE | Mask.ATTRIB | own, moves | own
@@ -66,8 +63,6 @@ def _masks() -> tuple[Any, Any]:
 
 def _write_masks() -> tuple[Any, Any]:
     """(events that open a write on a name, events after which the name is complete)."""
-    from asyncinotify import Mask
-
     return Mask.MODIFY, Mask.CLOSE_WRITE | Mask.MOVED_FROM | Mask.MOVED_TO | Mask.DELETE
 
 

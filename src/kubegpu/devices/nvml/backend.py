@@ -14,6 +14,8 @@ from pathlib import Path
 from types import ModuleType
 from typing import Any
 
+import pynvml
+
 from kubegpu.devices.model import HealthEvent, Inventory, StopFlag
 from kubegpu.devices.nvml import discovery, health
 from kubegpu.devices.nvml.session import Session, log
@@ -103,8 +105,6 @@ class NvmlBackend:
         operator's driver container) rather than from the loader's search path.
         """
         if nvml is None:
-            import pynvml
-
             nvml = pynvml
         module: Any = nvml  # pynvml keeps the loaded library in a module global
         if driver_root not in ("", "/"):
