@@ -10,12 +10,11 @@ import json
 import sys
 
 from kubegpu.cli.options import Command, Group
+from kubegpu.config.v1 import json_schema
 
 
 def schema_text() -> str:
     """The schema as `kubegpu config schema` prints it (and the chart's copy holds)."""
-    from kubegpu.config.v1 import json_schema
-
     return json.dumps(json_schema(), indent=2, ensure_ascii=False) + "\n"
 
 

@@ -23,8 +23,8 @@ from typing import Any, Final, get_args
 import click
 
 from kubegpu.api import DEVICE_PLUGIN_PATH, KUBELET_SOCKET
-from kubegpu.config import Config, DeviceIDStrategy, MigStrategy
-from kubegpu.config.names import parse_go_duration
+from kubegpu.config import Config, DeviceIDStrategy, MigStrategy, config_to_raw
+from kubegpu.config.names import is_label_key, parse_go_duration
 from kubegpu.config.settings import driver_files_root
 from kubegpu.config.source import DEFAULT_NODE_LABEL
 from kubegpu.config.v1 import DeviceDiscoveryStrategy
@@ -115,8 +115,6 @@ def choice(*choices: str) -> Callable[[str], str]:
     return parse
 
 
-_LABEL_NAME = re.compile(r"[A-Za-z0-9]([-A-Za-z0-9_.]{0,61}[A-Za-z0-9])?")
-_DNS_SUBDOMAIN = re.compile(r"[a-z0-9]([-a-z0-9]*[a-z0-9])?(\.[a-z0-9]([-a-z0-9]*[a-z0-9])?)*")
 
 
 def check_plugin_path(value: str) -> str:
@@ -147,12 +145,7 @@ def check_absolute(value: str) -> str:
 
 def check_label_key(value: str) -> str:
     """A Kubernetes label key: `[prefix/]name`, prefix a DNS subdomain."""
-    prefix, _, name = value.rpartition("/")
-    if (
-        not _LABEL_NAME.fullmatch(name)
-        or (prefix and (len(prefix) > 253 or not _DNS_SUBDOMAIN.fullmatch(prefix)))
-        or ("/" in value and not prefix)
-    ):
+    if not is_label_key(value):
         raise ValueError(
             f"{value!r} is not a Kubernetes label key ([prefix/]name, e.g. {DEFAULT_NODE_LABEL})"
         )
@@ -403,7 +396,7 @@ def _envs(name: str, gfd: bool) -> tuple[str, ...]:
 
 def config_default(key: str) -> str | None:
     """The default of the dotted config `key` as `--help` shows it (None: it has none)."""
-    value: Any = DEFAULTS.to_raw()
+    value: Any = config_to_raw(DEFAULTS)
     for part in key.split("."):
         value = value.get(part) if isinstance(value, dict) else None
     if isinstance(value, bool):

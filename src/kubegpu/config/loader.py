@@ -18,6 +18,7 @@ from __future__ import annotations
 import contextlib
 import copy
 import dataclasses
+import difflib
 import json
 import types
 import typing
@@ -28,6 +29,7 @@ from typing import Any, Final
 import pydantic
 from pydantic.fields import FieldInfo
 
+from kubegpu.config import yamlsafe
 from kubegpu.config.v1 import CONFIG_ADAPTER, SUPPORTED_VERSIONS, VERSION, Config
 from kubegpu.errors import ConfigError
 from kubegpu.gosyntax import GO_FALSE, GO_TRUE
@@ -41,8 +43,6 @@ def parse_raw(text: str | bytes, source: str = "<config>") -> dict[str, Any]:
     """YAML (or JSON) text as a plain mapping; an empty document is `{}`."""
     # PyYAML is imported on the first file read: `serve` without a config file never
     # needs it, and start-up pays for every module imported before registering.
-    from kubegpu.config import yamlsafe
-
     with _total(source):
         if isinstance(text, bytes):
             raw = yamlsafe.load_bytes(text, source)
@@ -65,8 +65,6 @@ def parse_config(text: str | bytes, source: str = "<config>") -> Config:
 
 def read_bytes(path: str | Path) -> bytes:
     """A config file's bytes, at most `yamlsafe.MAX_BYTES` (+1, to tell it is too big)."""
-    from kubegpu.config import yamlsafe
-
     p = Path(path)
     try:
         with p.open("rb") as f:
@@ -260,8 +258,6 @@ def _unknown_key(loc: Sequence[Any]) -> str:
     by_lower = {v.lower().replace("_", ""): v for v in valid}
     guess = by_lower.get(key.lower().replace("_", ""))
     if guess is None:
-        import difflib  # only a config with a typo pays for it
-
         close = difflib.get_close_matches(key, valid, n=1, cutoff=0.6)
         guess = close[0] if close else None
     if guess is not None:

@@ -31,17 +31,14 @@ import os
 from collections.abc import AsyncIterator, Callable, Mapping
 from dataclasses import dataclass
 from pathlib import Path
-from typing import TYPE_CHECKING, Any, Final, Protocol
+from typing import Any, Final, Protocol
 
 from kubegpu.config.loader import load_config_bytes, read_bytes
 from kubegpu.config.v1 import Config
 from kubegpu.errors import ConfigError
+from kubegpu.kube import Kube, default_client
 from kubegpu.supervisor import spawn
 from kubegpu.watch import PathWatch
-
-if TYPE_CHECKING:
-    # The adapter is imported when named configs first watch the Node, not at start-up.
-    from kubegpu.kube import Kube
 
 log = logging.getLogger(__name__)
 
@@ -457,8 +454,6 @@ class KubernetesNodeLabels:
         self._kube = kube
 
     def watch(self, node: str, label: str) -> AsyncIterator[str | None]:
-        from kubegpu.kube import default_client
-
         kube = self._kube if self._kube is not None else default_client()
         return kube.watch_node_label(node, label)
 
