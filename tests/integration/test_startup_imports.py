@@ -17,11 +17,7 @@ from pathlib import Path
 
 import pytest
 
-from kubegpu.kubelet import KubeletEmulator
-
-# Each test starts fresh interpreters (and `serve` up to registered): seconds, not the
-# default per-test budget, on a loaded machine.
-pytestmark = pytest.mark.timeout(60)
+from tests.waiting import WAIT, Kubelet
 
 GPU = "nvidia.com/gpu"
 
@@ -50,7 +46,7 @@ async def _loaded_by(code: str, *args: str, watched: tuple[str, ...], report: Pa
     proc = await asyncio.create_subprocess_exec(
         sys.executable, "-c", code, str(report), ",".join(watched), *args, env=_env()
     )
-    assert await asyncio.wait_for(proc.wait(), 30) == 0
+    assert await asyncio.wait_for(proc.wait(), WAIT) == 0
     return set(report.read_text().split())
 
 
@@ -92,7 +88,7 @@ async def test_serve_registers_and_allocates_without_the_kubernetes_client(
     loader needs it only to suggest a fix for an unknown key. Nor pydantic, which other
     installed packages may bring: the config schema is kubegpu's own (`config.schema`).
     Nor `importlib.resources`: the simulated presets are read by path."""
-    kubelet = KubeletEmulator(socket_dir / "dp", grace_period=0.5)
+    kubelet = Kubelet(socket_dir / "dp", grace_period=0.5)
     await kubelet.start()
     report = socket_dir / "loaded"
     watched = (
@@ -119,12 +115,12 @@ async def test_serve_registers_and_allocates_without_the_kubernetes_client(
         stderr=asyncio.subprocess.PIPE,
     )
     try:
-        await kubelet.wait_for_resource(GPU, capacity=4, allocatable=4, timeout=20)
+        await kubelet.wait_for_resource(GPU, capacity=4, allocatable=4)
         if allocate:
             await kubelet.allocate(GPU, 1, pod="p")
     finally:
         proc.send_signal(signal.SIGTERM)
-        _, err = await asyncio.wait_for(proc.communicate(), 20)
+        _, err = await asyncio.wait_for(proc.communicate(), WAIT)
         await kubelet.stop()
     assert proc.returncode == 0, err.decode()
     placement = {"kubegpu.topology"} if allocate else set()

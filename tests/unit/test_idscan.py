@@ -105,8 +105,6 @@ def tables_and_requests(draw: st.DrawFn) -> tuple[list[bytes], list[str], bytes,
     return keys, values, data, start, end
 
 
-# 1,500 hypothesis examples take ~3 s here, more under coverage on a slower machine.
-@pytest.mark.timeout(60)
 @given(tables_and_requests())
 @settings(max_examples=1500, deadline=None)
 @example(([wire(b"a")], ["A"], entry(wire(b"a")), 0, 2))

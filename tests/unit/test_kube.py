@@ -19,8 +19,8 @@ from urllib3.exceptions import MaxRetryError, NewConnectionError, ReadTimeoutErr
 
 from kubegpu.errors import KubegpuError
 from kubegpu.kube import FakeKube, KubeClient, KubeError, owner_references
+from tests.waiting import WAIT
 
-WAIT = 5.0
 #: What urllib3 says when nothing listens; it prefixes the connection object's repr.
 REFUSED = "Failed to establish a new connection: [Errno 111] Connection refused"
 CONN = SimpleNamespace(host="10.96.0.1")
@@ -246,7 +246,7 @@ def test_nothing_imports_the_client_until_a_call_needs_it() -> None:
         "assert 'urllib3' not in sys.modules, 'imported at start'\n"
     )
     done = subprocess.run(
-        [sys.executable, "-c", code], capture_output=True, text=True, timeout=60, check=False
+        [sys.executable, "-c", code], capture_output=True, text=True, timeout=WAIT, check=False
     )
     assert done.returncode == 0, done.stderr
 

@@ -17,6 +17,7 @@ from kubegpu.devices.model import Gpu
 from kubegpu.errors import ConfigError
 from kubegpu.mps import MpsDaemon, MpsError, container_edits
 from kubegpu.nvidia_paths import MPS_CONTAINER_PIPE_DIR as CONTAINER_PIPE_DIR
+from tests.waiting import WAIT
 
 FAKE = str(Path(__file__).parent.parent / "fixtures" / "fake-mps-control")
 # The stand-in runs once per MPS command: start it on this interpreter, not a pyenv shim.
@@ -193,13 +194,13 @@ async def test_supervise_restarts_a_killed_daemon(tmp_path: Path, fork: bool) ->
     env = {"FAKE_MPS_FORK": "1"} if fork else {}
     d = daemon(tmp_path, env=env, on_change=on_change)
     await d.start()
-    assert await asyncio.wait_for(changes.get(), 5) is True
+    assert await asyncio.wait_for(changes.get(), WAIT) is True
     supervisor = asyncio.create_task(d.supervise())
     try:
         first = daemon_pid(d)
         os.kill(first, signal.SIGKILL)
-        assert await asyncio.wait_for(changes.get(), 10) is False
-        assert await asyncio.wait_for(changes.get(), 10) is True
+        assert await asyncio.wait_for(changes.get(), WAIT) is False
+        assert await asyncio.wait_for(changes.get(), WAIT) is True
         assert d.ready
         assert d.restarts == 1
         second = daemon_pid(d)
@@ -208,7 +209,7 @@ async def test_supervise_restarts_a_killed_daemon(tmp_path: Path, fork: bool) ->
         assert commands(d)[-1] == "set_default_active_thread_percentage 25"
     finally:
         await d.stop()
-        await asyncio.wait_for(supervisor, 5)
+        await asyncio.wait_for(supervisor, WAIT)
     assert not pid_alive(second)
     assert not (d.pipe_dir / "daemon.pid").exists()
 
@@ -218,7 +219,7 @@ async def test_stop_ends_supervision_without_restart(tmp_path: Path) -> None:
     await d.start()
     supervisor = asyncio.create_task(d.supervise())
     await d.stop()
-    await asyncio.wait_for(supervisor, 5)
+    await asyncio.wait_for(supervisor, WAIT)
     assert d.restarts == 0
     assert not d.ready
 

@@ -31,6 +31,7 @@ from kubegpu.labels import (
     vgpu_labels,
 )
 from tests.conformance.origin import DATA, NVIDIA_DP
+from tests.waiting import WAIT
 
 LABELS = DATA / "nvidia" / "labels"
 PRESENT = "nvidia.com/gpu.present"
@@ -396,7 +397,7 @@ async def test_gfd_loop(loop: dict[str, Any], tmp_path: Path) -> None:
             sysfs_root=str(mock_sysfs(tmp_path / "host")),
             stop=stop,
         ),
-        timeout=30,
+        timeout=WAIT,
     )
     assert done == loop["passes"]
     for labels in sink.published:

@@ -15,9 +15,6 @@ from kubegpu.resources import build_resources
 from tests.conformance.rocm.cases import cites, load
 from tests.conformance.rocm.sysfs import KFD, TESTDATA, build_node
 
-# The first test to use an archived ROCm tree unpacks it (4,000 files from xz, seconds).
-pytestmark = pytest.mark.timeout(30)
-
 TOPOLOGY = load("topology.yaml")
 
 
