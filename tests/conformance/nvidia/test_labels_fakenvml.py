@@ -20,7 +20,7 @@ from typing import Any
 import pytest
 
 import kubegpu
-from tests.conformance.nvidia.test_labels import check_result, label_map
+from tests.conformance.nvidia.test_labels import check_result, expected_output, label_map
 from tests.conformance.origin import NVIDIA_DP
 from tests.waiting import WAIT
 
@@ -176,6 +176,6 @@ def test_a_t4_node_carries_every_label_gfd_expects(fakenvml_lib: Path, tmp_path:
     done = run_labels(fakenvml_lib, tmp_path, "t4")
     assert done.returncode == 0, done.stderr
     lines = done.stdout.splitlines()
-    text = (Path(__file__).parents[1] / "data/nvidia/labels/expected-output.txt").read_text()
+    text = expected_output("expected-output.txt").read_text()
     missing = [r for r in text.splitlines() if not any(re.search(r, line) for line in lines)]
     assert missing == []
