@@ -4,16 +4,34 @@ PYTHON ?= python3
 VENV := .venv
 BIN := $(VENV)/bin
 STAMP := $(VENV)/.installed
+LOCK := requirements.lock
+UV := uv==0.13.9
 
-.PHONY: demo test lint bench proto venv clean static-manifests image image-offline
+.PHONY: demo test lint bench proto venv lock clean static-manifests image image-offline
 
-$(STAMP): pyproject.toml
+# Exact versions: every package, the dev tools and the installers included, is pinned in
+# requirements.lock, and pip installs with it as constraints (build dependencies too), so a
+# fresh machine gets the same environment as CI and the container image.
+$(STAMP): pyproject.toml $(LOCK)
 	@test -x $(BIN)/python || $(PYTHON) -m venv $(VENV)
-	@$(BIN)/python -m pip install -q --upgrade pip setuptools
-	@$(BIN)/python -m pip install -q -e '.[dev]'
+	@$(BIN)/python -m pip install -q -c $(LOCK) pip setuptools wheel
+	@$(BIN)/python -m pip install -q -c $(LOCK) --build-constraint $(LOCK) -e '.[dev]'
 	@touch $(STAMP)
 
 venv: $(STAMP)
+
+# Regenerate requirements.lock after a dependency changes in pyproject.toml: `make lock`.
+# uv, pinned above and installed from PyPI into a throwaway environment under build/,
+# resolves pyproject.toml with the dev extra, plus the installers (pip, setuptools, wheel),
+# for Python 3.11 on every platform. Pins already in the lock stay unless pyproject.toml
+# rules them out; `make lock UPGRADE=1` moves every pin to the newest allowed release.
+lock:
+	rm -rf build/lock-env
+	$(PYTHON) -m venv build/lock-env
+	build/lock-env/bin/python -m pip install -q $(UV)
+	printf 'pip\nsetuptools\nwheel\n' | build/lock-env/bin/uv pip compile pyproject.toml - \
+		--extra dev --python-version 3.11 --universal --custom-compile-command 'make lock' -q \
+		$(if $(UPGRADE),--upgrade) -o $(LOCK)
 
 demo: $(STAMP)
 	$(BIN)/kubegpu demo

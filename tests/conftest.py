@@ -1,8 +1,8 @@
-"""Suite-wide rules: time limits by kind of test, and a fast `python3` for fake binaries.
+"""Suite-wide rules: a fast `python3` for fake binaries.
 
-The default limit is `timeout` in pyproject.toml (a few seconds). A test that needs longer
-says so with `@pytest.mark.timeout(N)` and a reason next to it; the one kind handled here
-is property-based tests, whose run time is set by their example count, not by waiting.
+Time: each test is bounded only by the hang guard (`timeout` in pyproject.toml), the same
+for every test, and each of its waits by `tests.waiting.WAIT`; no test carries a shorter
+budget of its own, since a loaded machine would make it fire.
 """
 
 from __future__ import annotations
@@ -12,17 +12,6 @@ import sys
 from pathlib import Path
 
 import pytest
-
-#: Hypothesis runs up to `max_examples` examples (60-400 here) with `deadline=None`; under
-#: coverage on a busy 2-core machine the largest take ~10 s, so give them room.
-HYPOTHESIS_TIMEOUT_S = 60
-
-
-def pytest_collection_modifyitems(items: list[pytest.Item]) -> None:
-    for item in items:
-        test = getattr(item, "obj", None)
-        if getattr(test, "is_hypothesis_test", False) and not item.get_closest_marker("timeout"):
-            item.add_marker(pytest.mark.timeout(HYPOTHESIS_TIMEOUT_S))
 
 
 @pytest.fixture(scope="session")

@@ -26,9 +26,6 @@ EXAMPLES = FAKENVML / "examples"
 NVLIB = "vendor/github.com/NVIDIA/go-nvlib/pkg/nvlib/device/"
 MIG_NAMES = NVIDIA_DP.cite(NVLIB + "mig_profile.go")
 MIG_INDEX = NVIDIA_DP.cite("internal/rm/nvml_devices.go")
-# Building the library (first test) and one interpreter per layout, on a loaded 2-core CI
-# runner, take far longer than the suite's default.
-pytestmark = pytest.mark.timeout(300)
 
 A100_40GB = {"name": "NVIDIA A100-SXM4-40GB", "memory_total": "40GiB", "compute_capability": "8.0"}
 H100_80GB = {

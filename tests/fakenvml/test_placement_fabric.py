@@ -16,10 +16,6 @@ from kubegpu.devices.simulated import SimulatedBackend
 from tests.fakenvml.conftest import FAKENVML, Probe
 from tests.fakenvml.probe import links_and_placement
 
-# Building the simulated NVML with gcc (the session's first test here) and one interpreter per
-# layout, on a loaded 2-core CI runner, take far longer than the suite's default.
-pytestmark = pytest.mark.timeout(300)
-
 H100 = {"name": "NVIDIA H100 80GB HBM3", "memory_total": "80GiB", "compute_capability": "9.0"}
 
 

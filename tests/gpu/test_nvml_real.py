@@ -15,6 +15,7 @@ import pytest
 from kubegpu.devices.model import Health, HealthEvent
 from kubegpu.devices.nvml import NvmlBackend
 from kubegpu.devices.stop import Stop
+from tests.waiting import WAIT
 
 # Counts CUDA devices with the driver API only (no torch needed): libcuda.so.1 is part of
 # the driver. The UUID is read with cuDeviceGetUuid and printed in nvidia-smi's form.
@@ -86,6 +87,6 @@ def test_watch_starts_and_stops_cleanly(nvml_backend: NvmlBackend) -> None:
     thread = threading.Thread(target=nvml_backend.watch, args=(stop, events.append))
     thread.start()
     stop.set()
-    thread.join(10)
+    thread.join(WAIT)
     assert not thread.is_alive()
     assert events == []  # a healthy GPU idles without Xids

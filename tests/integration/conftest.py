@@ -10,6 +10,7 @@ from pathlib import Path
 import pytest
 
 from kubegpu.kubelet import KubeletEmulator
+from tests.waiting import Kubelet
 
 
 @pytest.fixture
@@ -28,7 +29,7 @@ def socket_dir() -> Iterator[Path]:
 @pytest.fixture
 async def kubelet(socket_dir: Path) -> AsyncIterator[KubeletEmulator]:
     """A kubelet emulator on `socket_dir/dp` (a short grace period, for `serve` tests)."""
-    emulator = KubeletEmulator(socket_dir / "dp", grace_period=0.5)
+    emulator = Kubelet(socket_dir / "dp", grace_period=0.5)
     await emulator.start()
     try:
         yield emulator

@@ -7,9 +7,6 @@ import pytest
 from kubegpu.cli import main
 from kubegpu.devices.simulated import PRESETS
 
-# Each runs the whole demo story in process, including its real 1 s health-recovery window.
-pytestmark = pytest.mark.timeout(30)
-
 
 @pytest.mark.parametrize("preset", PRESETS)
 def test_demo_runs_to_completion_on_every_preset(

@@ -22,8 +22,8 @@ import pytest
 
 from kubegpu.events import KubernetesEventSink, NodeEvent
 from kubegpu.kube import KubeClient, KubeError
+from tests.waiting import WAIT
 
-WAIT = 5.0
 LABEL = "nvidia.com/device-plugin.config"
 NFD = "/apis/nfd.k8s-sigs.io/v1alpha1/namespaces/gpu/nodefeatures"
 

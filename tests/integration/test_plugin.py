@@ -30,7 +30,7 @@ from kubegpu.plugin.manager import socket_path_too_long
 from kubegpu.plugin.server import ResourceServer, undecodable
 from kubegpu.resources import ResourceSpec, build_resources, socket_name
 from tests import builders
-from tests.integration.waiting import eventually
+from tests.waiting import WAIT, Kubelet, eventually
 
 GPU = "nvidia.com/gpu"
 
@@ -62,7 +62,7 @@ async def running_node(
     **settings: Any,
 ) -> AsyncIterator[Node]:
     plugin_dir = socket_dir / "dp"
-    kubelet = KubeletEmulator(plugin_dir, grace_period=0.5)
+    kubelet = Kubelet(plugin_dir, grace_period=0.5)
     await kubelet.start()
     backend = SimulatedBackend.load(preset)
     daemon = Daemon(
@@ -80,11 +80,11 @@ async def running_node(
     stop = asyncio.Event()
     task = asyncio.create_task(daemon.run(stop))
     try:
-        await asyncio.wait_for(daemon.started.wait(), 10)
+        await asyncio.wait_for(daemon.started.wait(), WAIT)
         yield Node(kubelet, daemon, backend, plugin_dir, stop, task)
     finally:
         stop.set()
-        await asyncio.wait_for(task, 10)
+        await asyncio.wait_for(task, WAIT)
         await kubelet.stop()
 
 
@@ -139,7 +139,7 @@ async def test_application_xid_is_ignored_and_gpu_recovers_by_itself(socket_dir:
         assert k.devices(GPU)[node.uuids[3]].health == "Unhealthy"
         assert k.devices(GPU)[node.uuids[0]].health == "Healthy"
         # Probes keep passing, so after the recovery window the GPU is healthy again.
-        await k.wait_for_resource(GPU, allocatable=4, timeout=5)
+        await k.wait_for_resource(GPU, allocatable=4)
 
 
 async def test_allocate_uuid_strategy_with_device_specs(socket_dir: Path) -> None:
@@ -226,7 +226,7 @@ async def test_kubelet_restart_triggers_reregistration(socket_dir: Path) -> None
         await k.wait_for_resource(GPU, allocatable=4)
         first = await k.allocate(GPU, 1, pod="keep")
         await k.restart()
-        await k.wait_for_resource(GPU, capacity=4, allocatable=4, timeout=5)
+        await k.wait_for_resource(GPU, capacity=4, allocatable=4)
         assert len([r for r in k.registrations if r.ok]) >= 1
         assert node.daemon.manager.kubelet_restarts == 1
         (kept,) = k.allocations("keep")
@@ -241,8 +241,8 @@ async def test_deleted_plugin_socket_is_served_again(socket_dir: Path) -> None:
     async with running_node(socket_dir, "t4-1") as node:
         await node.kubelet.wait_for_resource(GPU, allocatable=1)
         node.socket().unlink()
-        await eventually(lambda: node.daemon.manager.kubelet_restarts == 1, 5)
-        await eventually(node.socket().exists, 5)
+        await eventually(lambda: node.daemon.manager.kubelet_restarts == 1)
+        await eventually(node.socket().exists)
         await node.kubelet.wait_for_resource(GPU, capacity=1, allocatable=1)
 
 
@@ -251,7 +251,7 @@ async def test_plugin_stop_removes_socket_and_kubelet_marks_unhealthy(socket_dir
         await node.kubelet.wait_for_resource(GPU, allocatable=1)
         assert node.socket().exists()
         node.stop.set()
-        await asyncio.wait_for(node.task, 10)
+        await asyncio.wait_for(node.task, WAIT)
         assert not node.socket().exists()
         # The stream ended: capacity stays, allocatable drops, no retry by the kubelet.
         await node.kubelet.wait_for_resource(GPU, capacity=1, allocatable=0)
@@ -280,8 +280,8 @@ async def test_mig_layout_change_is_readvertised_without_restart(socket_dir: Pat
         gone = node.socket("nvidia.com/mig-2g.10gb")
         assert gone.exists()
         node.backend.set_mig_layout(1, ["3g.20gb", "3g.20gb"])
-        await k.wait_for_resource("nvidia.com/mig-3g.20gb", capacity=2, timeout=5)
-        await eventually(lambda: not gone.exists(), 5)
+        await k.wait_for_resource("nvidia.com/mig-3g.20gb", capacity=2)
+        await eventually(lambda: not gone.exists())
 
 
 async def test_plugin_sockets_are_owner_only_whatever_the_umask(socket_dir: Path) -> None:
@@ -291,8 +291,8 @@ async def test_plugin_sockets_are_owner_only_whatever_the_umask(socket_dir: Path
             await node.kubelet.wait_for_resource(GPU, capacity=1)
             assert stat.S_IMODE(node.socket().stat().st_mode) == 0o600
             await node.kubelet.restart()  # re-served on a new socket: the same mode
-            await eventually(lambda: node.daemon.manager.kubelet_restarts == 1, 20)
-            await node.kubelet.wait_for_resource(GPU, capacity=1, allocatable=1, timeout=20)
+            await eventually(lambda: node.daemon.manager.kubelet_restarts == 1)
+            await node.kubelet.wait_for_resource(GPU, capacity=1, allocatable=1)
             assert stat.S_IMODE(node.socket().stat().st_mode) == 0o600
     finally:
         os.umask(old)
@@ -333,7 +333,7 @@ async def test_kubelet_down_for_a_while_then_back(socket_dir: Path) -> None:
         await asyncio.sleep(0)  # let the stream-end reach the plugin
         assert node.task.done() is False
         await k.start()
-        await k.wait_for_resource(GPU, capacity=1, allocatable=1, timeout=5)
+        await k.wait_for_resource(GPU, capacity=1, allocatable=1)
         assert node.daemon.manager.kubelet_restarts == 1
 
 
@@ -502,13 +502,13 @@ def threaded_server() -> Iterator[tuple[ResourceSpec, str]]:
     server = ResourceServer(spec, Config(), directory)
     thread = threading.Thread(target=loop.run_forever, daemon=True)
     thread.start()
-    asyncio.run_coroutine_threadsafe(server.serve(), loop).result(10)
+    asyncio.run_coroutine_threadsafe(server.serve(), loop).result(WAIT)
     try:
         yield spec, f"unix://{server.socket_path}"
     finally:
-        asyncio.run_coroutine_threadsafe(server.stop(grace=0), loop).result(10)
+        asyncio.run_coroutine_threadsafe(server.stop(grace=0), loop).result(WAIT)
         loop.call_soon_threadsafe(loop.stop)
-        thread.join(10)
+        thread.join(WAIT)
         loop.close()
         shutil.rmtree(directory, ignore_errors=True)
 
@@ -517,7 +517,7 @@ def _sync_call(target: str, method: str, request: Any) -> tuple[grpc.StatusCode,
     with grpc.insecure_channel(target) as channel:
         stub = device_plugin_stub(channel)
         try:
-            return grpc.StatusCode.OK, getattr(stub, method)(request, timeout=10)
+            return grpc.StatusCode.OK, getattr(stub, method)(request, timeout=WAIT)
         except grpc.RpcError as exc:
             return exc.code(), exc.details()
 
@@ -674,7 +674,7 @@ async def test_health_transitions_become_node_events_and_metrics(socket_dir: Pat
         await k.wait_for_resource(GPU, allocatable=3)
         node.backend.heal(1)
         await k.wait_for_resource(GPU, allocatable=4)
-        await eventually(lambda: len(sink.events) == 2, 5)
+        await eventually(lambda: len(sink.events) == 2)
         metrics = node.daemon.metrics
         for health in ("Unhealthy", "Healthy"):
             labels = {"resource": GPU, "health": health}
@@ -700,7 +700,7 @@ async def test_a_socket_path_over_the_unix_limit_stops_the_daemon_at_start() -> 
             backend=SimulatedBackend.load("t4-1"),
         )
         with pytest.raises(StartupError) as stopped:
-            await asyncio.wait_for(daemon.run(asyncio.Event()), 10)
+            await asyncio.wait_for(daemon.run(asyncio.Event()), WAIT)
         assert str(stopped.value) == (
             f"{GPU}: socket path {plugin_dir}/kubegpu-nvidia.com-gpu.sock is longer than 107 "
             "bytes (the unix limit); use a shorter --device-plugin-path"

@@ -13,10 +13,7 @@ from pathlib import Path
 import pytest
 
 from kubegpu.kubelet import KubeletEmulator
-
-# Each test runs `kubegpu serve` as a process: interpreter start and imports, then the run,
-# seconds under coverage on a loaded 2-core runner. Its own waits bound each step (10-20 s).
-pytestmark = pytest.mark.timeout(60)
+from tests.waiting import WAIT
 
 GPU = "nvidia.com/gpu"
 SHARED = """version: v1
@@ -46,7 +43,7 @@ def clean_env(**extra: str) -> dict[str, str]:
     return env
 
 
-async def run_to_end(cmd: list[str], timeout: float = 20, **env: str) -> tuple[int, str]:
+async def run_to_end(cmd: list[str], timeout: float = WAIT, **env: str) -> tuple[int, str]:
     proc = await asyncio.create_subprocess_exec(
         *cmd, stdout=asyncio.subprocess.PIPE, stderr=asyncio.subprocess.STDOUT, env=clean_env(**env)
     )
@@ -71,14 +68,14 @@ class Serve:
                 self.lines.append(raw.decode())
                 self._new.notify_all()
 
-    async def wait_for_line(self, text: str, timeout: float = 15) -> None:
+    async def wait_for_line(self, text: str, timeout: float = WAIT) -> None:
         async with asyncio.timeout(timeout), self._new:
             await self._new.wait_for(lambda: any(text in line for line in self.lines))
 
     async def stop(self, sig: int = signal.SIGTERM) -> tuple[int, str]:
         self.proc.send_signal(sig)
-        code = await asyncio.wait_for(self.proc.wait(), 15)
-        await asyncio.wait_for(self._reader, 5)
+        code = await asyncio.wait_for(self.proc.wait(), WAIT)
+        await asyncio.wait_for(self._reader, WAIT)
         return code, "".join(self.lines)
 
 
@@ -92,7 +89,7 @@ async def start(cmd: list[str], **env: str) -> Serve:
 async def test_sigterm_stops_cleanly_and_removes_socket(kubelet: KubeletEmulator) -> None:
     serve = await start(serve_cmd(kubelet.plugin_dir, "--simulate", "a10g-4"))
     try:
-        await kubelet.wait_for_resource(GPU, capacity=4, allocatable=4, timeout=20)
+        await kubelet.wait_for_resource(GPU, capacity=4, allocatable=4)
         sock = kubelet.plugin_dir / "kubegpu-nvidia.com-gpu.sock"
         assert sock.exists()
     finally:
@@ -129,11 +126,11 @@ async def test_sighup_storm_from_the_first_python_line_never_kills_start_up(
         serve = await start(serve_cmd(kubelet.plugin_dir, "--simulate", "a10g-4"))
     finally:
         signal.signal(signal.SIGHUP, previous)
-    registered = asyncio.ensure_future(kubelet.wait_for_resource(GPU, capacity=4, timeout=20))
+    registered = asyncio.ensure_future(kubelet.wait_for_resource(GPU, capacity=4))
     died = asyncio.ensure_future(serve.proc.wait())
     sent = 0
     try:
-        async with asyncio.timeout(10):
+        async with asyncio.timeout(WAIT):
             while not ignores_hup(serve.proc.pid):
                 assert serve.proc.returncode is None
                 await asyncio.sleep(0)  # a yield to the loop, not a timed wait
@@ -159,7 +156,7 @@ async def test_env_vars_configure_like_nvidia(kubelet: KubeletEmulator) -> None:
         serve_cmd(kubelet.plugin_dir, "--simulate", "a100-40gb-mig"), MIG_STRATEGY="mixed"
     )
     try:
-        await kubelet.wait_for_resource("nvidia.com/mig-1g.5gb", capacity=7, timeout=20)
+        await kubelet.wait_for_resource("nvidia.com/mig-1g.5gb", capacity=7)
     finally:
         code, out = await serve.stop(signal.SIGINT)
     assert code == 0, out
@@ -226,16 +223,16 @@ async def test_config_reload_changes_replicas_and_keeps_last_good(
         serve_cmd(kubelet.plugin_dir, "--simulate", "a10g-4", "--config-file", str(config))
     )
     try:
-        await kubelet.wait_for_resource(GPU, capacity=16, allocatable=16, timeout=20)
+        await kubelet.wait_for_resource(GPU, capacity=16, allocatable=16)
         held = await kubelet.allocate(GPU, 1, pod="running")
         config.write_text(SHARED.format(replicas=8))
-        await kubelet.wait_for_resource(GPU, capacity=32, timeout=10)
+        await kubelet.wait_for_resource(GPU, capacity=32)
         config.write_text(SHARED.format(replicas=1))
         serve.proc.send_signal(signal.SIGHUP)  # re-read now rather than at the next poll
         await serve.wait_for_line("rejected, the last good one keeps serving")
         assert kubelet.capacity(GPU) == 32
         config.write_text(SHARED.format(replicas=2))
-        await kubelet.wait_for_resource(GPU, capacity=8, timeout=10)
+        await kubelet.wait_for_resource(GPU, capacity=8)
         (still,) = kubelet.allocations("running")
         assert still.device_ids == held.device_ids
     finally:
@@ -244,10 +241,6 @@ async def test_config_reload_changes_replicas_and_keeps_last_good(
 
 
 # -- start-up order, signals, the plugin-directory lock, readiness ----------------------
-
-#: How long a process may take to end after SIGTERM before the test calls it stuck. The
-#: promise is "ends within 2 s"; the margin absorbs a loaded CI machine, not a threshold.
-ENDS_WITHIN = 5.0
 
 
 def free_port() -> int:
@@ -264,14 +257,14 @@ async def probe(port: int, path: str) -> tuple[int, str]:
         return 0, str(exc)
     try:
         writer.write(f"GET {path} HTTP/1.1\r\nHost: x\r\n\r\n".encode())
-        data = await asyncio.wait_for(reader.read(), 5)
+        data = await asyncio.wait_for(reader.read(), WAIT)
     finally:
         writer.close()
     head, _, body = data.decode().partition("\r\n\r\n")
     return int(head.split()[1]), body.strip()
 
 
-async def until_probe(port: int, path: str, status: int, timeout: float = 15) -> str:
+async def until_probe(port: int, path: str, status: int, timeout: float = WAIT) -> str:
     """Wait until `path` answers `status`; its body."""
     async with asyncio.timeout(timeout):
         while True:
@@ -283,8 +276,8 @@ async def until_probe(port: int, path: str, status: int, timeout: float = 15) ->
 
 async def ends_after(serve: Serve, sig: int = signal.SIGTERM) -> tuple[int, str]:
     serve.proc.send_signal(sig)
-    code = await asyncio.wait_for(serve.proc.wait(), ENDS_WITHIN)
-    await asyncio.wait_for(serve._reader, 5)
+    code = await asyncio.wait_for(serve.proc.wait(), WAIT)
+    await asyncio.wait_for(serve._reader, WAIT)
     return code, "".join(serve.lines)
 
 
@@ -371,7 +364,7 @@ async def test_sigterm_ends_during_registration_retries_with_no_kubelet(socket_d
 
 async def test_sigterm_ends_while_serving(kubelet: KubeletEmulator) -> None:
     serve = await start(serve_cmd(kubelet.plugin_dir, "--simulate", "h100-8"))
-    await kubelet.wait_for_resource(GPU, capacity=8, allocatable=8, timeout=20)
+    await kubelet.wait_for_resource(GPU, capacity=8, allocatable=8)
     code, out = await ends_after(serve)
     assert code == 0, out
 
@@ -392,12 +385,12 @@ async def test_readyz_is_false_while_the_kubelet_has_no_list_from_us(
         )
     )
     try:
-        await kubelet.wait_for_resource(GPU, capacity=4, timeout=20)
+        await kubelet.wait_for_resource(GPU, capacity=4)
         assert await until_probe(port, "/readyz", 200) == "ok"
         await kubelet.stop()  # the kubelet is gone, its socket file may linger
         assert "no kubelet" in await until_probe(port, "/readyz", 503)
         await kubelet.start()  # a new kubelet: not ready until it has our list again
-        await kubelet.wait_for_resource(GPU, capacity=4, timeout=20)
+        await kubelet.wait_for_resource(GPU, capacity=4)
         assert await until_probe(port, "/readyz", 200) == "ok"
     finally:
         code, out = await ends_after(serve)
@@ -409,7 +402,7 @@ async def test_a_second_serve_on_the_same_plugin_dir_refuses_even_after_a_kubele
 ) -> None:
     first = await start(serve_cmd(kubelet.plugin_dir, "--simulate", "a10g-4"))
     try:
-        await kubelet.wait_for_resource(GPU, capacity=4, timeout=20)
+        await kubelet.wait_for_resource(GPU, capacity=4)
         for _ in range(2):
             code, out = await run_to_end(serve_cmd(kubelet.plugin_dir, "--simulate", "t4-1"))
             assert code == 1, out
@@ -418,13 +411,13 @@ async def test_a_second_serve_on_the_same_plugin_dir_refuses_even_after_a_kubele
             assert "Traceback" not in out
             # The kubelet empties the directory on restart; the lock must survive that.
             await kubelet.restart()
-            await kubelet.wait_for_resource(GPU, capacity=4, allocatable=4, timeout=20)
+            await kubelet.wait_for_resource(GPU, capacity=4, allocatable=4)
     finally:
         code, out = await ends_after(first)
     assert code == 0, out
     # Released when the holder ends: a new serve now starts.
     again = await start(serve_cmd(kubelet.plugin_dir, "--simulate", "t4-1"))
-    await kubelet.wait_for_resource(GPU, capacity=1, timeout=20)
+    await kubelet.wait_for_resource(GPU, capacity=1)
     code, out = await ends_after(again)
     assert code == 0, out
 
@@ -489,15 +482,15 @@ async def test_reload_adding_a_resource_while_the_plugin_dir_is_missing_keeps_se
         serve_cmd(kubelet.plugin_dir, "--simulate", "a100-40gb-mig", "--config-file", str(config))
     )
     try:
-        await kubelet.wait_for_resource(GPU, capacity=2, timeout=20)
+        await kubelet.wait_for_resource(GPU, capacity=2)
         await kubelet.stop()
         shutil.rmtree(kubelet.plugin_dir)
         config.write_text("version: v1\nflags:\n  migStrategy: mixed\n")
         await serve.wait_for_line(f"device-plugin directory {kubelet.plugin_dir} is missing")
         assert serve.proc.returncode is None
         await kubelet.start()  # the kubelet comes back and recreates the directory
-        await kubelet.wait_for_resource("nvidia.com/mig-1g.5gb", capacity=7, timeout=20)
-        await kubelet.wait_for_resource("nvidia.com/mig-3g.20gb", capacity=1, timeout=20)
+        await kubelet.wait_for_resource("nvidia.com/mig-1g.5gb", capacity=7)
+        await kubelet.wait_for_resource("nvidia.com/mig-3g.20gb", capacity=1)
     finally:
         code, out = await ends_after(serve)
     assert code == 0, out

@@ -10,7 +10,7 @@ import pytest
 
 from kubegpu.cdi import cdi_device_name
 from tests.integration.test_plugin import GPU, running_node
-from tests.integration.waiting import eventually
+from tests.waiting import eventually
 
 FAKE_MPS = str(Path(__file__).parent.parent / "fixtures" / "fake-mps-control")
 
@@ -176,7 +176,7 @@ async def test_probes_and_metrics(socket_dir: Path) -> None:
         metrics_port=metrics,
     ) as node:
         await node.kubelet.wait_for_resource(GPU, allocatable=4)
-        await eventually(lambda: node.daemon.ready()[0], 5)
+        await eventually(lambda: node.daemon.ready()[0])
         assert await _get(health, "/healthz") == (200, "ok")
         status, _ = await _get(health, "/readyz")
         assert status == 200
@@ -205,7 +205,7 @@ async def test_serve_with_labels_writes_gfd_labels_from_its_own_view(socket_dir:
     overrides = {"flags.gfd.outputFile": str(features), "flags.gfd.noTimestamp": True}
     async with running_node(socket_dir, "a10g-4", overrides, with_labels=True) as node:
         await node.kubelet.wait_for_resource(GPU, allocatable=4)
-        await eventually(features.exists, 5)
+        await eventually(features.exists)
         labels = dict(line.split("=", 1) for line in features.read_text().splitlines())
         assert labels["nvidia.com/gpu.product"] == "NVIDIA-A10G"
         assert labels["nvidia.com/gpu.count"] == "4"
@@ -234,11 +234,11 @@ async def test_serve_with_labels_relabels_as_soon_as_the_config_changes(
         socket_dir, "a10g-4", overrides, config_file=config, with_labels=True
     ) as node:
         await node.kubelet.wait_for_resource(GPU, capacity=4)
-        await eventually(lambda: labels().get("nvidia.com/gpu.count") == "4", 5)
+        await eventually(lambda: labels().get("nvidia.com/gpu.count") == "4")
         assert labels().get("nvidia.com/gpu.replicas") == "1"
         config.write_text(SEED_003.replace("replicas: 20", "replicas: 3"))
-        await node.kubelet.wait_for_resource(GPU, capacity=12, timeout=10)
-        await eventually(lambda: labels().get("nvidia.com/gpu.replicas") == "3", 5)
+        await node.kubelet.wait_for_resource(GPU, capacity=12)
+        await eventually(lambda: labels().get("nvidia.com/gpu.replicas") == "3")
 
 
 async def test_node_label_switches_named_config_live(socket_dir: Path) -> None:
@@ -255,7 +255,7 @@ async def test_node_label_switches_named_config_live(socket_dir: Path) -> None:
         await k.wait_for_resource(GPU, capacity=4, allocatable=4)
         held = await k.allocate(GPU, 1, pod="before-switch")
         labels.set("shared")
-        await k.wait_for_resource(GPU, capacity=12, timeout=10)
+        await k.wait_for_resource(GPU, capacity=12)
         labels.set("missing-config")  # refused: the last good config keeps serving
         await eventually(
             lambda: (

@@ -14,11 +14,7 @@ from pathlib import Path
 
 import pytest
 
-from kubegpu.kubelet import KubeletEmulator
-
-# Each test starts `serve` in a fresh interpreter up to registered: seconds, not the
-# default per-test budget, on a loaded machine.
-pytestmark = pytest.mark.timeout(60)
+from tests.waiting import WAIT, Kubelet
 
 GPU = "nvidia.com/gpu"
 
@@ -64,7 +60,7 @@ async def test_serve_registers_and_allocates_without_a_reachable_kubernetes_api(
 ) -> None:
     """Also with NODE_NAME set, which turns Node events on: the API is first reached when
     an event is sent, never on the way to registering or answering the kubelet."""
-    kubelet = KubeletEmulator(socket_dir / "dp", grace_period=0.5)
+    kubelet = Kubelet(socket_dir / "dp", grace_period=0.5)
     await kubelet.start()
     args = ["serve", "--simulate", "a10g-4", "--device-plugin-path", str(kubelet.plugin_dir)]
     env = _env(
@@ -81,13 +77,13 @@ async def test_serve_registers_and_allocates_without_a_reachable_kubernetes_api(
         stderr=asyncio.subprocess.PIPE,
     )
     try:
-        await kubelet.wait_for_resource(GPU, capacity=4, allocatable=4, timeout=20)
+        await kubelet.wait_for_resource(GPU, capacity=4, allocatable=4)
         if allocate:
             allocation = await kubelet.allocate(GPU, 1, pod="p")
             assert len(allocation.device_ids) == 1
     finally:
         proc.send_signal(signal.SIGTERM)
-        _, err = await asyncio.wait_for(proc.communicate(), 20)
+        _, err = await asyncio.wait_for(proc.communicate(), WAIT)
         await kubelet.stop()
     assert proc.returncode == 0, err.decode()
     assert "Traceback" not in err.decode()

@@ -28,6 +28,7 @@ from kubegpu.errors import InitError
 from kubegpu.labels_amd import amd_labels, counted, family, product_label, vram_label
 from kubegpu.placement import amd_pair_weight
 from kubegpu.resources import build_resources
+from tests.waiting import WAIT
 
 FIXTURES = Path(__file__).parent.parent / "fixtures"
 MI250 = FIXTURES / "amd-mi250"
@@ -128,10 +129,10 @@ def test_probe_and_watch_notice_a_lost_gpu(tmp_path: Path) -> None:
     thread.start()
     try:
         shutil.rmtree(tmp_path / "sys/class/drm/card1/device")
-        assert seen.wait(5)
+        assert seen.wait(WAIT)
     finally:
         stop.set()
-        thread.join(5)
+        thread.join(WAIT)
     assert "is gone" in (backend.probe(one.uuid) or "")
     assert [(e.uuid, e.kind) for e in events] == [(one.uuid, HealthEventKind.PROBE_FAILED)]
 

@@ -22,7 +22,7 @@ from kubegpu.devices.model import Gpu, Inventory, MigDevice
 from kubegpu.errors import ConfigError
 from kubegpu.state import NodeStore
 from kubegpu.supervisor import Supervisor
-from tests.integration.waiting import eventually
+from tests.waiting import eventually
 
 FIXTURES = Path(__file__).parent.parent / "fixtures"
 DEBIAN = FIXTURES / "driver-root-debian"
@@ -520,8 +520,8 @@ async def test_the_writer_follows_the_inventory_and_the_config(
     async with Supervisor("test") as tasks:
         tasks.start("cdi writer", writer.follow(state.version), root=True)
         switched = store.update(config=writer_config(dev_root, gdrcopy=False))
-        await eventually(lambda: writer.config is switched.config, 5)
+        await eventually(lambda: writer.config is switched.config)
         assert not (directory / cdi.spec_name("gdrcopy")).exists()
         store.update(inventory=Inventory(gpus=(gpu(0),), driver_version=VERSION))
         spec = directory / cdi.DEFAULT_NAME
-        await eventually(lambda: len(json.loads(spec.read_text())["devices"]) == 2, 5)
+        await eventually(lambda: len(json.loads(spec.read_text())["devices"]) == 2)

@@ -23,9 +23,9 @@ from kubegpu.config.source import (
 )
 from kubegpu.errors import ConfigError
 from kubegpu.kube import FakeKube
+from tests.waiting import WAIT
 
 FAST = 0.05
-WAIT = 5.0
 
 
 def mig(strategy: str) -> str:

@@ -5,6 +5,7 @@ from __future__ import annotations
 import threading
 
 from kubegpu.devices.stop import Stop
+from tests.waiting import WAIT
 
 
 def test_stop_wakes_each_hook_once_set_and_at_once_when_already_set() -> None:
@@ -26,6 +27,6 @@ def test_stop_wakes_a_hook_from_the_setting_thread() -> None:
     stop.on_set(lambda: woke_in.append(threading.current_thread()))
     setter = threading.Thread(target=stop.set)
     setter.start()
-    setter.join(5)
+    setter.join(WAIT)
     assert woke_in == [setter]
     assert stop.wait(0) is True  # still an Event for everyone else

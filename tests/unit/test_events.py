@@ -21,6 +21,7 @@ from kubegpu.events import (
 )
 from kubegpu.kube import FakeKube, KubeError
 from kubegpu.metrics import Metrics
+from tests.waiting import WAIT
 
 
 @pytest.fixture
@@ -37,7 +38,7 @@ async def test_emit_delivers_in_order(recorder: tuple[NodeEvents, FakeEventSink]
     events, sink = recorder
     assert events.warning(Reason.GPU_UNHEALTHY, "GPU-1 Xid 79: fallen off the bus")
     assert events.emit(Reason.GPU_HEALTHY, "GPU-1 answers again")
-    await asyncio.wait_for(events.drain(), 5)
+    await asyncio.wait_for(events.drain(), WAIT)
     assert [(e.node, e.reason, e.type) for e in sink.events] == [
         ("node-a", "GPUUnhealthy", EventType.WARNING),
         ("node-a", "GPUHealthy", EventType.NORMAL),
@@ -58,7 +59,7 @@ async def test_emit_never_blocks_and_drops_when_full(
     dropped = events.metrics.value("kubegpu_events_dropped_total", {"reason": "queue-full"})
     assert dropped == accepted.count(False)
     sink.gate.set()
-    await asyncio.wait_for(events.drain(), 5)
+    await asyncio.wait_for(events.drain(), WAIT)
     assert len(sink.events) == accepted.count(True)
 
 
@@ -71,7 +72,7 @@ async def test_api_failures_dropped_and_logged_once_per_kind(
         for i in range(3):
             events.warning(Reason.GPU_UNHEALTHY, f"GPU-{i}")
         events.warning(Reason.CONFIG_REJECTED, "bad key")
-        await asyncio.wait_for(events.drain(), 5)
+        await asyncio.wait_for(events.drain(), WAIT)
     warnings = [r for r in caplog.records if r.levelno == logging.WARNING]
     assert len(warnings) == 2  # one per (reason, error kind)
     assert "403 Forbidden" in warnings[0].getMessage()
@@ -79,7 +80,7 @@ async def test_api_failures_dropped_and_logged_once_per_kind(
     # the recorder keeps working once the API recovers
     sink.fail = None
     events.emit("Recovered", "ok")
-    await asyncio.wait_for(events.drain(), 5)
+    await asyncio.wait_for(events.drain(), WAIT)
     assert [e.reason for e in sink.events] == ["Recovered"]
 
 
@@ -93,7 +94,7 @@ async def test_identical_events_deduplicated_within_window() -> None:
     now[0] += 61
     assert events.warning("GPUUnhealthy", "GPU-1 Xid 48")
     events.start()
-    await asyncio.wait_for(events.drain(), 5)
+    await asyncio.wait_for(events.drain(), WAIT)
     await events.stop()
     assert len(sink.events) == 3
 
@@ -104,7 +105,7 @@ async def test_stop_flushes_pending_events() -> None:
     events.start()
     for i in range(3):
         events.emit("E", str(i))
-    await events.stop(flush_timeout=5)
+    await events.stop(flush_timeout=WAIT)
     assert [e.message for e in sink.events] == ["0", "1", "2"]
     await events.stop()  # idempotent
 
@@ -115,7 +116,7 @@ async def test_stop_gives_up_on_a_hung_api() -> None:
     events = NodeEvents("n", sink)
     events.start()
     events.emit("E", "stuck")
-    await asyncio.wait_for(events.stop(flush_timeout=0.05), 5)
+    await asyncio.wait_for(events.stop(flush_timeout=0.05), WAIT)
     sink.gate.set()
 
 
@@ -199,7 +200,7 @@ async def test_events_reach_the_kube_adapter_and_its_failures_are_dropped() -> N
     events.start()
     assert events.warning(Reason.GPU_UNHEALTHY, "GPU-1 Xid 79")
     assert events.emit(Reason.GPU_HEALTHY, "GPU-1 answers again")
-    await asyncio.wait_for(events.drain(), 5)
+    await asyncio.wait_for(events.drain(), WAIT)
     await events.stop()
     assert events.dropped == {"api-error": 1}
     assert [body["reason"] for _, body, _ in kube.events] == ["GPUHealthy"]

@@ -18,6 +18,7 @@ from kubegpu.errors import ConfigError
 from kubegpu.health import HealthMonitor, HealthTracker, describe_xid, health_flags_from_env
 from kubegpu.state import NodeStore
 from kubegpu.supervisor import spawn
+from tests.waiting import WAIT
 
 GPU = "GPU-0"
 MIG = "MIG-0"
@@ -224,7 +225,7 @@ class Recorder:
         self.reconfigured = 0
         self._changes = self.store.changes()
 
-    async def until(self, predicate: Callable[[], object], timeout: float = 5.0) -> None:
+    async def until(self, predicate: Callable[[], object], timeout: float = WAIT) -> None:
         async def wait() -> None:
             while not predicate():
                 before, after = await anext(self._changes)

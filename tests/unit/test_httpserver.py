@@ -9,11 +9,12 @@ import pytest
 
 from kubegpu.httpserver import HttpServer
 from kubegpu.metrics import Metrics
+from tests.waiting import WAIT
 
 Ready = list[tuple[bool, str]]
 
 
-async def exchange(port: int, raw: bytes, wait: float = 5.0) -> tuple[int, dict[str, str], bytes]:
+async def exchange(port: int, raw: bytes, wait: float = WAIT) -> tuple[int, dict[str, str], bytes]:
     reader, writer = await asyncio.open_connection("127.0.0.1", port)
     writer.write(raw)
     await writer.drain()
@@ -94,7 +95,7 @@ async def test_metrics_absent_is_404() -> None:
 async def test_head_sends_headers_only(server: HttpServer) -> None:
     reader, writer = await asyncio.open_connection("127.0.0.1", server.port)
     writer.write(get("/healthz", "HEAD"))
-    data = await asyncio.wait_for(reader.read(), 5)
+    data = await asyncio.wait_for(reader.read(), WAIT)
     writer.close()
     head, _, body = data.partition(b"\r\n\r\n")
     assert head.startswith(b"HTTP/1.1 200 ")
@@ -126,22 +127,37 @@ async def test_client_closing_early_gets_400(server: HttpServer) -> None:
     reader, writer = await asyncio.open_connection("127.0.0.1", server.port)
     writer.write(b"GET /healthz HTTP/1.1\r\n")
     writer.write_eof()
-    data = await asyncio.wait_for(reader.read(), 5)
+    data = await asyncio.wait_for(reader.read(), WAIT)
     writer.close()
     assert parse(data)[0] == 400
 
 
-async def test_slow_client_is_cut_off_and_blocks_nobody(server: HttpServer) -> None:
+async def test_slow_client_is_cut_off(server: HttpServer) -> None:
     slow_reader, slow_writer = await asyncio.open_connection("127.0.0.1", server.port)
     slow_writer.write(b"GET /healthz HTTP/1.1\r\nHost:")  # never finishes its head
     await slow_writer.drain()
-    # Others are answered while the slow one is pending.
-    for _ in range(3):
-        status, _, _ = await exchange(server.port, get("/healthz"), wait=0.4)
-        assert status == 200
-    data = await asyncio.wait_for(slow_reader.read(), 5)
+    data = await asyncio.wait_for(slow_reader.read(), WAIT)
     slow_writer.close()
     assert parse(data)[0] == 408
+
+
+async def test_slow_client_blocks_nobody(readiness: Ready) -> None:
+    """Others are answered while the slow one is pending. Its cut-off is as long as the
+    test's wait, so an answer held up behind it would time out instead of arriving."""
+    srv = HttpServer(
+        "127.0.0.1", 0, metrics=None, ready=lambda: readiness[-1], request_timeout=WAIT
+    )
+    await srv.start()
+    slow_reader, slow_writer = await asyncio.open_connection("127.0.0.1", srv.port)
+    slow_writer.write(b"GET /healthz HTTP/1.1\r\nHost:")  # never finishes its head
+    await slow_writer.drain()
+    for _ in range(3):
+        status, _, _ = await exchange(srv.port, get("/healthz"))
+        assert status == 200
+    await asyncio.wait_for(srv.stop(), WAIT)
+    # Still pending when the server stopped: cut without an answer, not with a 408.
+    assert await asyncio.wait_for(slow_reader.read(), WAIT) == b""
+    slow_writer.close()
 
 
 async def test_stop_cuts_open_connections_and_frees_the_port(readiness: Ready) -> None:
@@ -151,8 +167,8 @@ async def test_stop_cuts_open_connections_and_frees_the_port(readiness: Ready) -
     reader, writer = await asyncio.open_connection("127.0.0.1", port)
     writer.write(b"GET /")
     await writer.drain()
-    await asyncio.wait_for(srv.stop(), 5)
-    assert await asyncio.wait_for(reader.read(), 5) == b""
+    await asyncio.wait_for(srv.stop(), WAIT)
+    assert await asyncio.wait_for(reader.read(), WAIT) == b""
     writer.close()
     with pytest.raises(OSError):
         await asyncio.open_connection("127.0.0.1", port)

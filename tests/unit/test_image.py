@@ -93,3 +93,24 @@ def test_the_image_builds_no_compiled_code() -> None:
     assert "setup.py" not in copied
     assert not (REPO / "setup.py").exists()
     assert not [p for p in (REPO / "src").rglob("*") if p.suffix in {".c", ".h", ".pyx", ".so"}]
+
+
+def test_the_builder_installs_exactly_the_locked_versions() -> None:
+    """The image gets the versions `make venv` and CI test: pip, the wheel's build
+    dependencies and every runtime package come from requirements.lock."""
+    ins = instructions()
+    last_from = max(i for i, (word, _) in enumerate(ins) if word == "FROM")
+    builder = ins[:last_from]
+    copied = " ".join(args for word, args in builder if word == "COPY").split()
+    assert "requirements.lock" in copied
+    runs = " && ".join(args for word, args in builder if word == "RUN")
+    commands = [c.strip() for c in runs.split("&&")]
+    pips = [c for c in commands if re.search(r"\bpip (install|wheel)\b", c)]
+    assert any(c.endswith("pip install -c requirements.lock pip") for c in pips)
+    assert any("pip install -c requirements.lock /dist/kubegpu-" in c for c in pips)
+    for command in pips:
+        if " wheel " in f" {command} ":
+            assert "--build-constraint requirements.lock" in command, command
+            assert "--no-deps" in command, command
+        else:
+            assert "-c requirements.lock" in command, command

@@ -17,8 +17,8 @@ from urllib3.exceptions import MaxRetryError, NewConnectionError, ReadTimeoutErr
 
 from kubegpu.errors import KubegpuError
 from kubegpu.kube import FakeKube, KubeClient, KubeError, owner_references
+from tests.waiting import WAIT
 
-WAIT = 5.0
 #: What urllib3 says when nothing listens; it prefixes the connection object's repr.
 REFUSED = "Failed to establish a new connection: [Errno 111] Connection refused"
 CONN = SimpleNamespace(host="10.96.0.1")

@@ -23,6 +23,7 @@ from kubegpu.labeller import (
 from kubegpu.state import NodeStore
 from kubegpu.supervisor import Supervisor
 from tests.builders import NODE, RecordingSink, config
+from tests.waiting import WAIT
 
 FIXTURES = Path(__file__).parent.parent / "fixtures"
 
@@ -76,7 +77,7 @@ async def test_infinite_interval_labels_once_then_waits_for_stop() -> None:
     sink = RecordingSink(lambda n: stop.set())
     done = await asyncio.wait_for(
         run_labeller(lambda: NODE, config, sink, interval=math.inf, sysfs_root=None, stop=stop),
-        5,
+        WAIT,
     )
     assert done == 1
 
@@ -189,7 +190,7 @@ async def test_live_config_follows_a_node_label_change(tmp_path: Path) -> None:
         waiting = asyncio.ensure_future(live.changed())
         await asyncio.sleep(0)  # let it start waiting before the label moves
         node_labels.set("plain")
-        now = await asyncio.wait_for(waiting, timeout=10)
+        now = await asyncio.wait_for(waiting, WAIT)
         assert now.sharing.time_slicing is None
         assert live() is now
     finally:

@@ -20,6 +20,7 @@ from kubegpu.mps import MpsDaemon, MpsError, MpsReconciler, container_edits
 from kubegpu.nvidia_paths import MPS_CONTAINER_PIPE_DIR as CONTAINER_PIPE_DIR
 from kubegpu.state import NodeStore
 from kubegpu.supervisor import Supervisor
+from tests.waiting import WAIT
 
 FAKE = str(Path(__file__).parent.parent / "fixtures" / "fake-mps-control")
 # The stand-in runs once per MPS command: start it on this interpreter, not a pyenv shim.
@@ -197,13 +198,13 @@ async def test_supervise_restarts_a_killed_daemon(tmp_path: Path, fork: bool) ->
     env = {"FAKE_MPS_FORK": "1"} if fork else {}
     d = daemon(tmp_path, env=env, on_change=on_change)
     await d.start()
-    assert await asyncio.wait_for(changes.get(), 5) is True
+    assert await asyncio.wait_for(changes.get(), WAIT) is True
     supervisor = asyncio.create_task(d.supervise())
     try:
         first = daemon_pid(d)
         os.kill(first, signal.SIGKILL)
-        assert await asyncio.wait_for(changes.get(), 10) is False
-        assert await asyncio.wait_for(changes.get(), 10) is True
+        assert await asyncio.wait_for(changes.get(), WAIT) is False
+        assert await asyncio.wait_for(changes.get(), WAIT) is True
         assert d.ready
         assert d.restarts == 1
         second = daemon_pid(d)
@@ -212,7 +213,7 @@ async def test_supervise_restarts_a_killed_daemon(tmp_path: Path, fork: bool) ->
         assert commands(d)[-1] == "set_default_active_thread_percentage 25"
     finally:
         await d.stop()
-        await asyncio.wait_for(supervisor, 5)
+        await asyncio.wait_for(supervisor, WAIT)
     assert not pid_alive(second)
     assert not (d.pipe_dir / "daemon.pid").exists()
 
@@ -222,7 +223,7 @@ async def test_stop_ends_supervision_without_restart(tmp_path: Path) -> None:
     await d.start()
     supervisor = asyncio.create_task(d.supervise())
     await d.stop()
-    await asyncio.wait_for(supervisor, 5)
+    await asyncio.wait_for(supervisor, WAIT)
     assert d.restarts == 0
     assert not d.ready
 
@@ -284,7 +285,6 @@ def mps_config(root: Path, replicas: int) -> Config:
     )
 
 
-@pytest.mark.timeout(30)  # three daemons started and stopped through the stand-in binary
 async def test_the_reconciler_keeps_one_daemon_per_mps_resource_of_the_state(
     tmp_path: Path,
 ) -> None:
@@ -332,7 +332,6 @@ async def test_a_daemon_that_cannot_start_leaves_its_resource_waiting(tmp_path: 
     assert reconciler.daemons == {}
 
 
-@pytest.mark.timeout(30)  # a daemon's start and stop run the stand-in binary ~8 times
 async def test_the_reconciler_follows_the_store(tmp_path: Path) -> None:
     store = NodeStore()
     reconciler = MpsReconciler(store, control_binary=FAKE)

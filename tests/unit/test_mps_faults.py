@@ -18,6 +18,7 @@ import pytest
 
 from kubegpu.devices.model import Gpu
 from kubegpu.mps import PROBE, MpsDaemon, MpsError
+from tests.waiting import WAIT
 
 RESOURCE = "nvidia.com/gpu"
 GPUS = (
@@ -179,15 +180,15 @@ async def test_supervision_retries_a_failed_restart_with_backoff(
     changes: asyncio.Queue[bool] = asyncio.Queue()
     d = daemon(tmp_path, stand_in(tmp_path, fail_starts=(2,)), on_change=changes.put_nowait)
     await d.start()
-    assert await asyncio.wait_for(changes.get(), 5) is True
+    assert await asyncio.wait_for(changes.get(), WAIT) is True
     first = recorded_pid(d, "daemon.pid")
     leftovers.append(first)
     supervisor = asyncio.create_task(d.supervise())
     try:
         with caplog.at_level(logging.WARNING, "kubegpu.mps"):
             os.kill(first, signal.SIGKILL)
-            assert await asyncio.wait_for(changes.get(), 5) is False
-            assert await asyncio.wait_for(changes.get(), 5) is True
+            assert await asyncio.wait_for(changes.get(), WAIT) is False
+            assert await asyncio.wait_for(changes.get(), WAIT) is True
         second = recorded_pid(d, "daemon.pid")
         leftovers.append(second)
         assert (d.pipe_dir / "starts").read_text().strip() == "3"
@@ -195,5 +196,5 @@ async def test_supervision_retries_a_failed_restart_with_backoff(
         assert "exited with 3: stand-in: start 2 refused" in caplog.text
     finally:
         await d.stop()
-        await asyncio.wait_for(supervisor, 5)
+        await asyncio.wait_for(supervisor, WAIT)
     assert not pid_alive(second)

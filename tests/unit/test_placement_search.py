@@ -124,7 +124,6 @@ def _spec(preset: str) -> ResourceSpec:
 
 
 # Every split on a 16-GPU node against brute force: CPU-bound, seconds under coverage.
-@pytest.mark.timeout(60)
 @pytest.mark.parametrize("preset", ["dgx1-v100", "hgx-h100-2x8", "a10g-4"])
 def test_presets_with_must_include_get_the_first_optimal_set(preset: str) -> None:
     """Every (must-include, size) split of the node's first devices: the optimum, and the

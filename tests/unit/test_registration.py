@@ -13,8 +13,7 @@ from typing import Any
 import pytest
 
 from kubegpu.plugin.registration import listening, watch_kubelet
-
-WAIT = 5.0
+from tests.waiting import WAIT
 
 
 def _serve_unix(path: Path, *, listen: bool = True) -> socket.socket:

@@ -15,6 +15,7 @@ from kubegpu.devices.model import Health, HealthEvent, HealthEventKind, LinkKind
 from kubegpu.devices.simulated import PRESET_DIR, PRESETS, SimulatedBackend, parse_node
 from kubegpu.devices.stop import Stop
 from kubegpu.errors import DeviceError
+from tests.waiting import WAIT
 
 
 def test_h100_8_preset() -> None:
@@ -165,13 +166,13 @@ class Watch:
             self.events.append(event)
             self._cond.notify_all()
 
-    def until(self, predicate: Callable[[list[HealthEvent]], bool], timeout: float = 5) -> None:
+    def until(self, predicate: Callable[[list[HealthEvent]], bool], timeout: float = WAIT) -> None:
         with self._cond:
             assert self._cond.wait_for(lambda: predicate(self.events), timeout), self.events
 
     def close(self) -> None:
         self.stop.set()
-        self.thread.join(5)
+        self.thread.join(WAIT)
         assert not self.thread.is_alive()
 
 

@@ -90,9 +90,6 @@ BAD_FILES = {
 }
 
 
-# PyYAML's pure-Python scanner is quadratic in flow nesting: the 3,000-deep file takes ~0.5 s
-# alone and ~5 s under coverage's line tracer.
-@pytest.mark.timeout(30)
 @pytest.mark.parametrize("text", BAD_FILES.values(), ids=BAD_FILES.keys())
 def test_known_bad_node_files_are_one_line_errors(tmp_path: Path, text: str | bytes) -> None:
     path = tmp_path / "node.yaml"

@@ -11,6 +11,7 @@ from kubegpu.devices import Health
 from kubegpu.errors import ConfigError
 from kubegpu.state import NodeStore
 from tests.builders import gpu, inventory
+from tests.waiting import WAIT
 
 INV = inventory(gpu(0), gpu(1))
 U0, U1 = (g.uuid for g in INV.gpus)
@@ -67,7 +68,7 @@ async def test_subscribe_gives_the_current_state_then_the_newest_coalescing() ->
     seen.append((await anext(stream)).version)
     store.update(health={U0: Health.UNHEALTHY})
     store.update(health={})  # two changes before the subscriber runs: it sees the last
-    latest = await asyncio.wait_for(anext(stream), 5)
+    latest = await asyncio.wait_for(anext(stream), WAIT)
     seen.append(latest.version)
     assert seen == [1, 3] and latest.health == {}
 
@@ -78,6 +79,6 @@ async def test_changes_yields_every_update_in_order() -> None:
     store.update(inventory=INV)
     store.update(health={U0: Health.UNHEALTHY})
     store.update(health={})
-    pairs = [await asyncio.wait_for(anext(changes), 5) for _ in range(3)]
+    pairs = [await asyncio.wait_for(anext(changes), WAIT) for _ in range(3)]
     assert [(b.version, a.version) for b, a in pairs] == [(0, 1), (1, 2), (2, 3)]
     assert [dict(a.health) for _, a in pairs] == [{}, {U0: Health.UNHEALTHY}, {}]

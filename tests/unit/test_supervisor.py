@@ -12,6 +12,7 @@ import pytest
 import kubegpu
 from kubegpu import supervisor
 from kubegpu.supervisor import Supervisor, spawn, until_stopped
+from tests.waiting import WAIT
 
 SRC = Path(kubegpu.__file__).parent
 #: Only the supervisor creates tasks. The kubelet emulator (kubegpu.kubelet) stands in
@@ -68,7 +69,7 @@ async def test_a_failing_root_stops_the_daemon_with_its_error(
             tasks.start("helper", helper())
             tasks.start("watcher", broken(), root=True)
             with pytest.raises(RuntimeError, match="watch broke"):
-                await asyncio.wait_for(tasks.wait(stop), 5)
+                await asyncio.wait_for(tasks.wait(stop), WAIT)
     assert helper_cancelled.is_set()
     assert "task 'watcher' failed: watch broke" in caplog.text
 
@@ -85,7 +86,7 @@ async def test_a_failing_helper_is_logged_by_name_and_does_not_stop(
         task = tasks.start("register nvidia.com/gpu", broken())
         await asyncio.gather(task, return_exceptions=True)
         stop.set()
-        await asyncio.wait_for(tasks.wait(stop), 5)  # returns: no root failed
+        await asyncio.wait_for(tasks.wait(stop), WAIT)  # returns: no root failed
     assert "task 'register nvidia.com/gpu' failed: registrar bug" in caplog.text
 
 
@@ -107,9 +108,9 @@ async def test_until_stopped_abandons_work_when_stop_is_set() -> None:
         await asyncio.Event().wait()
 
     waiting = spawn("start-up", until_stopped("slow", slow(), stop))
-    await asyncio.wait_for(reached.wait(), 5)
+    await asyncio.wait_for(reached.wait(), WAIT)
     stop.set()
-    assert await asyncio.wait_for(waiting, 5) is False
+    assert await asyncio.wait_for(waiting, WAIT) is False
 
     async def quick() -> None:
         raise LookupError("no config")

@@ -19,8 +19,7 @@ from asyncinotify import Inotify
 
 import kubegpu
 from kubegpu.watch import Backoff, BlockingPathWatch, PathWatch, fingerprint, watched_dirs
-
-WAIT = 5.0
+from tests.waiting import WAIT
 
 
 class Wakes:

@@ -23,6 +23,7 @@ from kubegpu.errors import ConfigError
 from kubegpu.resources import build_resources
 from tests.builders import gpu, inventory
 from tests.conformance.origin import NVIDIA_DP
+from tests.waiting import WAIT
 
 CONFIG_GO = NVIDIA_DP.cite("api/config/v1/config.go")
 DECODE_GO = NVIDIA_DP.cite("vendor/go.yaml.in/yaml/v2/decode.go")
@@ -110,10 +111,10 @@ async def test_an_empty_file_on_reload_keeps_the_last_config(tmp_path: Path) -> 
     source = ConfigSource(config_file=path, overrides={}, poll_interval=0.05)
     updates = source.updates()
     try:
-        first = await asyncio.wait_for(anext(updates), 5)
+        first = await asyncio.wait_for(anext(updates), WAIT)
         assert first.config is not None and first.config.flags.mig_strategy is MigStrategy.MIXED
         path.write_text("")
-        second = await asyncio.wait_for(anext(updates), 5)
+        second = await asyncio.wait_for(anext(updates), WAIT)
         assert second.config is None and "the file is empty" in str(second.error)
     finally:
         with contextlib.suppress(Exception):

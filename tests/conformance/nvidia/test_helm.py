@@ -1,6 +1,7 @@
 """NVIDIA's Helm values install unchanged on kubegpu's chart, with NVIDIA's meaning.
 
-The cases are NVIDIA's: its chart's own ``values.yaml`` (checked in byte for byte), the
+The cases are NVIDIA's: its chart's own ``values.yaml`` and the config files its README
+passes with ``--set-file`` (both read unmodified from ../shared/peer-data), the
 ``helm upgrade -i`` examples of its READMEs, and the cases of its ``tests/helm``
 (see ``tests/conformance/data/nvidia/helm/README.md``). What each value means was read off
 NVIDIA's templates at the same commit (NVIDIA_DP.cite("deployments/helm/nvidia-device-plugin/
@@ -17,11 +18,7 @@ from typing import Any
 import pytest
 import yaml
 
-from tests.conformance.origin import DATA, NVIDIA_DP
-
-# Each test renders the chart with the real Helm engine (Go, via helm-python-sdk): ~0.5 s,
-# several seconds on a loaded 2-core runner.
-pytestmark = pytest.mark.timeout(30)
+from tests.conformance.origin import DATA, NVIDIA_DP, PEER_DATA, needs_peer_data, peer_file
 
 helm_python = pytest.importorskip("helm_python")
 kubernetes_validate = pytest.importorskip("kubernetes_validate")
@@ -29,7 +26,6 @@ kubernetes_validate = pytest.importorskip("kubernetes_validate")
 REPO = Path(__file__).resolve().parents[3]
 CHART = REPO / "deployments" / "helm" / "kubegpu"
 HELM_DATA = DATA / "nvidia" / "helm"
-NVIDIA_VALUES = HELM_DATA / "values.yaml"
 KUBE_VERSION = "1.33.0"
 RELEASE = "nvdp"
 NAMESPACE = "nvidia-device-plugin"
@@ -44,8 +40,22 @@ def chart() -> Iterator[Any]:
 
 
 def nvidia_values() -> dict[str, Any]:
-    loaded: dict[str, Any] = yaml.safe_load(NVIDIA_VALUES.read_text())
+    """NVIDIA's chart values.yaml, unchanged (peer-data)."""
+    path = peer_file("nvidia", "chart", "values.yaml")
+    loaded: dict[str, Any] = yaml.safe_load(path.read_text())
     return loaded
+
+
+#: The files NVIDIA's README writes with heredocs and passes with `--set-file /tmp/<name>`,
+#: and their names in peer-data (README line of the heredoc).
+README_CONFIGS = {
+    "dp-example-config0.yaml": "readme-l713-config0.yaml",
+    "dp-example-config1.yaml": "readme-l768-config1.yaml",
+}
+
+
+def readme_config(name: str) -> Path:
+    return peer_file("nvidia", "readme-configs", README_CONFIGS[name])
 
 
 class Rendered:
@@ -194,7 +204,14 @@ def _leaf_paths(node: Any, prefix: str = "") -> Iterator[tuple[str, Any]]:
         yield prefix, node
 
 
-@pytest.mark.parametrize("path", [p for p, _ in _leaf_paths(nvidia_values())])
+def _nvidia_value_paths() -> list[Any]:
+    """One case per leaf of NVIDIA's values.yaml; one skipped case where peer-data is absent."""
+    if not PEER_DATA.is_dir():
+        return [pytest.param("", marks=needs_peer_data, id="values.yaml")]
+    return [p for p, _ in _leaf_paths(nvidia_values())]
+
+
+@pytest.mark.parametrize("path", _nvidia_value_paths())
 def test_every_nvidia_value_is_accepted_alone(chart: Any, path: str) -> None:
     """Each key of NVIDIA's values.yaml, set on its own to NVIDIA's default, renders."""
     value = dict(_leaf_paths(nvidia_values()))[path]
@@ -299,7 +316,7 @@ def values_from_args(args: list[str]) -> tuple[dict[str, Any], str]:
             vals = _merge(vals, helm_python.parse_set_string(text))
         elif option == "--set-file":
             key, path = text.split("=", 1)
-            local = HELM_DATA / Path(path).name
+            local = readme_config(Path(path).name)
             vals = _merge(vals, helm_python.parse_set_file(f"{key}={local}"))
     return vals, namespace
 
@@ -342,8 +359,8 @@ def test_nvidia_readme_example(chart: Any, example: dict[str, Any]) -> None:
 def test_embedded_configs_are_read_before_adding_sys_admin(chart: Any) -> None:
     """NVIDIA adds SYS_ADMIN for any config.map (NVIDIA _helpers.tpl: hasConfigMap); kubegpu reads
     the configs and adds it only when one enables MIG or volume-mounts."""
-    config0 = (HELM_DATA / "dp-example-config0.yaml").read_text()
-    config1 = (HELM_DATA / "dp-example-config1.yaml").read_text()
+    config0 = readme_config("dp-example-config0.yaml").read_text()
+    config1 = readme_config("dp-example-config1.yaml").read_text()
     no_mig = render(chart, {"config": {"map": {"config": config0}}})
     assert "add" not in container(no_mig.plugin())["securityContext"]["capabilities"]
     assert "NVIDIA_MIG_MONITOR_DEVICES" not in env(no_mig.plugin())
@@ -361,8 +378,8 @@ def test_readme_config_files_are_valid_kubegpu_configs() -> None:
     """The config files NVIDIA's README passes with --set-file load in kubegpu."""
     from kubegpu.config import parse_config
 
-    none = parse_config((HELM_DATA / "dp-example-config0.yaml").read_text())
-    mixed = parse_config((HELM_DATA / "dp-example-config1.yaml").read_text())
+    none = parse_config(readme_config("dp-example-config0.yaml").read_text())
+    mixed = parse_config(readme_config("dp-example-config1.yaml").read_text())
     assert none.flags.mig_strategy.value == "none"
     assert mixed.flags.mig_strategy.value == "mixed"
     assert none.flags.fail_on_init_error is True

@@ -3,6 +3,7 @@
 Every case comes from NVIDIA's k8s-device-plugin v0.20.0 (see
 `data/nvidia/labels/README.md`): the mocked devices of its label tests are rebuilt as
 kubegpu `Gpu`/`MigDevice` models, and kubegpu's labels must equal GFD's expected ones.
+GFD's own `tests/expected-output*.txt` are read unmodified from ../shared/peer-data.
 """
 
 from __future__ import annotations
@@ -30,7 +31,8 @@ from kubegpu.labels import (
     vgpu_host_driver,
     vgpu_labels,
 )
-from tests.conformance.origin import DATA, NVIDIA_DP
+from tests.conformance.origin import DATA, NVIDIA_DP, peer_file
+from tests.waiting import WAIT
 
 LABELS = DATA / "nvidia" / "labels"
 PRESENT = "nvidia.com/gpu.present"
@@ -301,13 +303,18 @@ def test_vgpu_labels_of_the_mock_bus() -> None:
 RUNS = load("gfd-runs.yaml")
 
 
+def expected_output(name: str) -> Path:
+    """GFD's `tests/<name>`, one label regex a line (peer-data)."""
+    return peer_file("nvidia", "tests", name)
+
+
 def check_result(output: str, expected_file: str, *, vgpu: bool) -> list[str]:
     """GFD's checkResult: the output lines that match no regex of the expected file.
 
     `nvidia.com/gpu.present` is kubegpu's own label (deliberate `gpu-present-from-pci`,
     asserted below), so it is left out of GFD's check.
     """
-    text = (LABELS / expected_file).read_text(encoding="utf-8")
+    text = expected_output(expected_file).read_text(encoding="utf-8")
     regexes = [re.compile(line) for line in text.rstrip("\n").split("\n")]
     unmatched = []
     for line in output.rstrip("\n").split("\n"):
@@ -396,7 +403,7 @@ async def test_gfd_loop(loop: dict[str, Any], tmp_path: Path) -> None:
             sysfs_root=str(mock_sysfs(tmp_path / "host")),
             stop=stop,
         ),
-        timeout=30,
+        timeout=WAIT,
     )
     assert done == loop["passes"]
     for labels in sink.published:
@@ -456,7 +463,7 @@ def test_gpu_present_is_kubegpus_own_label() -> None:
     labels = gpu_labels(node, config(), machine_type=None, timestamp=None, present=False)
     assert labels[PRESENT] == "true"
     line = f"{PRESENT}=true"
-    regexes = (LABELS / "expected-output.txt").read_text(encoding="utf-8").split("\n")
+    regexes = expected_output("expected-output.txt").read_text(encoding="utf-8").split("\n")
     assert not any(re.search(r, line) for r in regexes if r)
     # From the PCI bus alone, with no driver to read the GPUs through:
     assert gpu_labels(

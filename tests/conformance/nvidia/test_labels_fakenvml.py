@@ -20,12 +20,9 @@ from typing import Any
 import pytest
 
 import kubegpu
-from tests.conformance.nvidia.test_labels import check_result, label_map
+from tests.conformance.nvidia.test_labels import check_result, expected_output, label_map
 from tests.conformance.origin import NVIDIA_DP
-
-# Building the simulated NVML with gcc (the session's first test here) and one interpreter per
-# layout, on a loaded 2-core CI runner, take far longer than the suite's default.
-pytestmark = pytest.mark.timeout(300)
+from tests.waiting import WAIT
 
 FAKENVML = Path(__file__).resolve().parents[3].parent / "shared" / "fakenvml"
 A100 = {
@@ -99,7 +96,7 @@ def run_labels(lib: Path, tmp: Path, node: str, *flags: str) -> subprocess.Compl
     argv += ["--machine-type-file", str(machine), *flags]
     code = "from kubegpu.cli import main; raise SystemExit(main())"
     return subprocess.run(
-        [sys.executable, "-c", code, *argv], env=env, capture_output=True, text=True, timeout=60
+        [sys.executable, "-c", code, *argv], env=env, capture_output=True, text=True, timeout=WAIT
     )
 
 
@@ -179,6 +176,6 @@ def test_a_t4_node_carries_every_label_gfd_expects(fakenvml_lib: Path, tmp_path:
     done = run_labels(fakenvml_lib, tmp_path, "t4")
     assert done.returncode == 0, done.stderr
     lines = done.stdout.splitlines()
-    text = (Path(__file__).parents[1] / "data/nvidia/labels/expected-output.txt").read_text()
+    text = expected_output("expected-output.txt").read_text()
     missing = [r for r in text.splitlines() if not any(re.search(r, line) for line in lines)]
     assert missing == []

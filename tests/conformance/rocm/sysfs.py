@@ -4,7 +4,8 @@ ROCm's test data holds only `/sys/class/kfd/kfd/topology`. The device IDs, NUMA 
 partition modes its tests use come from elsewhere in its code (`GetAMDGPUs` reads
 `/sys/module/amdgpu/drivers/pci:amdgpu/<BDF>` and `/sys/devices/platform/amdgpu_xcp_<n>`;
 the allocator test derives NUMA from the GPU index). `build_node` writes those files, with
-the values ROCm's tests state, next to an unmodified copy of the KFD tree.
+the values ROCm's tests state, next to an unmodified copy of the KFD tree, which comes from
+ROCm's `testdata/` in ../shared/peer-data (tests that build a node skip where it is absent).
 """
 
 from __future__ import annotations
@@ -19,9 +20,8 @@ from collections.abc import Callable
 from dataclasses import dataclass, field
 from pathlib import Path
 
-from tests.conformance.origin import DATA
+from tests.conformance.origin import peer_file
 
-TESTDATA = DATA / "rocm" / "testdata"
 KFD = "sys/class/kfd/kfd/topology"
 
 
@@ -32,13 +32,19 @@ def kfd_tree(name: str, scratch: Path) -> Path:
     this process makes (4,000 files: xz and tarfile cost ~2 s a time, links ~50 ms). The
     trees are read-only inputs; a test may delete files from its copy, never write them.
     """
-    packed = TESTDATA / f"{name}.tar.xz"
+    testdata = rocm_testdata()
+    packed = testdata / f"{name}.tar.xz"
     if packed.exists():
         base = scratch / "unpacked" / name
         shutil.copytree(_unpacked(packed) / name, base, copy_function=_link_or_copy)
     else:
-        base = TESTDATA / name
+        base = testdata / name
     return base / "topology" if (base / "topology").is_dir() else base
+
+
+def rocm_testdata() -> Path:
+    """ROCm's `testdata/` (peer-data); skips the calling test where peer-data is absent."""
+    return peer_file("rocm", "testdata")
 
 
 @functools.cache

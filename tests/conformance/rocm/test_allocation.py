@@ -19,14 +19,11 @@ import pytest
 from kubegpu.config import parse_config
 from kubegpu.daemon import Daemon, DaemonSettings
 from kubegpu.devices.amd import AmdBackend
-from kubegpu.kubelet import KubeletEmulator
 from kubegpu.placement import amd_pair_weight, preferred_allocation
 from kubegpu.resources import ResourceSpec, build_resources
 from tests.conformance.rocm.cases import cites, load
 from tests.conformance.rocm.sysfs import Node, build_node
-
-# The first test to use an archived ROCm tree unpacks it (4,000 files from xz, seconds).
-pytestmark = pytest.mark.timeout(30)
+from tests.waiting import WAIT, Kubelet
 
 DATA = load("besteffort-allocation.yaml")["topologies"]
 CASES = [
@@ -104,7 +101,7 @@ async def test_mixed_names_are_served_and_allocated_over_the_plugin_api(
     (node.root / "dev").mkdir()
     (node.root / "dev/kfd").touch()  # the compute device every AMD container gets
     plugin_dir = Path(tempfile.mkdtemp(prefix="kg-amd-", dir="/tmp")) / "dp"
-    kubelet = KubeletEmulator(plugin_dir, grace_period=0.5)
+    kubelet = Kubelet(plugin_dir, grace_period=0.5)
     await kubelet.start()
     daemon = Daemon(
         DaemonSettings(
@@ -127,6 +124,6 @@ async def test_mixed_names_are_served_and_allocated_over_the_plugin_api(
         assert "/dev/kfd" in paths and len(renders) == 2, paths
     finally:
         stop.set()
-        await asyncio.wait_for(task, 10)
+        await asyncio.wait_for(task, WAIT)
         await kubelet.stop()
         shutil.rmtree(plugin_dir.parent, ignore_errors=True)

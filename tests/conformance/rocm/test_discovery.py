@@ -13,10 +13,7 @@ from kubegpu.config import parse_config
 from kubegpu.devices.amd import AmdBackend, firmware_info
 from kubegpu.resources import build_resources
 from tests.conformance.rocm.cases import cites, load
-from tests.conformance.rocm.sysfs import KFD, TESTDATA, build_node
-
-# The first test to use an archived ROCm tree unpacks it (4,000 files from xz, seconds).
-pytestmark = pytest.mark.timeout(30)
+from tests.conformance.rocm.sysfs import KFD, build_node, rocm_testdata
 
 TOPOLOGY = load("topology.yaml")
 
@@ -115,7 +112,7 @@ def test_kfd_property_values(tmp_path: Path) -> None:
 def test_firmware_info_from_debugfs(tmp_path: Path) -> None:
     """TestParseDebugFSFirmwareInfo."""
     case = TOPOLOGY["firmware"]
-    text = (TESTDATA / case["file"]).read_text()
+    text = (rocm_testdata() / case["file"]).read_text()
     parsed = firmware_info(text)
     assert {name: feat for name, feat, _ in parsed} == case["feature"]
     assert {name: fw for name, _, fw in parsed} == case["firmware"]
@@ -123,7 +120,7 @@ def test_firmware_info_from_debugfs(tmp_path: Path) -> None:
     node = build_node("topo-mi210-xgmi-pcie", tmp_path)
     debugfs = node.root / "sys/kernel/debug/dri/0"
     debugfs.mkdir(parents=True)
-    shutil.copy(TESTDATA / case["file"], debugfs / "amdgpu_firmware_info")
+    shutil.copy(rocm_testdata() / case["file"], debugfs / "amdgpu_firmware_info")
     first, second, *_ = AmdBackend(str(node.root)).discover().gpus
     assert first.amd is not None and first.amd.firmware == parsed
     assert second.amd is not None and second.amd.firmware == ()

@@ -13,9 +13,6 @@ from kubegpu.labels_amd import BETA_PREFIX, KINDS, PREFIX, amd_labels
 from tests.conformance.rocm.cases import cites, load
 from tests.conformance.rocm.sysfs import KFD, build_node
 
-# The first test to use an archived ROCm tree unpacks it (4,000 files from xz, seconds).
-pytestmark = pytest.mark.timeout(30)
-
 LABELS = load("labels.yaml")
 
 

@@ -39,8 +39,6 @@ pytestmark = [
         not TESTDATA.is_dir(),
         reason="ROCm's test data is not in ../shared/peer-data (see its README for the origin)",
     ),
-    # The MI300X test unpacks ROCm's archived tree (4,000 files from xz, seconds).
-    pytest.mark.timeout(60),
 ]
 
 #: ROCm's debugfs-parsing capture as `internal/pkg/amdgpu/amdgpu_test.go`

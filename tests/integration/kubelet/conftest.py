@@ -17,11 +17,12 @@ from kubegpu.kubelet import (
     KubeletEmulator,
 )
 from tests.integration.kubelet.fakes import FakePlugin, MakePlugin
+from tests.waiting import Kubelet
 
 
 @pytest.fixture
 async def kubelet(socket_dir: Path) -> AsyncIterator[KubeletEmulator]:
-    emulator = KubeletEmulator(socket_dir, grace_period=0.2, dial_timeout=2.0)
+    emulator = Kubelet(socket_dir, grace_period=0.2, dial_timeout=2.0)
     await emulator.start()
     try:
         yield emulator

@@ -11,6 +11,7 @@ from typing import Any, TypeAlias
 import grpc
 
 from kubegpu.api import HEALTHY, KUBELET_SOCKET, VERSION, pb, pb_grpc
+from tests.waiting import WAIT
 
 GPU = "example.com/gpu"
 Ctx: TypeAlias = "grpc.aio.ServicerContext[Any, Any]"
@@ -90,7 +91,7 @@ class FakePlugin(pb_grpc.DevicePluginServicer):
                     resource_name=self.resource if resource is None else resource,
                     options=options or self.options,
                 ),
-                timeout=15,
+                timeout=WAIT,
             )
 
     async def serve_and_register(self) -> None:

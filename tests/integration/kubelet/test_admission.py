@@ -20,6 +20,7 @@ from kubegpu.kubelet import (
     merge_responses,
 )
 from tests.integration.kubelet.fakes import GPU, FakePlugin, MakePlugin, dev, gpus
+from tests.waiting import Kubelet
 
 # ------------------------------------------------------------------------ allocation
 
@@ -235,7 +236,7 @@ TOPOLOGY = [
 async def _topology_setup(
     socket_dir: Path, make_plugin: MakePlugin, manager: bool
 ) -> tuple[KubeletEmulator, FakePlugin]:
-    kubelet = KubeletEmulator(socket_dir, grace_period=0.2, topology_manager=manager)
+    kubelet = Kubelet(socket_dir, grace_period=0.2, topology_manager=manager)
     await kubelet.start()
     plugin = make_plugin(TOPOLOGY, preferred_available=True)
     await plugin.serve_and_register()

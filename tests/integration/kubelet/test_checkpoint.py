@@ -18,6 +18,7 @@ from kubegpu.kubelet import (
     KubeletEmulator,
 )
 from tests.integration.kubelet.fakes import GPU, MakePlugin, dev, gpus
+from tests.waiting import Kubelet
 
 # ------------------------------------------------------------------------ kubelet restart
 
@@ -91,4 +92,4 @@ async def test_checkpoint_is_kubelet_json(
 async def test_corrupt_checkpoint_refuses_start(socket_dir: Path) -> None:
     (socket_dir / CHECKPOINT_FILE).write_text('{"Data": {"PodDeviceEntries": []}, "Checksum": 1}')
     with pytest.raises(CheckpointError, match="corrupted"):
-        await KubeletEmulator(socket_dir).start()
+        await Kubelet(socket_dir).start()

@@ -70,7 +70,7 @@ async def test_stream_end_marks_unhealthy_no_retry_then_gone(
     await kubelet.wait_for_resource(GPU, capacity=4, allocatable=0)
     assert GPU in kubelet.resources
     # After the grace period (0.2 s here) the resource disappears; no retry meanwhile.
-    await kubelet.wait_for(lambda: GPU not in kubelet.resources, timeout=5)
+    await kubelet.wait_for(lambda: GPU not in kubelet.resources)
     assert plugin.calls["ListAndWatch"] == 1
     assert len(kubelet.calls("ListAndWatch")) == 1
     assert kubelet.history(GPU) == [(4, 4), (4, 0), (0, 0)]

@@ -16,6 +16,7 @@ from kubegpu.kubelet import (
     KubeletEmulator,
 )
 from tests.integration.kubelet.fakes import GPU, MakePlugin, gpus
+from tests.waiting import Kubelet
 
 # ------------------------------------------------------------------------ registration
 
@@ -119,7 +120,7 @@ async def test_options_failure_fails_register(
 async def test_register_before_serving_fails_to_dial(
     socket_dir: Path, make_plugin: MakePlugin
 ) -> None:
-    async with KubeletEmulator(socket_dir, dial_timeout=0.3) as kubelet:
+    async with Kubelet(socket_dir, dial_timeout=0.3) as kubelet:
         plugin = make_plugin(gpus(1))
         with pytest.raises(grpc.aio.AioRpcError) as info:
             await plugin.register()

@@ -16,6 +16,7 @@ from kubegpu.devices.nvml import (
 from kubegpu.devices.stop import Stop
 from kubegpu.testing import FakeNvml
 from tests.unit.nvml.conftest import open_backend as _open
+from tests.waiting import WAIT
 
 # -- probe ----------------------------------------------------------------------------------
 
@@ -69,7 +70,9 @@ class Watcher:
             self.events.append(event)
             self._cond.notify_all()
 
-    def wait_for(self, predicate: Callable[[list[HealthEvent]], bool], timeout: float = 5) -> None:
+    def wait_for(
+        self, predicate: Callable[[list[HealthEvent]], bool], timeout: float = WAIT
+    ) -> None:
         with self._cond:
             assert self._cond.wait_for(lambda: predicate(self.events), timeout), self.events
 
@@ -82,7 +85,7 @@ def watching(fake: FakeNvml) -> Iterator[tuple[FakeNvml, Watcher]]:
         yield fake, watcher
     finally:
         watcher.stop.set()
-        watcher.thread.join(5)
+        watcher.thread.join(WAIT)
         assert not watcher.thread.is_alive()
 
 
@@ -152,7 +155,7 @@ def test_not_supported_gpu_is_skipped(fake: FakeNvml, caplog: pytest.LogCaptureF
             watcher.wait_for(lambda events: len(events) >= 1)
         finally:
             watcher.stop.set()
-            watcher.thread.join(5)
+            watcher.thread.join(WAIT)
     assert list(fake.registered()) == []  # freed on exit
     assert [e.uuid for e in watcher.events] == [fake.gpus[1].uuid]
     assert "does not report Xid events" in caplog.text
@@ -171,7 +174,7 @@ def test_mig_event_maps_to_slice() -> None:
         watcher.wait_for(lambda events: len(events) >= 1)
     finally:
         watcher.stop.set()
-        watcher.thread.join(5)
+        watcher.thread.join(WAIT)
     assert watcher.events[0].uuid == other.uuid
 
 
@@ -198,7 +201,7 @@ def test_mig_layout_change_reports_reconfigured() -> None:
         watcher.wait_for(lambda events: len(events) >= 1)
     finally:
         watcher.stop.set()
-        watcher.thread.join(5)
+        watcher.thread.join(WAIT)
     assert watcher.events == [HealthEvent(gpu.uuid, HealthEventKind.RECONFIGURED)]
 
 
@@ -209,5 +212,5 @@ def test_watch_never_raises_when_event_set_cannot_be_created(fake: FakeNvml) -> 
     thread = threading.Thread(target=backend.watch, args=(stop, lambda e: None))
     thread.start()
     stop.set()
-    thread.join(5)
+    thread.join(WAIT)
     assert not thread.is_alive()
