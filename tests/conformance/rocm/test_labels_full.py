@@ -25,21 +25,16 @@ import pytest
 
 from kubegpu.devices.amd import AmdBackend
 from kubegpu.labels_amd import BETA_PREFIX, KINDS, PREFIX, amd_labels
+from tests.conformance.origin import PEER_DATA, needs_peer_data
 from tests.conformance.rocm import sysfs
 from tests.conformance.rocm.cases import cites
 
-PEER_DATA = Path(__file__).resolve().parents[3].parent / "shared" / "peer-data"
 TESTDATA = PEER_DATA / "rocm" / "testdata"
 FIXTURE = Path(__file__).resolve().parents[2] / "fixtures" / "amd-vega10-drm"
 KFD = "sys/class/kfd/kfd/topology"
 FIRMWARE_FILE = "debugfs-parsing/amdgpu_firmware_info"
 
-pytestmark = [
-    pytest.mark.skipif(
-        not TESTDATA.is_dir(),
-        reason="ROCm's test data is not in ../shared/peer-data (see its README for the origin)",
-    ),
-]
+pytestmark = [needs_peer_data]
 
 #: ROCm's debugfs-parsing capture as `internal/pkg/amdgpu/amdgpu_test.go`
 #: TestParseDebugFSFirmwareInfo expects it: name -> (feature version, firmware version), for
@@ -139,10 +134,9 @@ def written_kinds(labels: Mapping[str, str], prefix: str) -> set[str]:
 
 
 @pytest.fixture
-def rocm_testdata(monkeypatch: pytest.MonkeyPatch) -> Path:
-    """`sysfs.build_node` reading ROCm's trees from the peer data."""
-    monkeypatch.setattr(sysfs, "TESTDATA", TESTDATA)
-    return TESTDATA
+def rocm_testdata() -> Path:
+    """ROCm's trees in the peer data, where `sysfs.build_node` reads them too."""
+    return sysfs.rocm_testdata()
 
 
 @cites("cmd/k8s-node-labeller/main.go")
