@@ -17,6 +17,7 @@ from __future__ import annotations
 
 import itertools
 import json
+import re
 from collections.abc import Iterator, Mapping
 from pathlib import Path
 from typing import Any
@@ -618,6 +619,9 @@ def test_simulate_accepts_exactly_the_presets_kubegpu_ships(chart: Any) -> None:
     for bad in ("h100", "/etc/node.yaml", "", 8):
         with pytest.raises(helm_python.HelmValuesError):
             chart.validate_schema({"simulate": bad})
+    # The value's comment and the install guide list them all.
+    for text in ((CHART / "values.yaml").read_text(), (REPO / "docs" / "install.md").read_text()):
+        assert all(re.search(rf"\b{re.escape(p)}\b", text) for p in presets)
 
 
 def _matches(affinity: Doc, node_labels: Mapping[str, str]) -> bool:
