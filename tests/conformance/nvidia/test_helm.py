@@ -488,13 +488,14 @@ def test_selector_labels_override(chart: Any) -> None:
 
 
 def test_default_namespace_is_refused_unless_allowed(chart: Any) -> None:
-    """NVIDIA validation.yml: the 'default' namespace fails unless allowDefaultNamespace."""
+    """NVIDIA validation.yml: a release in the 'default' namespace fails unless
+    allowDefaultNamespace, whatever namespaceOverride says; namespaceOverride=default from
+    another release namespace passes both of its checks."""
     with pytest.raises(helm_python.HelmError, match="allowDefaultNamespace=true"):
         chart.render({}, name=RELEASE, namespace="default", is_install=True)
     with pytest.raises(helm_python.HelmError, match="allowDefaultNamespace=true"):
-        chart.render(
-            {"namespaceOverride": "default"}, name=RELEASE, namespace="gpu", is_install=True
-        )
+        chart.render({"namespaceOverride": "gpu"}, name=RELEASE, namespace="default")
+    assert render(chart, {"namespaceOverride": "default"}, namespace="gpu").plugin()
     r = render(chart, {"allowDefaultNamespace": True}, namespace="default")
     assert r.plugin()["metadata"]["namespace"] == "default"
 

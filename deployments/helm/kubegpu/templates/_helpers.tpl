@@ -80,24 +80,49 @@ pods would never start. kubegpu's own image is used instead and NOTES.txt says s
 {{- end -}}
 
 {{/*
-The default config name, resolved as NVIDIA's chart and config-manager do: config.default,
-else the fallback strategies in order (`named`: an entry called "default"; `single`: the only
-entry). Null strategies are the binary's default, named then single. "" when none applies.
+DEFAULT_CONFIG, "" for none. NVIDIA's config-manager takes, for a node without the config
+label, config.default, else the first fallback that finds a config (`named`: the one called
+"default"; `single`: the only one; `empty`: none). kubegpu's plugin takes DEFAULT_CONFIG at
+its `named` step instead, so the chart hands it the config NVIDIA's would pick:
+config.default; else, with config.map (whose names it knows), the fallback walk done here,
+stopping where `empty` would stop it; else, with config.name, "default" when `named` is a
+fallback (null strategies are named then single), which makes `named` look for "default".
 */}}
 {{- define "kubegpu.defaultConfig" -}}
 {{- $map := default dict .Values.config.map -}}
 {{- $strategies := .Values.config.fallbackStrategies -}}
 {{- if kindIs "invalid" $strategies -}}{{- $strategies = list "named" "single" -}}{{- end -}}
 {{- $found := "" -}}
+{{- $stopped := false -}}
 {{- if .Values.config.default -}}
 {{- $found = .Values.config.default -}}
-{{- else -}}
+{{- else if .Values.config.map -}}
 {{- range $strategies -}}
-{{- if and (not $found) (eq . "named") (hasKey $map "default") -}}{{- $found = "default" -}}{{- end -}}
-{{- if and (not $found) (eq . "single") (eq (len $map) 1) -}}{{- $found = first (keys $map) -}}{{- end -}}
+{{- if not (or $found $stopped) -}}
+{{- if and (eq . "named") (hasKey $map "default") -}}{{- $found = "default" -}}{{- end -}}
+{{- if and (eq . "single") (eq (len $map) 1) -}}{{- $found = first (keys $map) -}}{{- end -}}
+{{- if eq . "empty" -}}{{- $stopped = true -}}{{- end -}}
 {{- end -}}
+{{- end -}}
+{{- else if has "named" $strategies -}}
+{{- $found = "default" -}}
 {{- end -}}
 {{- $found -}}
+{{- end -}}
+
+{{/*
+FALLBACK_STRATEGIES, comma-separated; "" leaves the binary's default (named then single).
+The user's list, except that with a config.default `named` goes first: NVIDIA's
+config-manager takes config.default before any fallback, kubegpu's plugin at `named`.
+*/}}
+{{- define "kubegpu.fallbackStrategies" -}}
+{{- $s := .Values.config.fallbackStrategies -}}
+{{- if not (kindIs "invalid" $s) -}}
+{{- if and .Values.config.default (or (not $s) (ne (index $s 0) "named")) -}}
+{{- $s = prepend (without $s "named") "named" -}}
+{{- end -}}
+{{- join "," $s -}}
+{{- end -}}
 {{- end -}}
 
 {{/* The parsed configs of config.map, as a YAML list (unparseable entries are skipped). */}}
@@ -181,14 +206,44 @@ Pass (list $ "plugin"|"labeller").
 {{- end -}}
 {{- end -}}
 
-{{/* EnvVar entries for (list (list "NAME" value) ...), leaving out null values. */}}
-{{- define "kubegpu.envList" -}}
-{{- range . -}}
+{{/*
+A container's env. Pass (list $pairs $downward $user): the chart's (list "NAME" value)
+pairs, null values left out; the downward-API variables as (list "NAME" "fieldPath"); then
+the user's EnvVar list (extraEnv, gfd.env). A name the user gives replaces the chart's
+entry instead of repeating it: the API server warns about a repeated name, and which of
+two entries applies is easy to misread.
+*/}}
+{{- define "kubegpu.containerEnv" -}}
+{{- $user := default list (index . 2) -}}
+{{- $taken := list -}}
+{{- range $user -}}{{- $taken = append $taken .name -}}{{- end -}}
+{{- range (index . 0) -}}
 {{- $value := index . 1 -}}
-{{- if not (kindIs "invalid" $value) }}
+{{- if and (not (kindIs "invalid" $value)) (not (has (index . 0) $taken)) }}
 - name: {{ index . 0 }}
   value: {{ kindIs "slice" $value | ternary (join "," $value) (toString $value) | quote }}
 {{- end -}}
+{{- end -}}
+{{- range (index . 1) -}}
+{{- if not (has (index . 0) $taken) }}
+- name: {{ index . 0 }}
+  valueFrom:
+    fieldRef:
+      fieldPath: {{ index . 1 }}
+{{- end -}}
+{{- end -}}
+{{- with $user }}
+{{ toYaml . }}
+{{- end -}}
+{{- end -}}
+
+{{/*
+How the labeller's labels reach the Node when that goes through Node Feature Discovery:
+"a features.d file" or "NodeFeature objects"; "" when the labeller is off or patches Nodes.
+*/}}
+{{- define "kubegpu.nfdDelivery" -}}
+{{- if and .Values.gfd.enabled (not .Values.gfd.nodePatch) -}}
+{{- if .Values.gfd.useNodeFeatureAPI -}}NodeFeature objects{{- else -}}a features.d file{{- end -}}
 {{- end -}}
 {{- end -}}
 
@@ -300,8 +355,8 @@ Keys of NVIDIA's values that kubegpu accepts but cannot act on, one "key: why" p
 NOTES.txt prints them so a copied values file never fails silently.
 */}}
 {{- define "kubegpu.ignoredValues" -}}
-{{- if .Values.nfd }}
-nfd.*: kubegpu does not deploy Node Feature Discovery; install NFD yourself, or set gfd.nodePatch=true to label Nodes without it
+{{- if omit (default dict .Values.nfd) "enabled" }}
+nfd.*: settings of NVIDIA's Node Feature Discovery subchart; kubegpu deploys no NFD, so they configure nothing (install NFD yourself, or set gfd.nodePatch=true to label Nodes without it)
 {{- end }}
 {{- with .Values.cdi }}
 {{- if .featureFlags }}
