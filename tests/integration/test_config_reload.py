@@ -6,6 +6,7 @@ rejected on one log line while the kubelet keeps seeing the same devices.
 
 from __future__ import annotations
 
+import os
 import signal
 from pathlib import Path
 
@@ -66,4 +67,42 @@ async def test_a_device_list_too_big_for_the_kubelet_is_refused_at_start(
     )
     assert code == 1, out
     assert "sharing.timeSlicing.resources[0].replicas" in out and "4 MiB" in out
+    assert "Traceback" not in out
+
+
+async def test_a_fifo_as_the_config_file_stops_start_up_with_one_line(socket_dir: Path) -> None:
+    config = socket_dir / "config.yaml"
+    os.mkfifo(config)
+    code, out = await run_to_end(
+        serve_cmd(socket_dir, "--simulate", "t4-1", "--config-file", str(config))
+    )
+    assert code == 1, out
+    assert "not a regular file (a FIFO)" in out and "Traceback" not in out
+
+
+async def test_a_fifo_or_a_device_on_reload_keeps_serving_and_sigterm_still_stops(
+    kubelet: KubeletEmulator, socket_dir: Path
+) -> None:
+    """A FIFO once wedged every later reload and SIGTERM; /dev/urandom held the reload for
+    good. Each is refused on one line; the kubelet keeps its devices; SIGTERM ends serve."""
+    config = socket_dir / "config.yaml"
+    config.write_text(SHARED.format(replicas=4))
+    serve = await start(
+        serve_cmd(kubelet.plugin_dir, "--simulate", "a10g-4", "--config-file", str(config))
+    )
+    try:
+        await kubelet.wait_for_resource(GPU, capacity=16, allocatable=16)
+        fifo = socket_dir / "fifo"
+        os.mkfifo(fifo)
+        fifo.replace(config)
+        await serve.wait_for_line("not a regular file (a FIFO)")
+        config.unlink()
+        config.symlink_to("/dev/urandom")
+        serve.proc.send_signal(signal.SIGHUP)
+        await serve.wait_for_line("not a regular file (a character device)")
+        assert serve.proc.returncode is None
+        assert (kubelet.capacity(GPU), kubelet.allocatable(GPU)) == (16, 16)
+    finally:
+        code, out = await serve.stop()
+    assert code == 0, out
     assert "Traceback" not in out

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import dataclasses
 import json
+import os
 from pathlib import Path
 from typing import Any
 
@@ -480,6 +481,30 @@ def test_unreadable_file(tmp_path: Path) -> None:
     assert str(info.value) == (
         f"{tmp_path / 'missing.yaml'}: cannot read the config file (No such file or directory); "
         "check the path and mount"
+    )
+
+
+@pytest.mark.parametrize(
+    ("make", "kind"),
+    [
+        (os.mkfifo, "a FIFO"),
+        (os.mkdir, "a directory"),
+        (lambda path: Path(path).symlink_to("/dev/urandom"), "a character device"),
+        (lambda path: Path(path).symlink_to("/dev/null"), "a character device"),
+    ],
+    ids=["fifo", "directory", "urandom", "null"],
+)
+def test_a_config_that_is_not_a_regular_file_is_refused_at_once(
+    tmp_path: Path, make: Any, kind: str
+) -> None:
+    """A FIFO once blocked the reader for good (and with it SIGTERM); /dev/urandom never
+    ends. Both are refused in one line before a byte is read."""
+    path = tmp_path / "config.yaml"
+    make(str(path))
+    with pytest.raises(ConfigError) as info:
+        load_config(path, {})
+    assert str(info.value) == (
+        f"{path}: the config file is not a regular file ({kind}); point --config-file at a file"
     )
 
 

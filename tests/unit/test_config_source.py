@@ -14,6 +14,7 @@ import pytest
 from kubegpu.config import MigStrategy
 from kubegpu.config.source import (
     DEFAULT_NODE_LABEL,
+    SETTLE_READS,
     ConfigSource,
     ConfigUpdate,
     FakeNodeLabels,
@@ -431,16 +432,48 @@ async def test_a_reload_renamed_into_place_is_read_once(tmp_path: Path) -> None:
         assert reader.reads == 3
 
 
-async def test_a_reload_of_a_file_still_open_for_writing_settles(tmp_path: Path) -> None:
-    path, reader, source = _counted_source(tmp_path)
+async def test_a_file_still_open_for_writing_is_applied_only_once_closed(tmp_path: Path) -> None:
+    """A writer that pauses mid-file, holding it open, once had its valid prefix applied
+    (the kubelet briefly saw the half-written sharing config); inotify says the write is
+    still open, so the source waits for the close, however long the pause."""
+    path, _, source = _counted_source(tmp_path)
     async with running(source) as s:
         assert strategy(await next_update(s)) is MigStrategy.MIXED
-        before = reader.reads
         with path.open("w") as writer:
-            writer.write(mig("single"))
-            writer.flush()  # modified, not closed: the writer may have more to say
-            assert strategy(await next_update(s)) is MigStrategy.SINGLE
-            assert reader.reads - before >= 2, "applied only after two reads agreed"
+            writer.write(mig("single"))  # a valid config on its own: the first half
+            writer.flush()
+            await assert_quiet(s)  # many settle intervals: the open write is not applied
+            writer.write("  gfd:\n    oneshot: true\n")
+        update = await next_update(s)
+        assert strategy(update) is MigStrategy.SINGLE
+        assert update.config is not None and update.config.flags.gfd.oneshot
+
+
+class EndlessReader:
+    """A file that reads differently every time (a writer that never stops)."""
+
+    def __init__(self) -> None:
+        self.reads = 0
+
+    def __call__(self, path: Path) -> bytes:
+        self.reads += 1
+        return f"version: v1\n# {self.reads}\n".encode()
+
+
+async def test_a_file_that_never_stops_changing_is_refused_not_waited_on(tmp_path: Path) -> None:
+    reader = EndlessReader()
+    source = ConfigSource(
+        config_file=tmp_path / "config.yaml",
+        overrides={},
+        poll_interval=3600,
+        settle_interval=0.0,
+        reader=reader,
+    )
+    async with running(source) as s:
+        update = await next_update(s)
+    assert update.config is None
+    assert "kept changing" in str(update.error) and "last good config" in str(update.error)
+    assert reader.reads == SETTLE_READS + 1
 
 
 async def test_loading_runs_off_the_event_loop(tmp_path: Path) -> None:

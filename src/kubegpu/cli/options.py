@@ -115,8 +115,6 @@ def choice(*choices: str) -> Callable[[str], str]:
     return parse
 
 
-
-
 def check_plugin_path(value: str) -> str:
     if not value:
         raise ValueError(f"empty; give the kubelet's directory, {DEVICE_PLUGIN_PATH}")

@@ -20,6 +20,8 @@ import copy
 import dataclasses
 import difflib
 import json
+import os
+import stat
 import types
 import typing
 from collections.abc import Iterator, Mapping, Sequence
@@ -64,15 +66,45 @@ def parse_config(text: str | bytes, source: str = "<config>") -> Config:
 
 
 def read_bytes(path: str | Path) -> bytes:
-    """A config file's bytes, at most `yamlsafe.MAX_BYTES` (+1, to tell it is too big)."""
+    """A config file's bytes, at most `yamlsafe.MAX_BYTES` (+1, to tell it is too big).
+
+    Only a regular file is read (through links, as a ConfigMap mount has them): a FIFO
+    would block the reader until some writer came, and a device such as /dev/urandom
+    never ends and never reads the same twice. Opened non-blocking so that even a FIFO
+    is refused at once instead of waiting for a writer.
+    """
     p = Path(path)
     try:
-        with p.open("rb") as f:
-            return f.read(yamlsafe.MAX_BYTES + 1)
+        fd = os.open(p, os.O_RDONLY | os.O_NONBLOCK | os.O_CLOEXEC)
     except OSError as exc:
         raise ConfigError(
             f"{p}: cannot read the config file ({exc.strerror}); check the path and mount"
         ) from exc
+    mode = os.fstat(fd).st_mode
+    if not stat.S_ISREG(mode):
+        os.close(fd)
+        raise ConfigError(
+            f"{p}: the config file is not a regular file ({_file_kind(mode)}); "
+            "point --config-file at a file"
+        )
+    with os.fdopen(fd, "rb") as f:
+        try:
+            return f.read(yamlsafe.MAX_BYTES + 1)
+        except OSError as exc:
+            raise ConfigError(
+                f"{p}: cannot read the config file ({exc.strerror}); check the path and mount"
+            ) from exc
+
+
+def _file_kind(mode: int) -> str:
+    kinds = {
+        stat.S_ISDIR: "a directory",
+        stat.S_ISFIFO: "a FIFO",
+        stat.S_ISCHR: "a character device",
+        stat.S_ISBLK: "a block device",
+        stat.S_ISSOCK: "a socket",
+    }
+    return next((name for test, name in kinds.items() if test(mode)), "not a plain file")
 
 
 def load_config(config_file: str | Path | None, overrides: Mapping[str, Any]) -> Config:

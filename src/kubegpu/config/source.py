@@ -121,6 +121,8 @@ POLL_INTERVAL = 0.2
 #: finished. Short: a writer that is still writing after it sends inotify another event,
 #: and the re-read that follows applies the finished file (docs/performance.md).
 SETTLE_INTERVAL = 0.01
+#: Reads, a settle interval apart, before a file that never stops changing is refused.
+SETTLE_READS = 200
 
 
 class ConfigSource:
@@ -211,7 +213,9 @@ class ConfigSource:
                 last_key = key
                 # Only a reload woken by the watch itself may trust its events.
                 whole = watch.quiet if last is not None and not forced else None
-                update = await self._load(selection, reload=last is not None, whole=whole)
+                update = await self._load(
+                    selection, reload=last is not None, whole=whole, writing=watch.writing
+                )
                 if _is_news(update, last, last_good):
                     last = update
                     if update.config is not None:
@@ -251,12 +255,13 @@ class ConfigSource:
         *,
         reload: bool,
         whole: Callable[[], bool] | None = None,
+        writing: Callable[[], bool] = lambda: False,
     ) -> ConfigUpdate:
         """Read (settled), parse and validate off the loop; every failure is an update."""
         if selection.error is not None:
             return ConfigUpdate(None, selection.error, selection.origin)
         try:
-            data = await self._read_settled(selection.path, whole)
+            data = await self._read_settled(selection.path, whole, writing)
             if reload and data is not None and not data.strip():
                 raise ConfigError(
                     f"{selection.path}: the file is empty; keeping the last good config "
@@ -272,22 +277,35 @@ class ConfigSource:
         return ConfigUpdate(config, None, selection.origin)
 
     async def _read_settled(
-        self, path: Path | None, whole: Callable[[], bool] | None = None
+        self,
+        path: Path | None,
+        whole: Callable[[], bool] | None = None,
+        writing: Callable[[], bool] = lambda: False,
     ) -> bytes | None:
         """The file's bytes once known whole: `whole()` says so right after the read (no
-        write open, nothing new queued), or two reads a settle interval apart agree."""
+        write open, nothing new queued), or two reads a settle interval apart agree while
+        no write is known open (`writing()`: a writer that pauses mid-file, holding it open,
+        must not get its valid prefix applied)."""
         if path is None:
             return None
         data = await asyncio.to_thread(self._reader, path)
         if whole is not None and whole():
             return data
-        while True:
+        for attempt in range(SETTLE_READS):
             await asyncio.sleep(self._settle)
             again = await asyncio.to_thread(self._reader, path)
-            if again == data:
+            if again == data and not writing():
                 return data
-            log.info("config file %s changed while being read; waiting for it to settle", path)
+            if attempt == 0:
+                log.info("config file %s changed while being read; waiting for it to settle", path)
             data = again
+        # A file rewritten without pause (a runaway writer) must not hold start-up or the
+        # reload loop for ever: refuse it like any bad config; its next change is read again.
+        raise ConfigError(
+            f"{path}: the config file kept changing, or stayed open for writing, over "
+            f"{SETTLE_READS} reads; keeping the last good config: write it once and close it "
+            "(or rename a finished file over it)"
+        )
 
     # -- the node label ------------------------------------------------------------------
 

@@ -146,6 +146,10 @@ class _Core:
         #: The queue overflowed since the last look: writes may have gone unseen.
         self._overflowed = False
 
+    def open_writes(self) -> bool:
+        """Whether a watched file was modified and not yet closed, moved or deleted."""
+        return bool(self._writing)
+
     def settled(self) -> bool:
         """No watched file half-written (as of the events drained so far); a queue overflow
         counts as a possible write once."""
@@ -319,6 +323,18 @@ class PathWatch:
             self._on_change()
             return False
         return self._core.settled()
+
+    def writing(self) -> bool:
+        """Whether inotify shows a watched file modified and not yet closed, moved or
+        deleted: bytes read now may be half of a write, however long the writer pauses.
+        False where the watch polls (nothing says when a write ends there)."""
+        if self._core.fd is None:
+            return False
+        if self._core.drain():
+            self._core.rearm()
+            self._follow()
+            self._on_change()
+        return self._core.open_writes()
 
     def close(self) -> None:
         self._stop_reading()
