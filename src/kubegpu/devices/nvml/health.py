@@ -73,7 +73,7 @@ def reset_pending(s: Session, handle: Any) -> str | None:
     """What NVML says must still happen to the GPU before it is fit for work, or None.
 
     Three readings, each skipped where the GPU or driver does not support it: the GPU
-    recovery action (drivers from R570, the value behind Xid 154), rows waiting for a reset
+    recovery action (recent drivers: the value behind Xid 154), rows waiting for a reset
     to be remapped (Ampere and later) and pages waiting to be retired (earlier GPUs). Any
     other error is raised: a GPU that cannot answer is not fit either.
     """
