@@ -307,7 +307,7 @@ class HealthMonitor:
         self._join_timeout = join_timeout
         self._probe_timeout = probe_timeout
         #: Probes still running in a worker thread (a hung NVML call), by device UUID.
-        self._hung: dict[str, asyncio.Future[str | None]] = {}
+        self._hung: dict[str, asyncio.Task[str | None]] = {}
 
     async def run(self) -> None:
         """Watch and probe until cancelled; the watch thread is stopped and joined on exit."""
@@ -399,17 +399,15 @@ class HealthMonitor:
         hung = self._hung.get(uuid)
         if hung is not None:
             if not hung.done():
-                return f"NVML has not answered for more than {self._probe_timeout:.0f}s"
+                return f"NVML has not answered for more than {self._probe_timeout:g}s"
             del self._hung[uuid]
-        call = asyncio.ensure_future(asyncio.to_thread(self.backend.probe, uuid))
+        call = spawn(f"probe {uuid}", asyncio.to_thread(self.backend.probe, uuid))
         try:
             return await asyncio.wait_for(asyncio.shield(call), self._probe_timeout)
         except TimeoutError:
             self._hung[uuid] = call
-            call.add_done_callback(_consume)
-            return f"NVML did not answer within {self._probe_timeout:.0f}s"
-        except Exception as exc:  # a backend bug must not end health checks
-            log.exception("probe of %s failed unexpectedly", uuid)
+            return f"NVML did not answer within {self._probe_timeout:g}s"
+        except Exception as exc:  # a backend bug must not end health checks (spawn logs it)
             return f"probe error: {exc}"
 
     def handle(self, event: HealthEvent) -> None:
@@ -440,12 +438,6 @@ class HealthMonitor:
             how = "healed by operator" if event.kind is HealthEventKind.HEALED else "probes pass"
             log.info("%s healthy again (%s)", uuid, how)
         self.store.update(health=after)
-
-
-def _consume(future: asyncio.Future[str | None]) -> None:
-    """Retrieve a timed-out probe's late result or error, so asyncio does not warn of it."""
-    if not future.cancelled():
-        future.exception()
 
 
 __all__ = [
