@@ -108,7 +108,7 @@ class XidPolicy:
 
     def outcome(self, xid: int | None) -> XidOutcome:
         if xid is None:
-            # An error NVML reports without an Xid (a double-bit ECC event on old drivers).
+            # A hardware error reported without an Xid number: never ignored.
             return XidOutcome.UNHEALTHY
         if xid in self.overrides:
             outcome = self.overrides[xid]
