@@ -24,9 +24,10 @@ from kubegpu.supervisor import spawn
 RESOURCE = "nvidia.com/gpu"
 #: The pod asks for this many GPUs, or for every GPU on a smaller node (t4-1, h100-mig).
 POD_GPUS = 2
-#: Short recovery window so the demo shows a GPU healing by itself in about a second.
+#: Short recovery window so the demo shows a reset GPU healing in about a second.
 RECOVERY_SECONDS = 1.0
 FAULTY_GPU = 3
+#: Fallen off the bus: the Xid catalog's RESTART_BM, unhealthy until the GPU is reset.
 XID = 79
 
 
@@ -110,11 +111,16 @@ async def _demo(preset: str, workdir: Path) -> None:
             f"kubelet sees GPU {faulty} Unhealthy: allocatable {total - 1}/{total} "
             f"({(time.monotonic() - hit) * 1000:.1f} ms after the Xid)"
         )
+        # Passing probes alone do not heal a reset-requiring Xid: the GPU is reset, which
+        # the plugin sees as the GPU dropping out of NVML and then answering again.
+        out.say(f"GPU {faulty} is reset: it drops out of NVML and answers again")
+        backend.fail_probe(faulty, "GPU is lost (being reset)")
+        backend.clear_fault(faulty)
         await kubelet.wait_for_resource(RESOURCE, allocatable=total, timeout=RECOVERY_SECONDS + 10)
         state = kubelet.devices(RESOURCE)[gpu.uuid].health
         out.say(
-            f"GPU {faulty} passed its checks for {RECOVERY_SECONDS:.0f} s and is {state} "
-            f"again: allocatable {kubelet.allocatable(RESOURCE)}/{total}"
+            f"GPU {faulty} passed its checks for {RECOVERY_SECONDS:.0f} s after the reset and is "
+            f"{state} again: allocatable {kubelet.allocatable(RESOURCE)}/{total}"
         )
 
         out.say("kubelet restarts: it wipes the device-plugin directory and serves a new socket")

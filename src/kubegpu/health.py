@@ -1,8 +1,16 @@
 """GPU health: a pure policy (`HealthTracker`) and the async loop that feeds it.
 
+What an Xid does comes from NVIDIA's Xid catalog (`kubegpu.xid_catalog`): application
+errors are ignored, a fault the catalog resolves with a GPU reset or a reboot keeps the GPU
+unhealthy until a reset is observed, anything else marks it unhealthy until its probes pass.
+The operator's lists (`ignored_xids`, `critical_xids`, NVIDIA's `DP_*_HEALTHCHECKS` tokens)
+and per-Xid overrides sit on top (`XidPolicy`).
+
 Unlike NVIDIA's plugin, a device that went unhealthy can come back: once probes pass for
 `recovery_seconds` after its last error it is advertised as healthy again (0 keeps the
-old never-recover behaviour). The policy is a plain object with an injected clock so that
+old never-recover behaviour). A reset is observed when, after the fault, a probe fails (the
+GPU dropped out of NVML, or NVML reports the reset still pending) and probes then pass: the
+timer counts from that failure. The policy is a plain object with an injected clock so that
 every rule is unit-tested without threads or sleeps; `HealthMonitor` owns the I/O and
 the path is one line: the backend's blocking `watch` in a thread -> one queue -> the
 tracker -> `store.update(health=...)`. A MIG reconfiguration re-discovers the devices
@@ -28,6 +36,7 @@ from kubegpu.errors import ConfigError
 from kubegpu.metrics import Metrics
 from kubegpu.state import NodeStore
 from kubegpu.supervisor import spawn
+from kubegpu.xid_catalog import CATALOG, XidOutcome, catalog_outcome
 
 log = logging.getLogger("kubegpu.health")
 
@@ -56,6 +65,9 @@ XID_MEANINGS: Mapping[int, str] = {
     140: "unrecovered ECC error",
 }
 
+#: How long a probe may take before it counts as failed (NVML calls can hang on a sick GPU).
+PROBE_TIMEOUT_S = 10.0
+
 ENV_DISABLE = "DP_DISABLE_HEALTHCHECKS"
 ENV_ENABLE = "DP_ENABLE_HEALTHCHECKS"
 
@@ -64,7 +76,69 @@ def describe_xid(xid: int | None) -> str:
     if xid is None:
         return "hardware error"
     meaning = XID_MEANINGS.get(xid)
+    if meaning is None and xid in CATALOG and CATALOG[xid].description != "Unused":
+        meaning = CATALOG[xid].description
     return f"Xid {xid} ({meaning})" if meaning else f"Xid {xid}"
+
+
+@dataclass(frozen=True)
+class XidPolicy:
+    """What each Xid does, from the catalog and the operator's settings (pure data).
+
+    Highest first: `critical_xids` (config `criticalXids`, `DP_ENABLE_HEALTHCHECKS`) never
+    ignore an Xid, though one the catalog resolves with a reset keeps that outcome;
+    `overrides` (Xid -> outcome, meant for a per-Xid config key) say exactly what an Xid
+    does; `ignored_xids` (config `ignoredXids`, `DP_DISABLE_HEALTHCHECKS`) ignore it;
+    otherwise the catalog decides, and an Xid it does not list marks the device unhealthy.
+    """
+
+    ignored: frozenset[int] = frozenset()
+    critical: frozenset[int] = frozenset()
+    overrides: Mapping[int, XidOutcome] = dataclasses.field(default_factory=dict)
+
+    @classmethod
+    def from_flags(
+        cls, settings: HealthFlags, overrides: Mapping[int, XidOutcome] | None = None
+    ) -> XidPolicy:
+        return cls(
+            frozenset(settings.ignored_xids),
+            frozenset(settings.critical_xids),
+            dict(overrides or {}),
+        )
+
+    def outcome(self, xid: int | None) -> XidOutcome:
+        if xid is None:
+            # A hardware error reported without an Xid number: never ignored.
+            return XidOutcome.UNHEALTHY
+        if xid in self.overrides:
+            outcome = self.overrides[xid]
+        elif xid in self.ignored:
+            outcome = XidOutcome.IGNORE
+        else:
+            outcome = catalog_outcome(xid)
+        if xid in self.critical and outcome is XidOutcome.IGNORE:
+            outcome = max(catalog_outcome(xid), XidOutcome.UNHEALTHY, key=_SEVERITY.index)
+        return outcome
+
+
+_SEVERITY = [XidOutcome.IGNORE, XidOutcome.UNHEALTHY, XidOutcome.UNTIL_RESET]
+
+
+def xid_overrides(values: Mapping[int | str, str]) -> dict[int, XidOutcome]:
+    """Validate a per-Xid override mapping (as a config file gives it): Xid -> outcome."""
+    result: dict[int, XidOutcome] = {}
+    choices = ", ".join(o.value for o in XidOutcome)
+    for key, value in values.items():
+        xid = int(key) if isinstance(key, int) or str(key).isdigit() else None
+        if xid is None:
+            raise ConfigError(f"Xid override {key!r}: the key must be an Xid number, like 48")
+        try:
+            result[xid] = XidOutcome(str(value).strip().lower())
+        except ValueError:
+            raise ConfigError(
+                f"Xid override {xid}: {value!r} is not an outcome; use one of {choices}"
+            ) from None
+    return result
 
 
 @dataclass(frozen=True)
@@ -74,13 +148,21 @@ class _Fault:
     reason: str
     last_error: float
     last_probe: float | None = None
+    #: An Xid that needs a GPU reset: passing probes do not heal it until one is observed.
+    awaiting_reset: bool = False
 
 
 class HealthTracker:
     """Which devices (GPU or MIG UUIDs) are unhealthy, and when they may recover."""
 
-    def __init__(self, settings: HealthFlags, clock: Callable[[], float]) -> None:
+    def __init__(
+        self,
+        settings: HealthFlags,
+        clock: Callable[[], float],
+        xid_overrides: Mapping[int, XidOutcome] | None = None,
+    ) -> None:
         self.settings = settings
+        self.policy = XidPolicy.from_flags(settings, xid_overrides)
         self._clock = clock
         self._faults: dict[str, _Fault] = {}
 
@@ -91,16 +173,24 @@ class HealthTracker:
         now = self._clock()
         kind = event.kind
         if kind is HealthEventKind.XID:
-            xid = event.xid
-            ignored = xid in self.settings.ignored_xids and xid not in self.settings.critical_xids
-            if xid is not None and ignored:
+            outcome = self.policy.outcome(event.xid)
+            if outcome is XidOutcome.IGNORE:
                 return False
-            reason = describe_xid(xid)
+            reason = describe_xid(event.xid)
+            # Another Xid never ends the wait for a reset; only a failed probe does.
+            awaiting = outcome is XidOutcome.UNTIL_RESET or self.awaiting_reset(event.uuid)
             return self._mark(
-                event.uuid, f"{reason}: {event.detail}" if event.detail else reason, now
+                event.uuid,
+                f"{reason}: {event.detail}" if event.detail else reason,
+                now,
+                awaiting_reset=awaiting,
             )
         if kind is HealthEventKind.PROBE_FAILED:
-            return self._mark(event.uuid, f"probe failed: {event.detail or 'no detail'}", now)
+            # A probe failing after a reset-requiring Xid is the reset under way (the GPU
+            # dropped out of NVML, or NVML says the reset is pending): from here the usual
+            # timer applies, counted from the last failure.
+            detail = f"probe failed: {event.detail or 'no detail'}"
+            return self._mark(event.uuid, detail, now, awaiting_reset=False)
         fault = self._faults.get(event.uuid)
         if fault is None:
             return False
@@ -109,16 +199,24 @@ class HealthTracker:
             return True
         if kind is HealthEventKind.PROBE_OK:
             recovery = self.settings.recovery_seconds
-            if recovery > 0 and now - fault.last_error >= recovery:
+            if not fault.awaiting_reset and recovery > 0 and now - fault.last_error >= recovery:
                 del self._faults[event.uuid]
                 return True
-            self._faults[event.uuid] = _Fault(fault.reason, fault.last_error, now)
+            self._faults[event.uuid] = dataclasses.replace(fault, last_probe=now)
         return False
 
-    def _mark(self, uuid: str, reason: str, now: float) -> bool:
-        changed = uuid not in self._faults
-        self._faults[uuid] = _Fault(reason, now, now)
-        return changed
+    def _mark(self, uuid: str, reason: str, now: float, *, awaiting_reset: bool) -> bool:
+        previous = self._faults.get(uuid)
+        if previous is not None and previous.awaiting_reset:
+            # The reset-requiring fault keeps its reason: a later error is its symptom.
+            reason = previous.reason
+        self._faults[uuid] = _Fault(reason, now, now, awaiting_reset)
+        return previous is None
+
+    def awaiting_reset(self, uuid: str) -> bool:
+        """True while a device's fault needs a GPU reset before probes can heal it."""
+        fault = self._faults.get(uuid)
+        return fault is not None and fault.awaiting_reset
 
     def health(self) -> Mapping[str, Health]:
         """The unhealthy devices; anything not listed is healthy."""
@@ -158,7 +256,8 @@ def health_flags_from_env(env: Mapping[str, str], base: HealthFlags) -> HealthFl
 
     `DP_DISABLE_HEALTHCHECKS`: `all` or `xids` turns checks off; Xid numbers join the
     ignore list. `DP_ENABLE_HEALTHCHECKS`: Xid numbers become critical (overriding the
-    ignore list); `all` makes every Xid critical.
+    ignore list and the catalog's ignores); `all` makes every Xid critical. Either way the
+    tokens decide over the Xid catalog for the Xids they name (`XidPolicy`).
     """
 
     def tokens(variable: str) -> list[str]:
@@ -174,7 +273,9 @@ def health_flags_from_env(env: Mapping[str, str], base: HealthFlags) -> HealthFl
     ignored += [x for x in _xid_list(ENV_DISABLE, disable) if x not in ignored]
     enable = tokens(ENV_ENABLE)
     if "all" in enable:
+        # Every Xid critical: the ignore list goes, and so do the catalog's own ignores.
         ignored = []
+        critical += [x for x in sorted(CATALOG) if catalog_outcome(x) is XidOutcome.IGNORE]
         enable = [t for t in enable if t != "all"]
     critical += [x for x in _xid_list(ENV_ENABLE, enable) if x not in critical]
     return dataclasses.replace(
@@ -194,14 +295,19 @@ class HealthMonitor:
         *,
         metrics: Metrics | None = None,
         join_timeout: float = 5.0,
+        xid_overrides: Mapping[int, XidOutcome] | None = None,
+        probe_timeout: float = PROBE_TIMEOUT_S,
     ) -> None:
         self.backend = backend
         self.settings = settings
-        self.tracker = HealthTracker(settings, clock)
+        self.tracker = HealthTracker(settings, clock, xid_overrides)
         self.store = store
         #: Counts every raw Xid, even ignored ones (not state: a counter of events seen).
         self._metrics = metrics
         self._join_timeout = join_timeout
+        self._probe_timeout = probe_timeout
+        #: Probes still running in a worker thread (a hung NVML call), by device UUID.
+        self._hung: dict[str, asyncio.Task[str | None]] = {}
 
     async def run(self) -> None:
         """Watch and probe until cancelled; the watch thread is stopped and joined on exit."""
@@ -277,11 +383,32 @@ class HealthMonitor:
         while True:
             await asyncio.sleep(self.settings.probe_interval_seconds)
             for uuid in self.tracker.due_probes():
-                failure = await asyncio.to_thread(self.backend.probe, uuid)
+                failure = await self._probe(uuid)
                 if failure is None:
                     self.handle(HealthEvent(uuid, HealthEventKind.PROBE_OK))
                 else:
                     self.handle(HealthEvent(uuid, HealthEventKind.PROBE_FAILED, detail=failure))
+
+    async def _probe(self, uuid: str) -> str | None:
+        """The backend's probe, bounded in time; any failure is an answer, never an exception.
+
+        A probe stuck in NVML (a GPU that stopped answering) cannot be interrupted: it is left
+        running in its thread and counted as failed until it returns, so one dead GPU neither
+        stalls the probes of the others nor piles up threads.
+        """
+        hung = self._hung.get(uuid)
+        if hung is not None:
+            if not hung.done():
+                return f"NVML has not answered for more than {self._probe_timeout:g}s"
+            del self._hung[uuid]
+        call = spawn(f"probe {uuid}", asyncio.to_thread(self.backend.probe, uuid))
+        try:
+            return await asyncio.wait_for(asyncio.shield(call), self._probe_timeout)
+        except TimeoutError:
+            self._hung[uuid] = call
+            return f"NVML did not answer within {self._probe_timeout:g}s"
+        except Exception as exc:  # a backend bug must not end health checks (spawn logs it)
+            return f"probe error: {exc}"
 
     def handle(self, event: HealthEvent) -> None:
         """Feed one health event (on the loop thread); store and log any change."""
@@ -300,7 +427,13 @@ class HealthMonitor:
             return
         after = self.tracker.health()
         for uuid in sorted(after.keys() - before.keys()):
-            log.warning("%s unhealthy: %s", uuid, self.tracker.reason(uuid))
+            until = " (stays unhealthy until the GPU is reset)"
+            log.warning(
+                "%s unhealthy: %s%s",
+                uuid,
+                self.tracker.reason(uuid),
+                until if self.tracker.awaiting_reset(uuid) else "",
+            )
         for uuid in sorted(before.keys() - after.keys()):
             how = "healed by operator" if event.kind is HealthEventKind.HEALED else "probes pass"
             log.info("%s healthy again (%s)", uuid, how)
@@ -308,9 +441,13 @@ class HealthMonitor:
 
 
 __all__ = [
+    "PROBE_TIMEOUT_S",
     "XID_MEANINGS",
     "HealthMonitor",
     "HealthTracker",
+    "XidOutcome",
+    "XidPolicy",
     "describe_xid",
     "health_flags_from_env",
+    "xid_overrides",
 ]

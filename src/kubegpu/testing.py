@@ -13,7 +13,11 @@ names of pynvml's ctypes structures (including `busId` as bytes). Pass it to
     fake.emit_xid(0, 79)
 
 Builders are plain mutable objects: tests change them between calls to model hot-plug,
-MIG reconfiguration or a GPU falling off the bus.
+MIG reconfiguration or a GPU falling off the bus. Faults NVML can be in: a GPU lost
+(`gpu.lost`), a GPU whose calls hang (`gpu.hang`, a `threading.Event` they wait for), a reset
+still pending (`gpu.recovery_action`, `gpu.rows_pending`, `gpu.pages_pending`), and the
+driver unloaded under the process (`unload_driver`, then `load_driver`: NVML must be
+initialised again, as after a real driver reload).
 
 The other two fakes a user of kubegpu needs are re-exported here: `KubeletEmulator` (a
 faithful kubelet device manager over real sockets) and `SimulatedBackend` (a GPU node
@@ -198,6 +202,14 @@ class FakeGpu:
     supported_events: int = DEFAULT_EVENTS
     #: Every call on this handle fails with NVML_ERROR_GPU_IS_LOST.
     lost: bool = False
+    #: Every call on this handle blocks until the event is set (a GPU that stopped answering).
+    hang: threading.Event | None = None
+    #: nvmlGpuRecoveryAction_t the driver reports (NVML_FI_DEV_GET_GPU_RECOVERY_ACTION).
+    recovery_action: int = pynvml.NVML_GPU_RECOVERY_ACTION_NONE
+    #: Rows waiting for a reset to be remapped (nvmlDeviceGetRemappedRows' isPending).
+    rows_pending: bool = False
+    #: Pages waiting for a reset to be retired (nvmlDeviceGetRetiredPagesPendingStatus).
+    pages_pending: bool = False
 
     def enable_mig(self) -> FakeGpu:
         self.mig_mode = [pynvml.NVML_DEVICE_MIG_ENABLE, pynvml.NVML_DEVICE_MIG_ENABLE]
@@ -274,6 +286,8 @@ class FakeNvml(types.ModuleType):
         self.nvmlLib: Any = None
         self.initialized = False
         self.shutdowns = 0
+        self.inits = 0
+        self.driver_loaded = True
         #: Explicit topology levels between GPU pairs (by index); default from NUMA nodes.
         self.topology: dict[frozenset[int], int] = {}
         self._failures: dict[tuple[str, int | None], int] = {}
@@ -330,6 +344,24 @@ class FakeNvml(types.ModuleType):
     def unfail(self, function: str, gpu: int | None = None) -> None:
         self._failures.pop((function, gpu), None)
 
+    def unload_driver(self) -> None:
+        """The kernel driver goes away: every call fails with NVML_ERROR_DRIVER_NOT_LOADED,
+        event sets are gone, and NVML stays uninitialised until `nvmlInit` after `load_driver`.
+        """
+        with self._cond:
+            self.driver_loaded = False
+            self.initialized = False
+            for event_set in self._event_sets:
+                event_set.freed = True
+            self._event_sets.clear()
+            self._cond.notify_all()
+
+    def load_driver(self) -> None:
+        """The driver is back; calls fail with NVML_ERROR_UNINITIALIZED until `nvmlInit`."""
+        with self._cond:
+            self.driver_loaded = True
+            self._cond.notify_all()
+
     def fail_wait(self, code: int, times: int = 1) -> None:
         """Make the next `times` event waits raise NVMLError(code)."""
         with self._cond:
@@ -385,9 +417,13 @@ class FakeNvml(types.ModuleType):
     # -- internals ------------------------------------------------------------------
 
     def _check(self, function: str, handle: FakeGpu | FakeMig | None = None) -> None:
+        if not self.driver_loaded:
+            raise pynvml.NVMLError(pynvml.NVML_ERROR_DRIVER_NOT_LOADED)
         if not self.initialized:
             raise pynvml.NVMLError(pynvml.NVML_ERROR_UNINITIALIZED)
         gpu = handle.parent if isinstance(handle, FakeMig) else handle
+        if gpu is not None and gpu.hang is not None:
+            gpu.hang.wait()
         if gpu is not None and gpu.lost:
             raise pynvml.NVMLError(pynvml.NVML_ERROR_GPU_IS_LOST)
         for key in ((function, None if gpu is None else gpu.index), (function, None)):
@@ -425,9 +461,12 @@ class FakeNvml(types.ModuleType):
         self.nvmlInitWithFlags(0)
 
     def nvmlInitWithFlags(self, flags: int) -> None:
+        if not self.driver_loaded:
+            raise pynvml.NVMLError(pynvml.NVML_ERROR_DRIVER_NOT_LOADED)
         if self.init_error is not None:
             raise pynvml.NVMLError(self.init_error)
         self.initialized = True
+        self.inits += 1
 
     def nvmlShutdown(self) -> None:
         self._check("nvmlShutdown")
@@ -642,6 +681,28 @@ class FakeNvml(types.ModuleType):
             return int(pynvml.NVML_TOPOLOGY_NODE)
         return int(pynvml.NVML_TOPOLOGY_SYSTEM)
 
+    def nvmlDeviceGetFieldValues(self, handle: Any, fieldIds: list[int]) -> Any:
+        """Answers NVML_FI_DEV_GET_GPU_RECOVERY_ACTION; other fields report NOT_SUPPORTED."""
+        gpu = self._gpu("nvmlDeviceGetFieldValues", handle)
+        values = (pynvml.c_nvmlFieldValue_t * len(fieldIds))()
+        for value, field_id in zip(values, fieldIds, strict=True):
+            value.fieldId = field_id
+            if field_id == pynvml.NVML_FI_DEV_GET_GPU_RECOVERY_ACTION:
+                value.nvmlReturn = pynvml.NVML_SUCCESS
+                value.valueType = pynvml.NVML_VALUE_TYPE_UNSIGNED_INT
+                value.value.uiVal = gpu.recovery_action
+            else:
+                value.nvmlReturn = pynvml.NVML_ERROR_NOT_SUPPORTED
+        return values
+
+    def nvmlDeviceGetRemappedRows(self, device: Any) -> tuple[int, int, int, int]:
+        gpu = self._gpu("nvmlDeviceGetRemappedRows", device)
+        return (0, 0, int(gpu.rows_pending), 0)
+
+    def nvmlDeviceGetRetiredPagesPendingStatus(self, device: Any) -> int:
+        gpu = self._gpu("nvmlDeviceGetRetiredPagesPendingStatus", device)
+        return int(pynvml.NVML_FEATURE_ENABLED if gpu.pages_pending else 0)
+
     def nvmlEventSetCreate(self) -> _FakeEventSet:
         self._check("nvmlEventSetCreate")
         event_set = _FakeEventSet()
@@ -663,7 +724,17 @@ class FakeNvml(types.ModuleType):
     def nvmlEventSetWait_v2(self, eventSet: Any, timeoutms: int) -> EventData:
         self._check("nvmlEventSetWait_v2")
         with self._cond:
-            self._cond.wait_for(lambda: bool(eventSet.queue or self._wait_errors), timeoutms / 1000)
+            self._cond.wait_for(
+                lambda: bool(eventSet.queue or self._wait_errors or eventSet.freed),
+                timeoutms / 1000,
+            )
+            if eventSet.freed:
+                # The driver went away under the wait (see unload_driver).
+                raise pynvml.NVMLError(
+                    pynvml.NVML_ERROR_DRIVER_NOT_LOADED
+                    if not self.driver_loaded
+                    else pynvml.NVML_ERROR_UNINITIALIZED
+                )
             if self._wait_errors:
                 raise pynvml.NVMLError(self._wait_errors.popleft())
             if eventSet.queue:

@@ -138,7 +138,10 @@ async def test_application_xid_is_ignored_and_gpu_recovers_by_itself(socket_dir:
         await k.wait_for_resource(GPU, allocatable=3)
         assert k.devices(GPU)[node.uuids[3]].health == "Unhealthy"
         assert k.devices(GPU)[node.uuids[0]].health == "Healthy"
-        # Probes keep passing, so after the recovery window the GPU is healthy again.
+        # Xid 79 waits for a reset (the GPU drops out of NVML, then answers again); then
+        # probes keep passing, so after the recovery window the GPU is healthy again.
+        node.backend.fail_probe(3, "GPU is lost (being reset)")
+        node.backend.clear_fault(3)
         await k.wait_for_resource(GPU, allocatable=4)
 
 

@@ -280,13 +280,17 @@ def test_a_critical_xid_marks_the_gpu_and_kubegpu_heals_it_after_passing_probes(
 ) -> None:
     """NVIDIA internal/rm/health.go: checkHealth sends a device on the `unhealthy` channel for
     a critical Xid (79 here), and nothing in NVIDIA's plugin ever reports it Healthy again.
-    kubegpu marks it the same way, then reports it Healthy once its probes pass for
-    recoverySeconds."""
+    kubegpu marks it the same way; as the Xid catalog resolves 79 with a restart, passing
+    probes heal it only after the GPU was seen to reset (a probe failed, the GPU dropped out
+    of NVML), then it reports it Healthy once its probes pass for recoverySeconds."""
     now = [1000.0]
     tracker = HealthTracker(HealthFlags(recovery_seconds=60), lambda: now[0])
     uuid = "GPU-4cf8db2d-06c0-7d70-1a51-e59b25b2c16c"
     assert tracker.observe(HealthEvent(uuid, HealthEventKind.XID, xid=79))
     assert tracker.health() == {uuid: Health.UNHEALTHY}  # as NVIDIA
+    now[0] += 600
+    assert not tracker.observe(HealthEvent(uuid, HealthEventKind.PROBE_OK))  # no reset yet
+    tracker.observe(HealthEvent(uuid, HealthEventKind.PROBE_FAILED, detail="GPU is lost"))
     now[0] += 59
     assert not tracker.observe(HealthEvent(uuid, HealthEventKind.PROBE_OK))
     assert tracker.health() == {uuid: Health.UNHEALTHY}  # not before the recovery period

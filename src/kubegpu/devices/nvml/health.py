@@ -5,6 +5,13 @@ one event set, waits on it, maps events to the GPU or MIG slice they concern (an
 without a device concerns every GPU, as NVIDIA's plugin treats it; a double-bit ECC error
 reads as Xid 48), and every `layout_check_seconds` compares the MIG layout with the last
 one to report a reconfigured GPU. Failures become `PROBE_FAILED` events, never exceptions.
+
+Failing safe when NVML breaks: a failed event wait or event set reports every GPU ever seen
+(not only those registered, so a watch that never started still fences the node); a GPU
+that drops out of the layout check (lost, off the bus) is reported before the rediscovery;
+and when NVML says it is gone (driver unloaded, reloaded or upgraded under the process) the
+session initialises it again, so probes, events and discovery recover when the driver is
+back. A probe passes only when NVML answers and reports no reset pending for the GPU.
 """
 
 from __future__ import annotations
@@ -29,12 +36,78 @@ MAX_BACKOFF_S = 30.0
 
 
 def probe(s: Session, uuid: str) -> str | None:
-    """A cheap NVML round trip: the handle by UUID and its memory info."""
+    """A cheap NVML round trip (the handle by UUID, its memory info), then pending resets.
+
+    When NVML itself is gone it is initialised again and the probe retried once.
+    """
+    generation = s.generation
     try:
-        handle = s.nvml.nvmlDeviceGetHandleByUUID(uuid)
-        s.nvml.nvmlDeviceGetMemoryInfo(handle)
+        return _probe_once(s, uuid)
+    except s.error as err:
+        if not (s.is_gone(err) and s.reinit(generation)):
+            return f"{uuid}: {err}"
+    try:
+        return _probe_once(s, uuid)
     except s.error as err:
         return f"{uuid}: {err}"
+
+
+def _probe_once(s: Session, uuid: str) -> str | None:
+    nvml = s.nvml
+    handle = nvml.nvmlDeviceGetHandleByUUID(uuid)
+    nvml.nvmlDeviceGetMemoryInfo(handle)
+    if uuid.startswith("MIG-"):
+        # Pending resets are a property of the physical GPU.
+        handle = s.optional(nvml.nvmlDeviceGetDeviceHandleFromMigDeviceHandle, handle, default=None)
+        if handle is None:
+            return None
+    pending = reset_pending(s, handle)
+    return None if pending is None else f"{uuid}: {pending}"
+
+
+#: nvmlGpuRecoveryAction_t values other than NONE, as NVML's documentation words them.
+RECOVERY_ACTIONS = {1: "a GPU reset", 2: "a node reboot", 3: "a P2P drain", 4: "drain and reset"}
+
+
+def reset_pending(s: Session, handle: Any) -> str | None:
+    """What NVML says must still happen to the GPU before it is fit for work, or None.
+
+    Three readings, each skipped where the GPU or driver does not support it: the GPU
+    recovery action (recent drivers: the value behind Xid 154), rows waiting for a reset
+    to be remapped (Ampere and later) and pages waiting to be retired (earlier GPUs). Any
+    other error is raised: a GPU that cannot answer is not fit either.
+    """
+    nvml = s.nvml
+    unsupported = {
+        nvml.NVML_ERROR_NOT_SUPPORTED,
+        nvml.NVML_ERROR_FUNCTION_NOT_FOUND,
+        nvml.NVML_ERROR_INVALID_ARGUMENT,
+    }
+
+    def read(name: str, *args: Any) -> Any:
+        fn = getattr(nvml, name, None)  # older bindings lack the newer readings
+        if fn is None:
+            return None
+        try:
+            return fn(*args)
+        except s.error as err:
+            if err.value in unsupported:
+                return None
+            raise
+
+    field = getattr(nvml, "NVML_FI_DEV_GET_GPU_RECOVERY_ACTION", None)
+    values = None if field is None else read("nvmlDeviceGetFieldValues", handle, [field])
+    if values is not None and int(values[0].nvmlReturn) == nvml.NVML_SUCCESS:
+        action = int(values[0].value.uiVal)
+        if action != 0:  # NVML_GPU_RECOVERY_ACTION_NONE
+            what = RECOVERY_ACTIONS.get(action, f"recovery action {action}")
+            return f"NVML reports {what} pending"
+    rows = read("nvmlDeviceGetRemappedRows", handle)
+    if rows is not None and rows[2]:
+        return "row remapping is waiting for a GPU reset"
+    pages = read("nvmlDeviceGetRetiredPagesPendingStatus", handle)
+    if pages is not None and int(pages) == nvml.NVML_FEATURE_ENABLED:
+        return "page retirement is waiting for a GPU reset"
     return None
 
 
@@ -61,6 +134,7 @@ def watch(
                 if event_set is None:
                     backoff.block(stop)
                     continue
+            generation = s.generation
             try:
                 data = nvml.nvmlEventSetWait_v2(event_set, wait_timeout_ms)
             except s.error as err:
@@ -73,12 +147,9 @@ def watch(
                     # Free first: a fresh set is registered after the back-off.
                     free_event_set(s, event_set)
                     event_set = None
-                    for uuid in watched:
-                        emit(
-                            HealthEvent(
-                                uuid, HealthEventKind.PROBE_FAILED, detail=f"event wait: {err}"
-                            )
-                        )
+                    report_all(s, watched, emit, f"event wait: {err}")
+                    if s.is_gone(err):
+                        s.reinit(generation)
                     backoff.block(stop)
             else:
                 backoff.reset()
@@ -89,6 +160,14 @@ def watch(
     finally:
         if event_set is not None:
             free_event_set(s, event_set)
+
+
+def report_all(
+    s: Session, watched: dict[str, Any], emit: Callable[[HealthEvent], None], detail: str
+) -> None:
+    """Every GPU known, registered or not, fails: NVML as a whole is not answering."""
+    for uuid in sorted(set(watched) | s.gpu_uuids):
+        emit(HealthEvent(uuid, HealthEventKind.PROBE_FAILED, detail=detail))
 
 
 def free_event_set(s: Session, event_set: Any) -> None:
@@ -108,13 +187,15 @@ def register_events(
         | nvml.nvmlEventTypeDoubleBitEccError
         | nvml.nvmlEventTypeSingleBitEccError
     )
+    generation = s.generation
     try:
         event_set = nvml.nvmlEventSetCreate()
         count = int(nvml.nvmlDeviceGetCount())
     except s.error as err:
         log.warning("cannot create an NVML event set (%s)", err)
-        for uuid in previous:
-            emit(HealthEvent(uuid, HealthEventKind.PROBE_FAILED, detail=f"event set: {err}"))
+        report_all(s, previous, emit, f"event set: {err}")
+        if s.is_gone(err):
+            s.reinit(generation)
         return None, previous
     watched: dict[str, Any] = {}
     for index in range(count):
@@ -196,9 +277,12 @@ def scan_migs(s: Session, handle: Any, gpu_uuid: str) -> frozenset[str]:
 
 def mig_layout(s: Session) -> dict[str, frozenset[str] | None]:
     """GPU UUID -> its MIG UUIDs (None when unreadable this time)."""
+    generation = s.generation
     try:
         count = int(s.nvml.nvmlDeviceGetCount())
-    except s.error:
+    except s.error as err:
+        if s.is_gone(err):
+            s.reinit(generation)
         return {}
     layout: dict[str, frozenset[str] | None] = {}
     for index in range(count):
@@ -228,6 +312,15 @@ def check_layout(
         if uuid in new and uuid in old and old[uuid] is None:
             continue
         if old.get(uuid, absent) != new.get(uuid, absent):
+            if uuid not in new:
+                # Gone from NVML's list (lost, off the bus, or NVML itself down): fence it
+                # now, whatever the rediscovery below makes of it.
+                log.warning("GPU %s no longer answers NVML", uuid)
+                emit(
+                    HealthEvent(
+                        uuid, HealthEventKind.PROBE_FAILED, detail="GPU no longer answers NVML"
+                    )
+                )
             log.info("GPU %s: MIG layout or GPU set changed", uuid)
             emit(HealthEvent(uuid, HealthEventKind.RECONFIGURED))
     return new
