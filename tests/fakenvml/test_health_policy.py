@@ -14,13 +14,9 @@ import sys
 from pathlib import Path
 from typing import Any
 
-import pytest
-
 from tests.fakenvml.conftest import fakenvml_env
 
 HEALTH_PROBE = Path(__file__).with_name("health_probe.py")
-#: A fresh interpreter on a library built with gcc, then probes over several recovery periods.
-pytestmark = pytest.mark.timeout(300)
 _TIMEOUT_S = 120
 
 H100 = {"name": "NVIDIA H100 80GB HBM3", "memory_total": "80GiB", "compute_capability": "9.0"}

@@ -25,10 +25,6 @@ from typing import Any
 import pytest
 import yaml
 
-# Each test renders the chart with the real Helm engine (Go, via helm-python-sdk): ~10 ms a
-# render, many renders in the tables below; seconds on a loaded 2-core runner.
-pytestmark = pytest.mark.timeout(60)
-
 helm_python = pytest.importorskip("helm_python")
 kubernetes_validate = pytest.importorskip("kubernetes_validate")
 

@@ -26,10 +26,11 @@ from kubegpu.state import NodeState, NodeStore
 from kubegpu.supervisor import spawn
 from kubegpu.testing import FakeNvml
 from tests.unit.nvml.conftest import open_backend
+from tests.waiting import WAIT
 
 #: Short enough that a test sees recovery quickly; a test never asserts on these durations.
 FAST = HealthFlags(recovery_seconds=0.2, probe_interval_seconds=0.02)
-DEADLINE_S = 20.0
+DEADLINE_S = WAIT
 
 
 async def until(store: NodeStore, predicate: Callable[[NodeState], bool]) -> None:

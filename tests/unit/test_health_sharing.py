@@ -24,9 +24,10 @@ from kubegpu.state import NodeState, NodeStore
 from kubegpu.supervisor import spawn
 from kubegpu.testing import FakeGpu, FakeNvml
 from tests.unit.nvml.conftest import open_backend
+from tests.waiting import WAIT
 
 FAST = HealthFlags(recovery_seconds=0.2, probe_interval_seconds=0.02)
-DEADLINE_S = 20.0
+DEADLINE_S = WAIT
 
 TIME_SLICED = """
 version: v1
