@@ -27,7 +27,7 @@ from kubegpu.devices.simulated import SimulatedBackend
 from kubegpu.events import FakeEventSink, NodeEvents
 from kubegpu.kubelet import KubeletEmulator
 from kubegpu.plugin.manager import socket_path_too_long
-from kubegpu.plugin.server import ResourceServer, undecodable
+from kubegpu.plugin.server import ResourceServer, request_limit, undecodable
 from kubegpu.resources import ResourceSpec, build_resources, socket_name
 from tests import builders
 from tests.waiting import WAIT, Kubelet, eventually
@@ -394,14 +394,15 @@ async def test_allocate_dedups_repeated_ids(socket_dir: Path) -> None:
 async def test_allocate_error_is_bounded_and_cannot_forge_log_lines(
     socket_dir: Path, caplog: pytest.LogCaptureFixture
 ) -> None:
-    # 2000 IDs of 100 characters would be ~200 KiB of details: over gRPC's 16 KiB limit.
-    ids = ["GPU-evil\nkubegpu INFO all good", *[f"GPU-{n:096d}" for n in range(2000)]]
+    # 500 IDs of 100 characters would be ~50 KiB of details: over gRPC's 16 KiB limit (and
+    # under the request size limit, so the IDs are read and refused one by one).
+    ids = ["GPU-evil\nkubegpu INFO all good", *[f"GPU-{n:096d}" for n in range(500)]]
     async with serving(socket_dir, _spec()) as (_, stub):
         with pytest.raises(grpc.aio.AioRpcError) as info:
             await stub.Allocate(_allocate(*ids))
     assert info.value.code() is grpc.StatusCode.INVALID_ARGUMENT
     details = info.value.details() or ""
-    assert "unknown device ID" in details and "and 1996 more" in details
+    assert "unknown device ID" in details and "and 496 more" in details
     assert "\n" not in details and len(details) <= 1100
     refused = [r.getMessage() for r in caplog.records if "Allocate refused" in r.getMessage()]
     assert refused and all("\n" not in m for m in refused)
@@ -709,3 +710,41 @@ async def test_a_socket_path_over_the_unix_limit_stops_the_daemon_at_start() -> 
             "bytes (the unix limit); use a shorter --device-plugin-path"
         )
         assert socket_path_too_long(plugin_dir / "kubegpu-nvidia.com-gpu.soc") is None
+
+
+async def test_requests_larger_than_any_valid_one_are_refused_before_decoding(
+    socket_dir: Path,
+) -> None:
+    """Eight concurrent ~3.5 MB Allocates once took the daemon past its memory limit while
+    protobuf made a string per ID; each is now refused unread, and the plugin serves on."""
+    spec = _spec()
+    limit = request_limit(spec)
+    ids = [f"GPU-{n:036d}" for n in range(3_500_000 // 42)]
+    huge = pb.AllocateRequest(container_requests=[pb.ContainerAllocateRequest(devices_ids=ids)])
+    assert huge.ByteSize() > limit
+    async with serving(socket_dir, spec) as (_, stub):
+        results = await asyncio.gather(
+            *(stub.Allocate(huge) for _ in range(8)), return_exceptions=True
+        )
+        for result in results:
+            assert isinstance(result, grpc.aio.AioRpcError), result
+            assert result.code() is grpc.StatusCode.INVALID_ARGUMENT
+            assert f"more than any valid Allocate request for this resource ({limit}" in (
+                result.details() or ""
+            )
+        ok = await stub.Allocate(
+            pb.AllocateRequest(
+                container_requests=[pb.ContainerAllocateRequest(devices_ids=[spec.devices[0].id])]
+            )
+        )
+        assert len(ok.container_responses) == 1
+    # Every valid request fits: all advertised IDs twice, as offered and must-include.
+    every = [d.id for d in spec.devices]
+    valid = pb.PreferredAllocationRequest(
+        container_requests=[
+            pb.ContainerPreferredAllocationRequest(
+                available_deviceIDs=every, must_include_deviceIDs=every, allocation_size=1
+            )
+        ]
+    )
+    assert valid.ByteSize() <= limit

@@ -104,6 +104,8 @@ class DevicePluginServicer(pb_grpc.DevicePluginServicer):
     ) -> None:
         self.spec = spec
         self.config = config
+        #: The largest request worth decoding for this spec (`request_limit`).
+        self.request_limit = request_limit(spec)
         self.cdi_dir = cdi_dir
         self._cdi_classes = cdi.ClassCache(cdi_dir)
         self._metrics = metrics
@@ -126,6 +128,7 @@ class DevicePluginServicer(pb_grpc.DevicePluginServicer):
         async with self._changed:
             same_list = spec.devices == self.spec.devices
             self.spec, self.config = spec, config
+            self.request_limit = request_limit(spec)
             if same_list:
                 return
             self._version += 1
@@ -299,16 +302,29 @@ def _is_char_device(path: str) -> bool:
         return False
 
 
+#: Room in a request for what is not a device ID: sizes, field tags, several containers.
+REQUEST_SLACK_BYTES = 64 * 1024
+
+
+def request_limit(spec: ResourceSpec) -> int:
+    """The most bytes a valid Allocate or GetPreferredAllocation request for `spec` can take:
+    every advertised ID twice (offered and must-include) with its field overhead, plus
+    slack. Anything larger is refused before protobuf makes a string per ID in it, so
+    requests of megabytes cannot take the daemon's memory past its limit."""
+    return REQUEST_SLACK_BYTES + 2 * sum(len(d.id) + 8 for d in spec.devices)
+
+
 def undecodable(reason: str) -> AllocationError:
     """The error of a request whose bytes protobuf cannot decode (INVALID_ARGUMENT)."""
     return AllocationError(f"the request cannot be decoded ({reason}); send valid UTF-8 IDs")
 
 
 class _Undecodable:
-    """Stands for a request whose bytes are not a valid message (e.g. bad UTF-8)."""
+    """Stands for a request refused before the method: bytes that are not a valid message
+    (e.g. bad UTF-8), or more bytes than any valid request for the resource."""
 
-    def __init__(self, reason: str) -> None:
-        self.reason = reason
+    def __init__(self, error: AllocationError) -> None:
+        self.error = error
 
 
 class Boundary(grpc.aio.ServerInterceptor):  # type: ignore[type-arg]
@@ -320,7 +336,9 @@ class Boundary(grpc.aio.ServerInterceptor):  # type: ignore[type-arg]
     it is mapped by `status_for` (INTERNAL for a bug, with its traceback in our log).
     """
 
-    def __init__(self) -> None:
+    def __init__(self, limit: Callable[[], int] | None = None) -> None:
+        #: The current request size limit (`request_limit` of the served spec), if any.
+        self._limit = limit
         # Wrapped handlers per method, built once: this runs before every RPC (Allocate's
         # hot path), and only the servicer's own few methods ever get here with a handler.
         self._guarded: dict[str, Any] = {}
@@ -339,26 +357,35 @@ class Boundary(grpc.aio.ServerInterceptor):  # type: ignore[type-arg]
             handler: Any = await continuation(handler_call_details)
             if handler is None:
                 return None  # an unknown method: grpc answers UNIMPLEMENTED
-            guarded = self._guarded[method] = _guard(handler, method)
+            guarded = self._guarded[method] = _guard(handler, method, self._limit)
         return guarded
 
 
-def _guard(handler: Any, method: str) -> Any:
-    """`handler` with a request decoder that turns a decode failure into INVALID_ARGUMENT,
-    and every exception of the method into its status."""
+def _guard(handler: Any, method: str, limit: Callable[[], int] | None = None) -> Any:
+    """`handler` with a request decoder that turns a decode failure (or a request over
+    `limit()` bytes) into INVALID_ARGUMENT, and every exception of the method into its
+    status."""
     decode = getattr(handler, "request_deserializer", None)
     if decode is None:
         return handler
     rpc = method.rsplit("/", 1)[-1]
 
     def safe_decode(data: bytes) -> Any:
+        most = None if limit is None else limit()
+        if most is not None and len(data) > most:
+            return _Undecodable(
+                AllocationError(
+                    f"the request is {len(data)} bytes, more than any valid {rpc} request "
+                    f"for this resource ({most} bytes); send only IDs the plugin advertised"
+                )
+            )
         try:
             return decode(data)
         except DecodeError as exc:
-            return _Undecodable(str(exc))
+            return _Undecodable(undecodable(str(exc)))
 
     async def refuse(request: _Undecodable, context: grpc.aio.ServicerContext[Any, Any]) -> None:
-        await context.abort(*status_for(undecodable(request.reason), rpc))
+        await context.abort(*status_for(request.error, rpc))
 
     if handler.unary_unary is not None:
         unary: Any = handler.unary_unary
@@ -403,8 +430,12 @@ def _guard(handler: Any, method: str) -> Any:
 
 
 def plugin_server(servicer: pb_grpc.DevicePluginServicer) -> grpc.aio.Server:
-    """A grpc.aio server for `servicer` with the error `Boundary` around every RPC."""
-    server = grpc.aio.server(interceptors=[Boundary()])
+    """A grpc.aio server for `servicer` with the error `Boundary` around every RPC (and,
+    for kubegpu's own servicer, its request size limit)."""
+    limit = (
+        (lambda: servicer.request_limit) if isinstance(servicer, DevicePluginServicer) else None
+    )
+    server = grpc.aio.server(interceptors=[Boundary(limit)])
     add_device_plugin_servicer(servicer, server)
     return server
 
