@@ -508,6 +508,30 @@ def test_a_config_that_is_not_a_regular_file_is_refused_at_once(
     )
 
 
+@pytest.mark.parametrize(
+    ("text", "overrides"),
+    [
+        ("version: v1\nflags: mps\n", {"flags.migStrategy": "none"}),
+        ("version: v1\nflags: [1, 2]\n", {"flags.plugin.deviceListStrategy": "envvar"}),
+        ("version: v1\nflags:\n  plugin: 7\n", {"flags.plugin.passDeviceSpecs": True}),
+        ("version: v1\nflags:\n  health: on\n", {"flags.health.disabled": True}),
+    ],
+)
+def test_a_flag_never_replaces_a_wrongly_typed_section_of_the_file(
+    tmp_path: Path, text: str, overrides: dict[str, Any]
+) -> None:
+    """`serve` with a flag or env var once accepted what `kubegpu check` refuses (the flag's
+    section replaced the file's): both now refuse the file, in the same words."""
+    path = tmp_path / "config.yaml"
+    path.write_text(text)
+    with pytest.raises(ConfigError) as alone:
+        load_config(path, {})
+    with pytest.raises(ConfigError) as overridden:
+        load_config(path, overrides)
+    assert str(overridden.value) == str(alone.value)
+    assert str(alone.value).startswith(f"{path}: flags")
+
+
 def test_config_to_json_is_one_compact_line_with_file_keys() -> None:
     text = config_to_json(parse_config(NVIDIA_EXAMPLE))
     assert "\n" not in text and ", " not in text

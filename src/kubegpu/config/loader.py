@@ -178,19 +178,29 @@ def apply_overrides(raw: Mapping[str, Any], overrides: Mapping[str, Any]) -> dic
         *parents, leaf = dotted.split(".")
         for key in parents:
             child = node.get(key)
-            if not isinstance(child, dict):
+            if child is None:
                 child = node[key] = {}
+            elif not isinstance(child, dict):
+                # The file gave this section the wrong type: leave it for validation to
+                # refuse, as `kubegpu check` does, rather than let a flag replace it.
+                break
             node = child
-        annotation = _leaf_annotation(dotted.split("."))
-        item = _item_of(annotation)
-        if isinstance(value, str) and item is not None:
-            value = [part.strip() for part in value.split(",") if part.strip()]
-        if isinstance(value, list | tuple) and item is not None:
-            value = [_coerce_string(item, v) if isinstance(v, str) else v for v in value]
-        elif isinstance(value, str) and annotation is not None:
-            value = _coerce_string(annotation, value)
-        node[leaf] = value
+        else:
+            _set(node, dotted, leaf, value)
     return out
+
+
+def _set(node: dict[str, Any], dotted: str, leaf: str, value: Any) -> None:
+    """`node[leaf] = value`, a flag's string read as the key's type (lists split on ',')."""
+    annotation = _leaf_annotation(dotted.split("."))
+    item = _item_of(annotation)
+    if isinstance(value, str) and item is not None:
+        value = [part.strip() for part in value.split(",") if part.strip()]
+    if isinstance(value, list | tuple) and item is not None:
+        value = [_coerce_string(item, v) if isinstance(v, str) else v for v in value]
+    elif isinstance(value, str) and annotation is not None:
+        value = _coerce_string(annotation, value)
+    node[leaf] = value
 
 
 def config_to_json(config: Config) -> str:
