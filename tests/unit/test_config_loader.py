@@ -6,6 +6,7 @@ tests throw arbitrary bytes and YAML-ish trees at the loader.
 
 from __future__ import annotations
 
+import difflib
 import json
 from typing import Any
 
@@ -301,3 +302,20 @@ def test_alias_bombs_of_any_shape(levels: int, width: int, under: str) -> None:
 def test_integers_of_any_size(digits: int, prefix: str, key: str) -> None:
     # Built as text: CPython itself refuses to print an int of more than 4,300 digits.
     assert_total(SHARED + f"      {key}: {prefix}{'1' * digits}\n")
+
+
+def test_many_unknown_keys_cost_one_suggestion(monkeypatch: pytest.MonkeyPatch) -> None:
+    """900 unknown keys once took one "did you mean" search each (most of half a second to
+    refuse); only the key the one-line error names gets a suggestion."""
+    calls: list[str] = []
+    real = difflib.get_close_matches
+
+    def counted(word: str, *args: Any, **kwargs: Any) -> list[str]:
+        calls.append(word)
+        return real(word, *args, **kwargs)
+
+    monkeypatch.setattr(difflib, "get_close_matches", counted)
+    text = "version: v1\nflags:\n" + "".join(f"  unknownKey{i}: {i}\n" for i in range(900))
+    with pytest.raises(ConfigError, match=r"flags\.unknownKey0: unknown key"):
+        parse_config(text)
+    assert len(calls) <= 1
