@@ -401,6 +401,9 @@ class Daemon:
                 continue
             self.metrics.config_reload(ok=True)
             log.info("config reloaded from %s: %s", update.origin, config_to_json(update.config))
+            # The counterpart of ConfigRejected: an operator watching the Node sees the
+            # reload land, not only the ones refused.
+            self.events.emit(Reason.CONFIG_APPLIED, f"{update.origin}: applied")
 
     def _reject(self, origin: str, error: Exception | None) -> None:
         self.metrics.config_reload(ok=False)

@@ -690,6 +690,38 @@ async def test_health_transitions_become_node_events_and_metrics(socket_dir: Pat
     ]
 
 
+async def test_config_reloads_become_applied_and_rejected_node_events(
+    socket_dir: Path, tmp_path: Path
+) -> None:
+    """ConfigRejected was posted but its counterpart never was: an operator saw refusals on
+    the Node and never a reload that landed."""
+    config = tmp_path / "config.yaml"
+    config.write_text("version: v1\n")
+    sink = FakeEventSink()
+    events = NodeEvents("node-a", sink, dedupe_seconds=0)
+    async with running_node(socket_dir, "a10g-4", config_file=config, events=events) as node:
+        k = node.kubelet
+        await k.wait_for_resource(GPU, capacity=4)
+        config.write_text(SHARED_2)
+        await k.wait_for_resource(GPU, capacity=8)
+        await eventually(lambda: len(sink.events) == 1)
+        config.write_text("version: v1\nflags: mps\n")
+        await eventually(lambda: len(sink.events) == 2)
+        assert k.capacity(GPU) == 8
+    assert [(e.reason, e.type) for e in sink.events] == [
+        ("ConfigApplied", "Normal"),
+        ("ConfigRejected", "Warning"),
+    ]
+    assert sink.events[0].message == f"file {config}: applied"
+    assert "flags: must be a mapping" in sink.events[1].message
+
+
+SHARED_2 = (
+    "version: v1\nsharing:\n  timeSlicing:\n    resources:\n"
+    "      - name: nvidia.com/gpu\n        replicas: 2\n"
+)
+
+
 async def test_a_socket_path_over_the_unix_limit_stops_the_daemon_at_start() -> None:
     """Every plugin socket is checked against the 107-byte limit before serving (the CLI
     only knows the kubelet's socket name): a path that can never be bound is one line
