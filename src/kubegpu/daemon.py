@@ -412,4 +412,5 @@ class Daemon:
 
     def poke_config(self) -> None:
         """SIGHUP: re-read the config now."""
+        log.info("SIGHUP: re-reading the config")
         self.source.poke()

@@ -151,6 +151,51 @@ async def test_sighup_storm_from_the_first_python_line_never_kills_start_up(
     assert "stopped cleanly" in out and "Traceback" not in out
 
 
+async def test_started_as_the_image_starts_it_a_hup_from_exec_on_never_kills_it(
+    kubelet: KubeletEmulator, tmp_path: Path
+) -> None:
+    """Before kubegpu's first line runs the interpreter starts (tens of ms on a busy node),
+    and a HUP then killed the process; the image and the chart start it through
+    `env --ignore-signal=HUP`, which ignores HUP in its first instructions, before Python
+    loads: HUPs from then on are harmless, and once serving a HUP still re-reads the config."""
+    config = tmp_path / "config.yaml"
+    config.write_text("version: v1\n")
+    previous = signal.signal(signal.SIGHUP, signal.SIG_DFL)
+    try:
+        serve = await start(
+            [
+                "env",
+                "--ignore-signal=HUP",
+                *serve_cmd(
+                    kubelet.plugin_dir, "--simulate", "a10g-4", "--config-file", str(config)
+                ),
+            ]
+        )
+    finally:
+        signal.signal(signal.SIGHUP, previous)
+    registered = asyncio.ensure_future(kubelet.wait_for_resource(GPU, capacity=4))
+    died = asyncio.ensure_future(serve.proc.wait())
+    try:
+        async with asyncio.timeout(WAIT):
+            while not ignores_hup(serve.proc.pid):
+                assert serve.proc.returncode is None
+                await asyncio.sleep(0)  # a yield to the loop, not a timed wait
+        while not registered.done() and not died.done():
+            serve.proc.send_signal(signal.SIGHUP)
+            # Paces the storm; returns at once when either condition holds.
+            await asyncio.wait({registered, died}, timeout=0.005)
+        assert not died.done(), "".join(serve.lines)
+        await registered
+        serve.proc.send_signal(signal.SIGHUP)
+        await serve.wait_for_line("SIGHUP: re-reading the config")
+        assert serve.proc.returncode is None
+    finally:
+        registered.cancel()
+        died.cancel()
+        code, out = await serve.stop()
+    assert code == 0, out
+
+
 async def test_env_vars_configure_like_nvidia(kubelet: KubeletEmulator) -> None:
     serve = await start(
         serve_cmd(kubelet.plugin_dir, "--simulate", "a100-40gb-mig"), MIG_STRATEGY="mixed"

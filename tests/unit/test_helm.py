@@ -19,6 +19,7 @@ REPO = Path(__file__).resolve().parents[2]
 CHART = REPO / "deployments" / "helm" / "kubegpu"
 SCENARIOS = sorted(p.name for p in (CHART / "ci").glob("*-values.yaml"))
 KUBE_VERSION = "1.33.0"
+HUP_IGNORED = ("env", "--ignore-signal=HUP")  # the image entrypoint and the chart start so
 #: Custom resources: not in the core schemas, checked for shape instead.
 CRD_KINDS = {"ServiceMonitor", "NodeFeature"}
 
@@ -191,7 +192,7 @@ def test_defaults_plugin_daemonset(chart: Any) -> None:
     docs = render(chart)
     ds = one(docs, "DaemonSet", "kubegpu")
     c = container(ds)
-    assert c["command"] == ["kubegpu"] and c["args"] == ["serve"]
+    assert c["command"] == [*HUP_IGNORED, "kubegpu"] and c["args"] == ["serve"]
     terms = ds["spec"]["template"]["spec"]["affinity"]["nodeAffinity"][
         "requiredDuringSchedulingIgnoredDuringExecution"
     ]["nodeSelectorTerms"]
@@ -427,7 +428,7 @@ def test_labeller_only_patches_nodes_with_minimal_rbac(chart: Any) -> None:
     assert [d["metadata"]["name"] for d in docs if d["kind"] == "DaemonSet"] == ["kubegpu-labeller"]
     ds = one(docs, "DaemonSet", "kubegpu-labeller")
     c = container(ds)
-    assert c["command"] == ["kubegpu"] and c["args"] == ["labels"]
+    assert c["command"] == [*HUP_IGNORED, "kubegpu"] and c["args"] == ["labels"]
     e = env(ds)
     assert e["GFD_NODE_PATCH"] == "true"
     assert e["GFD_NO_TIMESTAMP"] == "true"

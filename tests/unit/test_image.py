@@ -53,7 +53,8 @@ def test_entrypoint_is_the_declared_console_script() -> None:
     project = tomllib.loads((REPO / "pyproject.toml").read_text())["project"]
     assert project["scripts"]["kubegpu"] == "kubegpu.cli:main"
     cmds = dict(instructions())
-    assert cmds["ENTRYPOINT"] == '["kubegpu"]'
+    # Through coreutils' env, which ignores SIGHUP before the interpreter starts.
+    assert cmds["ENTRYPOINT"] == '["env", "--ignore-signal=HUP", "kubegpu"]'
     assert cmds["CMD"] == '["serve"]'
     # The console script lands on PATH through the copied virtual environment.
     assert "/opt/kubegpu/bin" in cmds["ENV"]

@@ -432,9 +432,7 @@ def _guard(handler: Any, method: str, limit: Callable[[], int] | None = None) ->
 def plugin_server(servicer: pb_grpc.DevicePluginServicer) -> grpc.aio.Server:
     """A grpc.aio server for `servicer` with the error `Boundary` around every RPC (and,
     for kubegpu's own servicer, its request size limit)."""
-    limit = (
-        (lambda: servicer.request_limit) if isinstance(servicer, DevicePluginServicer) else None
-    )
+    limit = (lambda: servicer.request_limit) if isinstance(servicer, DevicePluginServicer) else None
     server = grpc.aio.server(interceptors=[Boundary(limit)])
     add_device_plugin_servicer(servicer, server)
     return server
