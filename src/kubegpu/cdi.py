@@ -30,7 +30,7 @@ import os
 import posixpath
 import tempfile
 import time
-from collections.abc import Callable, Iterable, Sequence
+from collections.abc import Callable, Iterable, Mapping, Sequence
 from pathlib import Path
 from typing import Any
 
@@ -54,6 +54,7 @@ from kubegpu.nvidia_paths import OPTIONAL_CONTROL_DEVICES as OPTIONAL_CONTROL_NO
 from kubegpu.nvidia_paths import REQUIRED_CONTROL_DEVICES as REQUIRED_CONTROL_NODES
 from kubegpu.nvidia_paths import gpu_device_node
 from kubegpu.state import NodeState, NodeStore
+from kubegpu.watch import Backoff
 
 log = logging.getLogger(__name__)
 
@@ -454,29 +455,42 @@ class CdiWriter:
     the plugin keeps serving, the CDI names will not resolve.
     """
 
-    def __init__(self, store: NodeStore, directory: Path | str = DEFAULT_DIRECTORY) -> None:
+    def __init__(
+        self,
+        store: NodeStore,
+        directory: Path | str = DEFAULT_DIRECTORY,
+        *,
+        backoff: Backoff | None = None,
+    ) -> None:
         self.store = store
         self.directory = Path(directory)
         #: The config the spec files were last brought up to date for (None: not yet).
         self.config: Config | None = None
         self._inventory: Inventory | None = None
+        #: Paces the retries of a write that failed (a full or read-only disk).
+        self._backoff = backoff or Backoff(RETRY_FIRST_S, RETRY_MAX_S)
 
     async def follow(self, since: int) -> None:
         """Rewrite the specs for every state after version `since` whose inventory or
-        config differs from those last written (a root task)."""
+        config differs from those last written (a root task). A write that fails is
+        retried, for the newest state, until it succeeds."""
         async for state in self.store.subscribe(since):
             if state.inventory is self._inventory and state.config is self.config:
                 continue  # only health or MPS readiness moved
-            await self.write(state)
+            while not await self.write(state):
+                await self._backoff.wait()
+                state = self.store.state
+            self._backoff.reset()
 
-    async def write(self, state: NodeState) -> None:
+    async def write(self, state: NodeState) -> bool:
         """Bring the spec files up to date for `state` (off the loop: it reads the driver
-        tree and writes files)."""
+        tree and writes files); False if they could not be written."""
         plugin = state.config.flags.plugin
         if CDI_STRATEGIES.isdisjoint(plugin.device_list_strategy) or not state.inventory.gpus:
             self.config, self._inventory = state.config, state.inventory
-            return
+            return True
         directory = self.directory
+        specs: dict[str, dict[str, Any]] = {}
         try:
             specs = await asyncio.to_thread(node_specs, state.inventory, state.config)
             for name, spec in specs.items():
@@ -492,13 +506,41 @@ class CdiWriter:
                     stale.unlink()
                     log.info("removed CDI spec %s: no longer enabled", stale)
         except OSError as exc:
+            withdrawn = await asyncio.to_thread(_withdraw_stale, directory, specs)
             log.error(
-                "cannot write the CDI spec to %s (%s): CDI device names will not resolve; "
-                "mount /var/run/cdi read-write",
+                "cannot write the CDI spec to %s (%s): %s; retrying in %.0fs "
+                "(mount /var/run/cdi read-write, with room to write)",
                 directory,
                 exc,
+                f"withdrew {', '.join(withdrawn)} so Allocate does not name devices it lacks"
+                if withdrawn
+                else "CDI device names will not resolve",
+                self._backoff.delay,
             )
+            return False
         self.config, self._inventory = state.config, state.inventory
+        return True
+
+
+#: First and longest wait between attempts to write the CDI specs again.
+RETRY_FIRST_S = 1.0
+RETRY_MAX_S = 60.0
+
+
+def _withdraw_stale(directory: Path, wanted: Mapping[str, dict[str, Any]]) -> list[str]:
+    """Remove the spec files that are not what `wanted` says they should be: Allocate names
+    devices of a class only while its file is there, and an old file lacks new devices.
+    Removing needs no free space, so it works on the full disk that stopped the write."""
+    withdrawn = []
+    for name, spec in wanted.items():
+        path = directory / name
+        try:
+            if path.read_bytes() != dump(spec).encode("utf-8"):
+                path.unlink()
+                withdrawn.append(path.name)
+        except OSError:
+            continue  # absent already, or not ours to remove
+    return withdrawn
 
 
 __all__ = [

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import errno
 import json
 import logging
 import os
@@ -22,6 +23,7 @@ from kubegpu.devices.model import Gpu, Inventory, MigDevice
 from kubegpu.errors import ConfigError
 from kubegpu.state import NodeStore
 from kubegpu.supervisor import Supervisor
+from kubegpu.watch import Backoff
 from tests.waiting import eventually
 
 FIXTURES = Path(__file__).parent.parent / "fixtures"
@@ -503,10 +505,46 @@ async def test_a_cdi_directory_that_cannot_be_written_is_logged_not_raised(
     writer = cdi.CdiWriter(store, blocker / "cdi")
     state = store.update(inventory=PLAIN, config=writer_config(dev_root, gdrcopy=False))
     with caplog.at_level(logging.ERROR, "kubegpu.cdi"):
-        await writer.write(state)
-    assert writer.config is state.config
+        assert not await writer.write(state)
+    assert writer.config is None  # not written: `follow` tries this state again
     (record,) = caplog.records
     assert "cannot write the CDI spec" in record.getMessage()
+
+
+async def test_a_failed_write_withdraws_the_stale_spec_and_is_retried_until_it_lands(
+    tmp_path: Path, dev_root: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """A full disk once stopped the writer for good, and Allocate went on naming CDI devices
+    of the old file that a new inventory had and the file lacked."""
+    store = NodeStore()
+    directory = tmp_path / "cdi"
+    writer = cdi.CdiWriter(store, directory, backoff=Backoff(0.01, 0.01))
+    one = Inventory(gpus=(gpu(0),), driver_version=VERSION)
+    old = store.update(inventory=one, config=writer_config(dev_root, gdrcopy=False))
+    assert await writer.write(old)
+    gpu_spec = directory / cdi.DEFAULT_NAME
+    assert cdi.available_classes(directory) == {"gpu"}
+
+    full = OSError(errno.ENOSPC, "No space left on device")
+    attempts: list[str] = []
+
+    def no_space(spec: dict[str, Any], directory: str, name: str) -> Path:
+        attempts.append(name)
+        if len(attempts) < 3:
+            raise full
+        return real_write(spec, directory, name)
+
+    real_write = cdi.write_spec
+    monkeypatch.setattr(cdi, "write_spec", no_space)
+    grown = store.update(inventory=PLAIN)
+    async with Supervisor("test") as tasks:
+        tasks.start("cdi writer", writer.follow(old.version), root=True)
+        # Withdrawn at the first failure: Allocate names no device of a file that lacks one.
+        await eventually(lambda: len(attempts) >= 1 and not gpu_spec.exists())
+        await eventually(lambda: gpu_spec.exists())
+    assert len(attempts) == 3 and writer.config is grown.config
+    assert cdi.available_classes(directory) == {"gpu"}
+    assert len(json.loads(gpu_spec.read_text())["devices"]) == 3  # both GPUs and `all`
 
 
 async def test_the_writer_follows_the_inventory_and_the_config(
