@@ -318,6 +318,17 @@ def test_kubeconfig_is_the_first_existing_file_of_the_path_list(
     assert api.requests[0].url.host == "kube.test"
 
 
+def test_a_pod_environment_without_a_service_account_falls_back_to_kubeconfig(
+    api: ApiServer, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    # KUBERNETES_SERVICE_HOST/PORT alone (no token mounted) is not an in-cluster config.
+    monkeypatch.setenv("KUBERNETES_SERVICE_HOST", "10.96.0.1")
+    monkeypatch.setenv("KUBERNETES_SERVICE_PORT", "443")
+    api.objects["/api/v1/nodes/n1"] = node("n1", {})
+    client_of(api).get_node_metadata("n1")
+    assert str(api.requests[0].url).startswith(f"{SERVER}/api/v1/nodes/n1")
+
+
 def _kubeconfig(server: str) -> str:
     return json.dumps(
         {

@@ -26,7 +26,8 @@ from typing import Any, Final, TypeVar
 import httpx2
 from lightkube import ApiError, Client, ConfigError
 from lightkube.config.kubeconfig import KubeConfig, SingleConfig
-from lightkube.generic_resource import create_namespaced_resource
+from lightkube.core.resource import ApiInfo, ResourceDef
+from lightkube.generic_resource import GenericNamespacedResource, create_namespaced_resource
 from lightkube.resources.core_v1 import Node, Pod
 from lightkube.types import OnErrorAction, OnErrorResult, PatchType
 
@@ -49,9 +50,15 @@ DEFAULT_TIMEOUT: Final = 10.0
 
 #: NFD's NodeFeature, as a schema-less resource: its body goes out and comes back as is.
 NodeFeature = create_namespaced_resource(NFD_GROUP, NFD_VERSION, "NodeFeature", NFD_PLURAL)
-#: core/v1 Event (as `kubectl get events` lists it), schema-less for the same reason: the
-#: typed model would rewrite the caller's timestamps. The empty group is core (`/api/v1`).
-CoreEvent = create_namespaced_resource("", "v1", "Event", "events", verbs=["post"])
+
+
+class CoreEvent(GenericNamespacedResource):
+    """core/v1 Event, schema-less for the same reason: the typed model would rewrite the
+    caller's timestamps. Not put in lightkube's registry, where v1 Event stays the typed one.
+    """
+
+    _api_info = ApiInfo(resource=ResourceDef("", "v1", "Event"), plural="events", verbs=["post"])
+
 
 T = TypeVar("T")
 
