@@ -1,4 +1,9 @@
-"""The Kubernetes adapter: one configuration, one error mapping, the calls, the fake."""
+"""The Kubernetes adapter: one configuration, one error mapping, the calls, the fake.
+
+`KubeClient` runs here on a real lightkube `Client` whose HTTP transport is an
+`httpx2.MockTransport` answering as the API server would: the requests (verbs, paths,
+query, headers, bodies, time limits) and the error statuses are the real ones.
+"""
 
 from __future__ import annotations
 
@@ -7,122 +12,210 @@ import json
 import logging
 import threading
 from collections.abc import Iterator
+from dataclasses import dataclass, field
 from pathlib import Path
-from types import SimpleNamespace
 from typing import Any
 
+import httpx2
+import msgspec
 import pytest
-from kubernetes.client.exceptions import ApiException
-from urllib3.exceptions import MaxRetryError, NewConnectionError, ReadTimeoutError
 
 from kubegpu.errors import KubegpuError
 from kubegpu.kube import FakeKube, KubeClient, KubeError, owner_references
-from tests.waiting import WAIT
+from tests.waiting import WAIT, eventually
 
-#: What urllib3 says when nothing listens; it prefixes the connection object's repr.
-REFUSED = "Failed to establish a new connection: [Errno 111] Connection refused"
-CONN = SimpleNamespace(host="10.96.0.1")
 LABEL = "nvidia.com/device-plugin.config"
+SERVER = "https://kube.test"
+NFD = "/apis/nfd.k8s-sigs.io/v1alpha1/namespaces/gpu/nodefeatures"
 
 
-def api_error(status: int, reason: str, message: str | None = None) -> ApiException:
-    error = ApiException(status=status, reason=reason)
+def status(code: int, message: str | None = None) -> httpx2.Response:
+    """The API server's error answer: a JSON Status object."""
+    body: dict[str, Any] = {"kind": "Status", "apiVersion": "v1", "status": "Failure", "code": code}
     if message is not None:
-        error.body = json.dumps({"kind": "Status", "message": message})
-    return error
+        body["message"] = message
+    return httpx2.Response(code, json=body)
 
 
-def meta(**fields: Any) -> SimpleNamespace:
-    """A client model's `metadata`: every field the adapter reads, unset ones None."""
-    base: dict[str, Any] = {
-        "name": None,
-        "uid": None,
-        "labels": None,
-        "annotations": None,
-        "owner_references": None,
-        "resource_version": "1",
-    }
-    return SimpleNamespace(**(base | fields))
+@dataclass
+class ApiServer:
+    """Objects by path; every request recorded; failures and watch streams scripted.
+
+    `failures` answer (a Response) or break (an exception) the next requests, in order,
+    before any object is looked at. Each watch request takes the next list of `watches`
+    and streams it, then stays quiet (as a watch with nothing to say) until `closing`.
+    """
+
+    objects: dict[str, dict[str, Any]] = field(default_factory=dict)
+    requests: list[httpx2.Request] = field(default_factory=list)
+    failures: list[httpx2.Response | BaseException] = field(default_factory=list)
+    watches: list[list[dict[str, Any]]] = field(default_factory=list)
+    closing: threading.Event = field(default_factory=threading.Event)
+
+    def handle(self, request: httpx2.Request) -> httpx2.Response:
+        self.requests.append(request)
+        if self.failures:
+            failure = self.failures.pop(0)
+            if isinstance(failure, BaseException):
+                raise failure
+            return failure
+        if request.url.params.get("watch") == "true":
+            events = self.watches.pop(0) if self.watches else []
+            return httpx2.Response(
+                200, headers={"Content-Type": "application/json"}, content=self.stream(events)
+            )
+        path = request.url.path
+        body: Any = json.loads(request.content) if request.content else None
+        if request.method == "GET":
+            if path in self.objects:
+                return httpx2.Response(200, json=self.objects[path])
+            return status(404, f"{path.rsplit('/', 1)[-1]} not found")
+        if request.method == "PATCH":
+            if path not in self.objects:
+                return status(404)
+            return httpx2.Response(200, json=self.objects[path])
+        if request.method == "POST":
+            self.objects[f"{path}/{body['metadata']['name']}"] = body
+            return httpx2.Response(201, json=body)
+        if request.method == "PUT":
+            self.objects[path] = body
+            return httpx2.Response(200, json=body)
+        if self.objects.pop(path, None) is None:  # DELETE
+            return status(404)
+        return httpx2.Response(200, json={"kind": "Status", "status": "Success"})
+
+    def stream(self, events: list[dict[str, Any]]) -> Iterator[bytes]:
+        for event in events:
+            yield json.dumps(event).encode() + b"\n"
+        self.closing.wait(WAIT)
+
+    def sent(self) -> list[tuple[str, str]]:
+        return [(r.method, r.url.path) for r in self.requests]
 
 
-class RecordingApi:
-    """Stands in for `CoreV1Api` / `CustomObjectsApi`: records calls, answers or raises."""
+@pytest.fixture
+def no_cluster(monkeypatch: pytest.MonkeyPatch, tmp_path: Path) -> Path:
+    """No service account in sight; KUBECONFIG at a file the test may write."""
+    monkeypatch.delenv("KUBERNETES_SERVICE_HOST", raising=False)
+    monkeypatch.delenv("KUBERNETES_SERVICE_PORT", raising=False)
+    kubeconfig = tmp_path / "kubeconfig"
+    monkeypatch.setenv("KUBECONFIG", str(kubeconfig))
+    return kubeconfig
 
-    def __init__(self, answers: dict[str, Any] | None = None) -> None:
-        self.calls: list[tuple[str, tuple[Any, ...], dict[str, Any]]] = []
-        self.answers = answers or {}
-        #: Raised by the next calls, in order, before any answer.
-        self.errors: list[BaseException] = []
 
-    def __getattr__(self, method: str) -> Any:
-        def call(*args: Any, **kwargs: Any) -> Any:
-            self.calls.append((method, args, kwargs))
-            if self.errors:
-                raise self.errors.pop(0)
-            return self.answers.get(method)
+@pytest.fixture
+def api(no_cluster: Path) -> Iterator[ApiServer]:
+    no_cluster.write_text(_kubeconfig(SERVER))
+    server = ApiServer()
+    try:
+        yield server
+    finally:
+        server.closing.set()  # quiet watch streams end
 
-        return call
+
+def client_of(api: ApiServer, **options: Any) -> KubeClient:
+    return KubeClient(transport=httpx2.MockTransport(api.handle), **options)
+
+
+def node(name: str, labels: dict[str, str] | None, version: str = "1") -> dict[str, Any]:
+    meta = {"name": name, "labels": labels, "resourceVersion": version}
+    return {"apiVersion": "v1", "kind": "Node", "metadata": meta}
 
 
 # -- the one error mapping --------------------------------------------------------------------
 
 
 @pytest.mark.parametrize(
-    ("error", "text"),
+    ("failure", "text"),
     [
-        (ApiException(status=403, reason="Forbidden"), "403 Forbidden"),
-        (ConnectionRefusedError("refused"), "cannot reach the API server"),
+        (status(403), "403 Forbidden"),
+        (httpx2.ConnectError("[Errno 111] Connection refused"), "cannot reach the API server"),
     ],
 )
-def test_event_write_translates_errors(error: Exception, text: str) -> None:
+def test_event_write_translates_errors(
+    api: ApiServer, failure: httpx2.Response | Exception, text: str
+) -> None:
     # Moved from test_events.py (KubernetesEventSink): the mapping now lives in the adapter.
-    core = RecordingApi()
-    core.errors.append(error)
+    api.failures.append(failure)
     with pytest.raises(KubeError, match=text) as info:
-        KubeClient(core=core).create_event("default", {"metadata": {"name": "n.1"}})
-    assert info.value.__cause__ is error
+        client_of(api).create_event("default", {"metadata": {"name": "n.1"}})
+    if isinstance(failure, Exception):
+        assert info.value.__cause__ is failure
+    else:
+        assert isinstance(info.value.__cause__, httpx2.HTTPStatusError)
+    assert api.sent() == [("POST", "/api/v1/namespaces/default/events")]
+
+
+UNREACHABLE = (
+    "check the network and the server address "
+    "(KUBERNETES_SERVICE_HOST in a pod, `server:` in the kubeconfig)"
+)
 
 
 @pytest.mark.parametrize(
-    ("error", "message", "status"),
+    ("failure", "message", "status_code"),
     [
         (
-            api_error(403, "Forbidden"),
+            status(403),
             "get Node gpu-1: HTTP 403 Forbidden; check the ServiceAccount's RBAC",
             403,
         ),
         (
-            api_error(404, "Not Found"),
+            status(404),
             "get Node gpu-1: HTTP 404 Not Found; does it exist? check NODE_NAME",
             404,
         ),
         (
-            api_error(401, "Unauthorized"),
+            status(401),
             "get Node gpu-1: HTTP 401 Unauthorized; the credentials were refused "
             "(expired token or wrong kubeconfig user)",
             401,
         ),
         (
-            api_error(503, "Service Unavailable", "etcdserver: leader changed"),
+            status(503, "etcdserver: leader changed\nsecond line"),
             "get Node gpu-1: HTTP 503 Service Unavailable (etcdserver: leader changed); "
             "the API server failed: check its health and logs",
             503,
         ),
         (
+            # Not a Status (a proxy's page, no Content-Type): still the status and the hint.
+            httpx2.Response(502, content=b"<html>bad gateway</html>"),
+            "get Node gpu-1: HTTP 502 Bad Gateway; the API server failed: check its health "
+            "and logs",
+            502,
+        ),
+        (
+            httpx2.Response(502, text="upstream connect error"),
+            "get Node gpu-1: HTTP 502 Bad Gateway; the API server failed: check its health "
+            "and logs",
+            502,
+        ),
+        (
+            httpx2.ConnectError("[Errno 111] Connection refused"),
+            "get Node gpu-1: cannot reach the API server ([Errno 111] Connection refused); "
+            + UNREACHABLE,
+            None,
+        ),
+        (
+            httpx2.RemoteProtocolError("Server disconnected without sending a response."),
+            "get Node gpu-1: cannot reach the API server (Server disconnected without sending "
+            "a response.); " + UNREACHABLE,
+            None,
+        ),
+        (
             ConnectionRefusedError(111, "Connection refused"),
             "get Node gpu-1: cannot reach the API server ([Errno 111] Connection refused); "
-            "check the network and the server address "
-            "(KUBERNETES_SERVICE_HOST in a pod, `server:` in the kubeconfig)",
+            + UNREACHABLE,
             None,
         ),
         (
-            MaxRetryError(None, "/api/v1/nodes/gpu-1", NewConnectionError(CONN, REFUSED)),  # type: ignore[arg-type]
-            f"get Node gpu-1: cannot reach the API server ({REFUSED}); check the network and the "
-            "server address (KUBERNETES_SERVICE_HOST in a pod, `server:` in the kubeconfig)",
+            httpx2.ReadTimeout("The read operation timed out"),
+            "get Node gpu-1: the API server did not answer within 2s; "
+            "check that it is up and reachable",
             None,
         ),
         (
-            ReadTimeoutError(None, "/api/v1/nodes/gpu-1", "read timed out"),  # type: ignore[arg-type]
+            httpx2.ConnectTimeout("timed out"),
             "get Node gpu-1: the API server did not answer within 2s; "
             "check that it is up and reachable",
             None,
@@ -136,25 +229,24 @@ def test_event_write_translates_errors(error: Exception, text: str) -> None:
     ],
 )
 def test_every_client_failure_is_one_line_naming_the_call_and_a_fix(
-    error: Exception, message: str, status: int | None
+    api: ApiServer, failure: httpx2.Response | Exception, message: str, status_code: int | None
 ) -> None:
-    core = RecordingApi()
-    core.errors.append(error)
+    api.failures.append(failure)
     with pytest.raises(KubeError) as info:
-        KubeClient(core=core, timeout=2).get_node_metadata("gpu-1")
+        client_of(api, timeout=2).get_node_metadata("gpu-1")
     assert str(info.value) == message
     assert "\n" not in str(info.value)
-    assert info.value.status == status
-    assert info.value.__cause__ is error
+    assert info.value.status == status_code
+    if isinstance(failure, Exception):
+        assert info.value.__cause__ is failure
     assert isinstance(info.value, KubegpuError)
 
 
-def test_a_conflict_says_to_read_again() -> None:
-    custom = RecordingApi()
-    custom.errors.append(api_error(409, "Conflict", 'nodefeatures "x" already exists'))
+def test_a_conflict_says_to_read_again(api: ApiServer) -> None:
+    api.failures.append(status(409, 'nodefeatures "x" already exists'))
     body = {"metadata": {"name": "x"}}
     with pytest.raises(KubeError) as info:
-        KubeClient(custom=custom).create_node_feature("gpu", body)
+        client_of(api).create_node_feature("gpu", body)
     assert str(info.value) == (
         'create NodeFeature gpu/x: HTTP 409 Conflict (nodefeatures "x" already exists); '
         "it was changed or created concurrently: read it again and retry"
@@ -162,33 +254,22 @@ def test_a_conflict_says_to_read_again() -> None:
     assert info.value.status == 409
 
 
-def test_a_missing_node_feature_asks_whether_nfd_is_installed() -> None:
-    custom = RecordingApi()
-    custom.errors.append(api_error(404, "Not Found"))
+def test_a_missing_node_feature_asks_whether_nfd_is_installed(api: ApiServer) -> None:
+    api.failures.append(status(404))
     with pytest.raises(KubeError, match=r"; does it exist \(is NFD installed\)\?$"):
-        KubeClient(custom=custom).replace_node_feature("gpu", {"metadata": {"name": "x"}})
+        client_of(api).replace_node_feature("gpu", {"metadata": {"name": "x"}})
+    assert api.sent() == [("PUT", f"{NFD}/x")]
 
 
-def test_an_unknown_failure_is_not_disguised_as_an_outage() -> None:
-    core = RecordingApi()
-    bug = ValueError("Invalid value for `conditions`, must not be `None`")
-    core.errors.append(bug)
-    with pytest.raises(ValueError) as info:
-        KubeClient(core=core).get_node_metadata("gpu-1")
-    assert info.value is bug
+def test_an_unknown_failure_is_not_disguised_as_an_outage(api: ApiServer) -> None:
+    # A Node the client cannot decode (labels must be a map): a bug, not an outage.
+    api.objects["/api/v1/nodes/gpu-1"] = node("gpu-1", None) | {"metadata": {"labels": [1]}}
+    with pytest.raises(msgspec.ValidationError) as info:
+        client_of(api).get_node_metadata("gpu-1")
+    assert not isinstance(info.value, KubeError)
 
 
 # -- the one client configuration -------------------------------------------------------------
-
-
-@pytest.fixture
-def no_cluster(monkeypatch: pytest.MonkeyPatch, tmp_path: Path) -> Path:
-    """No service account in sight; KUBECONFIG at a file the test may write."""
-    monkeypatch.delenv("KUBERNETES_SERVICE_HOST", raising=False)
-    monkeypatch.delenv("KUBERNETES_SERVICE_PORT", raising=False)
-    kubeconfig = tmp_path / "kubeconfig"
-    monkeypatch.setenv("KUBECONFIG", str(kubeconfig))
-    return kubeconfig
 
 
 def test_no_credentials_is_one_line_saying_what_to_set(no_cluster: Path) -> None:
@@ -208,6 +289,13 @@ def test_a_broken_kubeconfig_is_a_kube_error(no_cluster: Path) -> None:
         KubeClient().get_node_metadata("gpu-1")
 
 
+def test_a_kubeconfig_without_the_current_context_is_a_kube_error(no_cluster: Path) -> None:
+    config = json.loads(_kubeconfig(SERVER)) | {"current-context": "gone"}
+    no_cluster.write_text(json.dumps(config))
+    with pytest.raises(KubeError, match=r"no usable kubeconfig \(Context 'gone' not found\)"):
+        KubeClient().connect()
+
+
 def test_credentials_that_appear_later_are_picked_up(no_cluster: Path) -> None:
     client = KubeClient(timeout=2)
     with pytest.raises(KubeError, match="no Kubernetes credentials"):
@@ -217,6 +305,28 @@ def test_credentials_that_appear_later_are_picked_up(no_cluster: Path) -> None:
     with pytest.raises(KubeError) as info:
         client.get_node_metadata("gpu-1")
     assert str(info.value).startswith("get Node gpu-1: cannot reach the API server (")
+    client.close()
+
+
+def test_kubeconfig_is_the_first_existing_file_of_the_path_list(
+    api: ApiServer, no_cluster: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    missing = no_cluster.with_name("missing")
+    monkeypatch.setenv("KUBECONFIG", f"{missing}:{no_cluster}")
+    api.objects["/api/v1/nodes/n1"] = node("n1", {"a": "1"})
+    assert client_of(api).get_node_metadata("n1")["labels"] == {"a": "1"}
+    assert api.requests[0].url.host == "kube.test"
+
+
+def test_a_pod_environment_without_a_service_account_falls_back_to_kubeconfig(
+    api: ApiServer, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    # KUBERNETES_SERVICE_HOST/PORT alone (no token mounted) is not an in-cluster config.
+    monkeypatch.setenv("KUBERNETES_SERVICE_HOST", "10.96.0.1")
+    monkeypatch.setenv("KUBERNETES_SERVICE_PORT", "443")
+    api.objects["/api/v1/nodes/n1"] = node("n1", {})
+    client_of(api).get_node_metadata("n1")
+    assert str(api.requests[0].url).startswith(f"{SERVER}/api/v1/nodes/n1")
 
 
 def _kubeconfig(server: str) -> str:
@@ -235,103 +345,100 @@ def _kubeconfig(server: str) -> str:
 # -- the calls --------------------------------------------------------------------------------
 
 
-def test_node_metadata_and_merge_patch() -> None:
-    node = SimpleNamespace(metadata=meta(labels={"a": "1"}))
-    core = RecordingApi({"read_node": node})
-    client = KubeClient(core=core, timeout=7)
+def timeouts(request: httpx2.Request) -> set[float]:
+    """The time limits httpx2 applied to one request (connect, read, write, pool)."""
+    return set(request.extensions["timeout"].values())
+
+
+def test_node_metadata_and_merge_patch(api: ApiServer) -> None:
+    api.objects["/api/v1/nodes/gpu-1"] = node("gpu-1", {"a": "1"})
+    client = client_of(api, timeout=7)
     assert client.get_node_metadata("gpu-1") == {"labels": {"a": "1"}, "annotations": {}}
     client.merge_patch_node("gpu-1", {"metadata": {"labels": {"a": None}}})
-    assert core.calls == [
-        ("read_node", ("gpu-1",), {"_request_timeout": 7}),
-        (
-            "patch_node",
-            ("gpu-1", {"metadata": {"labels": {"a": None}}}),
-            {"_request_timeout": 7, "_content_type": "application/merge-patch+json"},
-        ),
-    ]
+    assert api.sent() == [("GET", "/api/v1/nodes/gpu-1"), ("PATCH", "/api/v1/nodes/gpu-1")]
+    read, patch = api.requests
+    assert patch.headers["content-type"] == "application/merge-patch+json"
+    assert json.loads(patch.content) == {"metadata": {"labels": {"a": None}}}
+    assert [timeouts(read), timeouts(patch)] == [{7}, {7}]
+    assert patch.headers["authorization"] == "Bearer t"
 
 
-def test_pod_metadata_in_api_spelling() -> None:
-    owner = SimpleNamespace(api_version="apps/v1", kind="DaemonSet", name="gfd", uid="ds-1")
-    pod = SimpleNamespace(metadata=meta(name="gfd-x", uid="pod-1", owner_references=[owner]))
-    core = RecordingApi({"read_namespaced_pod": pod})
-    assert KubeClient(core=core).get_pod_metadata("gpu", "gfd-x") == {
+def test_pod_metadata_in_api_spelling(api: ApiServer) -> None:
+    owner = {"apiVersion": "apps/v1", "kind": "DaemonSet", "name": "gfd", "uid": "ds-1"}
+    meta = {"name": "gfd-x", "namespace": "gpu", "uid": "pod-1", "ownerReferences": [owner]}
+    api.objects["/api/v1/namespaces/gpu/pods/gfd-x"] = {"kind": "Pod", "metadata": meta}
+    assert client_of(api).get_pod_metadata("gpu", "gfd-x") == {
         "name": "gfd-x",
         "uid": "pod-1",
-        "ownerReferences": [
-            {"apiVersion": "apps/v1", "kind": "DaemonSet", "name": "gfd", "uid": "ds-1"}
-        ],
+        "ownerReferences": [owner],
     }
-    ((method, args, _),) = core.calls
-    assert (method, args) == ("read_namespaced_pod", ("gfd-x", "gpu"))
+    assert api.sent() == [("GET", "/api/v1/namespaces/gpu/pods/gfd-x")]
 
 
-def test_node_feature_get_create_update_delete() -> None:
-    nfd = ("nfd.k8s-sigs.io", "v1alpha1", "gpu", "nodefeatures")
-    body = {"metadata": {"name": "nvidia-features-for-n1"}, "spec": {"labels": {}}}
-    custom = RecordingApi({"get_namespaced_custom_object": body})
-    client = KubeClient(custom=custom)
-    assert client.get_node_feature("gpu", "nvidia-features-for-n1") == body
+def test_node_feature_get_create_update_delete(api: ApiServer) -> None:
+    body = {
+        "apiVersion": "nfd.k8s-sigs.io/v1alpha1",
+        "kind": "NodeFeature",
+        "metadata": {"name": "nvidia-features-for-n1"},
+        "spec": {"labels": {}},
+    }
+    client = client_of(api)
     client.create_node_feature("gpu", body)
-    client.replace_node_feature("gpu", body)
+    assert client.get_node_feature("gpu", "nvidia-features-for-n1") == body
+    updated = body | {"spec": {"labels": {"nvidia.com/gpu.count": "2"}}}
+    client.replace_node_feature("gpu", updated)
     assert client.delete_node_feature("gpu", "nvidia-features-for-n1")
-    assert [(m, a) for m, a, _ in custom.calls] == [
-        ("get_namespaced_custom_object", (*nfd, "nvidia-features-for-n1")),
-        ("create_namespaced_custom_object", (*nfd, body)),
-        ("replace_namespaced_custom_object", (*nfd, "nvidia-features-for-n1", body)),
-        ("delete_namespaced_custom_object", (*nfd, "nvidia-features-for-n1")),
+    assert api.sent() == [
+        ("POST", NFD),
+        ("GET", f"{NFD}/nvidia-features-for-n1"),
+        ("PUT", f"{NFD}/nvidia-features-for-n1"),
+        ("DELETE", f"{NFD}/nvidia-features-for-n1"),
     ]
+    create, _, replace, _ = api.requests
+    # The bodies go out exactly as given: nothing added, nothing rewritten.
+    assert [json.loads(create.content), json.loads(replace.content)] == [body, updated]
+    assert body["spec"] == {"labels": {}}  # the caller's dictionary is not changed
 
 
-def test_a_missing_node_feature_is_none_and_deleting_it_is_false() -> None:
-    custom = RecordingApi()
-    custom.errors += [api_error(404, "Not Found"), api_error(404, "Not Found")]
-    client = KubeClient(custom=custom)
+def test_a_missing_node_feature_is_none_and_deleting_it_is_false(api: ApiServer) -> None:
+    client = client_of(api)
     assert client.get_node_feature("gpu", "x") is None
     assert client.delete_node_feature("gpu", "x") is False
-    custom.errors.append(api_error(403, "Forbidden"))
+    api.failures.append(status(403))
     with pytest.raises(KubeError, match=r"^get NodeFeature gpu/x: HTTP 403 Forbidden; check"):
         client.get_node_feature("gpu", "x")
 
 
-def test_event_write_has_its_own_time_limit() -> None:
-    core = RecordingApi()
-    client = KubeClient(core=core, timeout=10)
-    client.create_event("default", {"metadata": {"name": "n.1"}}, timeout=3)
+def test_an_event_is_a_core_v1_event_with_its_own_time_limit(api: ApiServer) -> None:
+    client = client_of(api, timeout=10)
+    body = {"metadata": {"name": "n.1"}, "firstTimestamp": "2026-01-01T00:00:00+00:00"}
+    client.create_event("default", body, timeout=3)
     client.create_event("default", {"metadata": {"name": "n.2"}})
-    assert [kwargs["_request_timeout"] for _, _, kwargs in core.calls] == [3, 10]
+    assert api.sent() == [("POST", "/api/v1/namespaces/default/events")] * 2
+    first, second = api.requests
+    assert [timeouts(first), timeouts(second)] == [{3}, {10}]
+    # Sent as given (the typed model would rewrite "+00:00" as "Z"), kind filled in.
+    assert json.loads(first.content) == body | {"apiVersion": "v1", "kind": "Event"}
 
 
 # -- the node label watch (moved from test_config_source.py) ----------------------------------
 
 
-def node(labels: dict[str, str] | None, version: str = "1") -> SimpleNamespace:
-    return SimpleNamespace(metadata=meta(labels=labels, resource_version=version))
+def watch_requests(api: ApiServer) -> list[httpx2.Request]:
+    return [r for r in api.requests if r.url.params.get("watch") == "true"]
 
 
-class ScriptedWatch:
-    """Yields scripted events, then blocks like a quiet watch until stopped."""
-
-    def __init__(self, events: list[dict[str, Any]]) -> None:
-        self.events = events
-        self.stopped = threading.Event()
-        self.kwargs: dict[str, Any] = {}
-
-    def stream(self, func: Any, **kwargs: Any) -> Iterator[dict[str, Any]]:
-        self.kwargs = kwargs
-        yield from self.events
-        self.events = []
-        self.stopped.wait(WAIT)
-
-    def stop(self) -> None:
-        self.stopped.set()
+def node_reads(api: ApiServer) -> int:
+    return api.sent().count(("GET", "/api/v1/nodes/node-1"))
 
 
-async def test_label_watch_retries_and_follows(caplog: pytest.LogCaptureFixture) -> None:
-    core = RecordingApi({"read_node": node({LABEL: "a100"})})
-    core.errors.append(api_error(403, "Forbidden"))
-    fake_watch = ScriptedWatch([{"type": "MODIFIED", "object": node({LABEL: "t4"})}])
-    client = KubeClient(core=core, watch_factory=lambda: fake_watch, backoff=(0.01, 0.02))
+async def test_label_watch_retries_and_follows(
+    api: ApiServer, caplog: pytest.LogCaptureFixture
+) -> None:
+    api.failures.append(status(403))
+    api.objects["/api/v1/nodes/node-1"] = node("node-1", {LABEL: "a100"})
+    api.watches.append([{"type": "MODIFIED", "object": node("node-1", {LABEL: "t4"}, "2")}])
+    client = client_of(api, backoff=(0.01, 0.02))
     caplog.set_level(logging.WARNING, logger="kubegpu.kube.client")
     stream = client.watch_node_label("node-1", LABEL)
     try:
@@ -339,9 +446,11 @@ async def test_label_watch_retries_and_follows(caplog: pytest.LogCaptureFixture)
         assert await asyncio.wait_for(anext(stream), WAIT) == "t4"
     finally:
         await stream.aclose()  # type: ignore[attr-defined]
-    assert fake_watch.stopped.is_set()
-    assert fake_watch.kwargs["field_selector"] == "metadata.name=node-1"
-    assert fake_watch.kwargs["resource_version"] == "1"
+    (watch,) = watch_requests(api)
+    assert watch.url.path == "/api/v1/nodes"
+    assert watch.url.params["fieldSelector"] == "metadata.name=node-1"
+    assert watch.url.params["resourceVersion"] == "1"
+    assert watch.url.params["timeoutSeconds"] == "300"
     warnings = [r.getMessage() for r in caplog.records]
     assert warnings == [
         f"node node-1: cannot watch label {LABEL}: get Node node-1: HTTP 403 Forbidden; "
@@ -349,13 +458,27 @@ async def test_label_watch_retries_and_follows(caplog: pytest.LogCaptureFixture)
     ]
 
 
+async def test_label_watch_ends_its_thread_when_closed(api: ApiServer) -> None:
+    api.objects["/api/v1/nodes/node-1"] = node("node-1", {LABEL: "a100"})
+    stream = client_of(api).watch_node_label("node-1", LABEL)
+    assert await asyncio.wait_for(anext(stream), WAIT) == "a100"
+    await eventually(lambda: bool(watch_requests(api)))
+    (thread,) = [t for t in threading.enumerate() if t.name == "labels-node-1"]
+    await stream.aclose()  # type: ignore[attr-defined]
+    api.closing.set()  # the quiet stream ends, as the server's timeoutSeconds would end it
+    await asyncio.to_thread(thread.join, WAIT)
+    assert not thread.is_alive()
+    # Neither read again nor watched again: lightkube's renewal went nowhere.
+    assert api.sent() == [("GET", "/api/v1/nodes/node-1"), ("GET", "/api/v1/nodes")]
+
+
 async def test_label_watch_sees_a_missing_or_deleted_node_as_unset(
-    caplog: pytest.LogCaptureFixture,
+    api: ApiServer, caplog: pytest.LogCaptureFixture
 ) -> None:
-    core = RecordingApi({"read_node": node({LABEL: "a100"})})
-    core.errors.append(api_error(404, "Not Found"))
-    fake_watch = ScriptedWatch([{"type": "DELETED", "object": node({LABEL: "a100"})}])
-    client = KubeClient(core=core, watch_factory=lambda: fake_watch, backoff=(0.01, 0.02))
+    api.failures.append(status(404))
+    api.objects["/api/v1/nodes/node-1"] = node("node-1", {LABEL: "a100"})
+    api.watches.append([{"type": "DELETED", "object": node("node-1", {LABEL: "a100"}, "2")}])
+    client = client_of(api, backoff=(0.01, 0.02))
     stream = client.watch_node_label("node-1", LABEL)
     try:
         assert await asyncio.wait_for(anext(stream), WAIT) is None  # 404: no such node yet
@@ -366,31 +489,45 @@ async def test_label_watch_sees_a_missing_or_deleted_node_as_unset(
     assert "HTTP 404 Not Found; does it exist? check NODE_NAME" in caplog.text
 
 
-async def test_label_watch_survives_a_dropped_stream(caplog: pytest.LogCaptureFixture) -> None:
-    """An ERROR event (410 Gone) or a broken stream: read the Node again, watch again."""
-    core = RecordingApi({"read_node": node({LABEL: "a100"})})
-    watches = [
-        ScriptedWatch([{"type": "ERROR", "object": {"code": 410}}]),
-        ScriptedWatch([{"type": "MODIFIED", "object": node({LABEL: "h100"})}]),
+async def test_label_watch_survives_a_dropped_stream(
+    api: ApiServer, caplog: pytest.LogCaptureFixture
+) -> None:
+    """A broken stream, or an ERROR event (410 Gone): read the Node again, watch again."""
+    api.objects["/api/v1/nodes/node-1"] = node("node-1", {LABEL: "a100"})
+    gone = {"kind": "Status", "code": 410, "reason": "Expired", "message": "too old"}
+    api.watches += [
+        [{"type": "ERROR", "object": gone}],
+        [{"type": "MODIFIED", "object": node("node-1", {LABEL: "h100"}, "2")}],
     ]
-
-    class Broken:
-        def stream(self, func: Any, **kwargs: Any) -> Iterator[dict[str, Any]]:
-            raise ConnectionResetError(104, "Connection reset by peer")
-
-        def stop(self) -> None:
-            pass
-
-    queue: list[Any] = [Broken(), *watches]
-    client = KubeClient(core=core, watch_factory=lambda: queue.pop(0), backoff=(0.01, 0.02))
+    reset = httpx2.ReadError("[Errno 104] Connection reset by peer")
+    # The first watch request breaks; the two after it stream the scripted watches.
+    api.handle = _break_first_watch(api.handle, reset)  # type: ignore[method-assign]
+    client = client_of(api, backoff=(0.01, 0.02))
+    caplog.set_level(logging.WARNING, logger="kubegpu.kube.client")
     stream = client.watch_node_label("node-1", LABEL)
     try:
         assert await asyncio.wait_for(anext(stream), WAIT) == "a100"
         assert await asyncio.wait_for(anext(stream), WAIT) == "h100"
     finally:
         await stream.aclose()  # type: ignore[attr-defined]
-    assert [m for m, _, _ in core.calls] == ["read_node"] * 3
-    assert "watch Node node-1: cannot reach the API server" in caplog.text
+    assert node_reads(api) == 3
+    assert [r.getMessage() for r in caplog.records] == [
+        f"node node-1: cannot watch label {LABEL}: watch Node node-1: cannot reach the API "
+        f"server ([Errno 104] Connection reset by peer); {UNREACHABLE}; retrying in 0.0s"
+    ]  # the ERROR event is no warning: it only means "read again"
+
+
+def _break_first_watch(handle: Any, error: BaseException) -> Any:
+    broken = False
+
+    def handle_once(request: httpx2.Request) -> httpx2.Response:
+        nonlocal broken
+        if request.url.params.get("watch") == "true" and not broken:
+            broken = True
+            raise error
+        return handle(request)  # type: ignore[no-any-return]
+
+    return handle_once
 
 
 # -- the fake ---------------------------------------------------------------------------------

@@ -1,7 +1,8 @@
 """Label delivery: the features.d file, the NodeFeature object, the Node patch.
 
-The API sinks run on `kubegpu.kube`: its `FakeKube`, and once the real `KubeClient` over a
-recording custom-objects API, so the adapter's translation is what the sinks see.
+The API sinks run on `kubegpu.kube`: its `FakeKube`, and once the real `KubeClient` over an
+HTTP transport holding NodeFeature objects as the API server would, so the adapter's
+requests and translation are what the sinks see.
 """
 
 from __future__ import annotations
@@ -11,8 +12,8 @@ import os
 from pathlib import Path
 from typing import Any
 
+import httpx2
 import pytest
-from kubernetes.client.exceptions import ApiException
 
 from kubegpu.kube import FakeKube, KubeClient, KubeError
 from kubegpu.labeller import (
@@ -168,34 +169,46 @@ async def test_api_sinks_pass_the_adapters_error_on() -> None:
     assert api.node_features == {}
 
 
-class CustomObjects:
-    """A `CustomObjectsApi` holding NodeFeature objects as the API server would."""
+class NodeFeatures:
+    """The API server's NodeFeature endpoints (as an `httpx2.MockTransport` handler)."""
+
+    PATH = "/apis/nfd.k8s-sigs.io/v1alpha1/namespaces/gpu/nodefeatures"
 
     def __init__(self) -> None:
         self.objects: dict[str, dict[str, Any]] = {}
         self.calls: list[str] = []
 
-    def get_namespaced_custom_object(self, *args: Any, **kwargs: Any) -> dict[str, Any]:
-        self.calls.append("get")
-        name = args[-1]
-        if name not in self.objects:
-            raise ApiException(status=404, reason="Not Found")
-        return self.objects[name]
+    def handle(self, request: httpx2.Request) -> httpx2.Response:
+        collection, _, name = request.url.path.rpartition("/")
+        if request.method == "POST":
+            collection, name = request.url.path, json.loads(request.content)["metadata"]["name"]
+        assert collection == self.PATH
+        self.calls.append(request.method)
+        if request.method == "GET":
+            if name not in self.objects:
+                status = {"kind": "Status", "code": 404, "message": f"{name} not found"}
+                return httpx2.Response(404, json=status)
+            return httpx2.Response(200, json=self.objects[name])
+        self.objects[name] = json.loads(request.content)  # POST, PUT
+        return httpx2.Response(201 if request.method == "POST" else 200, content=request.content)
 
-    def create_namespaced_custom_object(self, *args: Any, **kwargs: Any) -> None:
-        self.calls.append("create")
-        self.objects[args[-1]["metadata"]["name"]] = args[-1]
 
-    def replace_namespaced_custom_object(self, *args: Any, **kwargs: Any) -> None:
-        self.calls.append("replace")
-        self.objects[args[-2]] = args[-1]
-
-
-async def test_node_feature_sink_on_the_real_client_translation() -> None:
-    custom = CustomObjects()
-    sink = NodeFeatureSink(KubeClient(custom=custom), "gpu-1", "gpu")
+async def test_node_feature_sink_on_the_real_client_translation(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    kubeconfig = {
+        "clusters": [{"name": "c", "cluster": {"server": "https://kube.test"}}],
+        "users": [{"name": "u", "user": {"token": "t"}}],
+        "contexts": [{"name": "x", "context": {"cluster": "c", "user": "u"}}],
+        "current-context": "x",
+    }
+    (tmp_path / "kubeconfig").write_text(json.dumps(kubeconfig))
+    monkeypatch.delenv("KUBERNETES_SERVICE_HOST", raising=False)
+    monkeypatch.setenv("KUBECONFIG", str(tmp_path / "kubeconfig"))
+    api = NodeFeatures()
+    sink = NodeFeatureSink(KubeClient(transport=httpx2.MockTransport(api.handle)), "gpu-1", "gpu")
     await sink.publish({"nvidia.com/gpu.count": "1"})  # 404 on get: created
     await sink.publish({"nvidia.com/gpu.count": "2"})
-    assert custom.calls == ["get", "create", "get", "replace"]
-    obj = custom.objects["nvidia-features-for-gpu-1"]
+    assert api.calls == ["GET", "POST", "GET", "PUT"]
+    obj = api.objects["nvidia-features-for-gpu-1"]
     assert obj["spec"] == {"labels": {"nvidia.com/gpu.count": "2"}}

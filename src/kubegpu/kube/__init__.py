@@ -1,9 +1,9 @@
 """The one adapter to the Kubernetes API.
 
-Only this package imports the official client (an import-linter contract says so).
-Everything else talks to the small `Kube` protocol:
+Only this package imports the Kubernetes client, lightkube (an import-linter contract says
+so). Everything else talks to the small `Kube` protocol:
 
-- `KubeClient` (`client.py`): over the official client, one configuration per process
+- `KubeClient` (`client.py`): over lightkube, one configuration per process
   (`default_client()`: in-cluster service account, else KUBECONFIG / ~/.kube/config),
   loaded on the first call, so a process that uses no API needs no credentials.
   Blocking calls, run from worker threads; the node label watch runs in a thread.

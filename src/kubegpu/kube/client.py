@@ -1,10 +1,13 @@
-"""`KubeClient`: the `Kube` interface over the official (blocking) Kubernetes client.
+"""`KubeClient`: the `Kube` interface over lightkube's (blocking) client.
 
 One client configuration for the whole process (`default_client()`): in-cluster service
 account first (the DaemonSet case), else KUBECONFIG / ~/.kube/config. It is loaded on the
 first call, not at construction: most `serve` processes never talk to the API and need
 no credentials. A failed load is not remembered, so credentials that appear later (a
 projected token) are picked up.
+
+lightkube decodes into its own models; every call here hands back plain dictionaries in
+the API's spelling, and sends the callers' bodies (NodeFeature, Event) exactly as given.
 """
 
 from __future__ import annotations
@@ -14,13 +17,19 @@ import functools
 import logging
 import os
 import threading
+import weakref
 from collections.abc import AsyncIterator, Callable
 from dataclasses import dataclass, field
-from typing import Any, Final
+from pathlib import Path
+from typing import Any, Final, TypeVar
 
-from kubernetes import client as k8s
-from kubernetes import config as k8s_config
-from kubernetes import watch as k8s_watch
+import httpx2
+from lightkube import ApiError, Client, ConfigError
+from lightkube.config.kubeconfig import KubeConfig, SingleConfig
+from lightkube.core.resource import ApiInfo, ResourceDef
+from lightkube.generic_resource import GenericNamespacedResource, create_namespaced_resource
+from lightkube.resources.core_v1 import Node, Pod
+from lightkube.types import OnErrorAction, OnErrorResult, PatchType
 
 from kubegpu.kube.errors import KubeError, first_line, no_credentials, translate
 from kubegpu.kube.objects import (
@@ -39,85 +48,92 @@ log = logging.getLogger(__name__)
 #: Seconds one request may take unless the caller says otherwise.
 DEFAULT_TIMEOUT: Final = 10.0
 
+#: NFD's NodeFeature, as a schema-less resource: its body goes out and comes back as is.
+NodeFeature = create_namespaced_resource(NFD_GROUP, NFD_VERSION, "NodeFeature", NFD_PLURAL)
+
+
+class CoreEvent(GenericNamespacedResource):
+    """core/v1 Event, schema-less for the same reason: the typed model would rewrite the
+    caller's timestamps. Not put in lightkube's registry, where v1 Event stays the typed one.
+    """
+
+    _api_info = ApiInfo(resource=ResourceDef("", "v1", "Event"), plural="events", verbs=["post"])
+
+
+T = TypeVar("T")
+
 
 class KubeClient:
-    """`Kube` over the official client; thread-safe, configured on first use.
+    """`Kube` over lightkube; thread-safe, configured on first use.
 
-    `core`, `custom` and `watch_factory` replace the client's `CoreV1Api`,
-    `CustomObjectsApi` and `watch.Watch` (tests drive the real translation code through them).
+    `transport` replaces the HTTP transport under every request (an `httpx2.MockTransport`
+    in the tests, which then drive the real requests, URLs, bodies and error mapping).
     """
 
     def __init__(
         self,
         *,
-        core: Any = None,
-        custom: Any = None,
-        watch_factory: Callable[[], Any] | None = None,
+        transport: httpx2.BaseTransport | None = None,
         timeout: float = DEFAULT_TIMEOUT,
         backoff: tuple[float, float] = (1.0, 30.0),
         watch_timeout_s: int = 300,
     ) -> None:
-        self._core = core
-        self._custom = custom
-        self._watch_factory = watch_factory
-        self._api_client: Any = None
+        self._transport = transport
+        self._config: SingleConfig | None = None
+        #: One lightkube `Client` per time limit: lightkube sets limits per client, not per call.
+        self._clients: dict[float, Client] = {}
         self._lock = threading.Lock()
         self.timeout = timeout
         self.backoff = backoff
         self.watch_timeout_s = watch_timeout_s
+        # Connections are pooled per client: a KubeClient dropped unclosed still closes them.
+        weakref.finalize(self, _close_all, self._clients)
 
     def connect(self) -> KubeClient:
         """Load the configuration now (raises `KubeError` when there is none); returns self."""
-        self._core_api()
+        self._client(self.timeout)
         return self
+
+    def close(self) -> None:
+        """Close the pooled connections; a later call opens new ones."""
+        with self._lock:
+            _close_all(self._clients)
 
     # -- configuration --------------------------------------------------------------------
 
-    def _load(self) -> Any:
-        """The shared `ApiClient`, on this client's own `Configuration` (never the global one)."""
+    def _client(self, timeout: float) -> Client:
+        """The shared lightkube `Client` for this time limit, configuring on first use."""
         with self._lock:
-            if self._api_client is None:
-                configuration = k8s.Configuration()
-                try:
-                    k8s_config.load_incluster_config(client_configuration=configuration)  # type: ignore[no-untyped-call]
-                except k8s_config.ConfigException:
-                    try:
-                        # KUBECONFIG read now, not when the client was imported (its default).
-                        k8s_config.load_kube_config(  # type: ignore[no-untyped-call]
-                            config_file=os.environ.get("KUBECONFIG") or None,
-                            client_configuration=configuration,
-                        )
-                    except Exception as exc:  # missing file, bad context, bad YAML...
-                        raise no_credentials(exc) from exc
-                self._api_client = k8s.ApiClient(configuration)
-            return self._api_client
+            client = self._clients.get(timeout)
+            if client is None:
+                client = self._new_client(timeout)
+                self._clients[timeout] = client
+            return client
 
-    def _core_api(self) -> Any:
-        if self._core is None:
-            self._core = k8s.CoreV1Api(self._load())
-        return self._core
-
-    def _custom_api(self) -> Any:
-        if self._custom is None:
-            self._custom = k8s.CustomObjectsApi(self._load())
-        return self._custom
+    def _new_client(self, timeout: float) -> Client:
+        """A new lightkube `Client`; call with `_lock` held. Raises `KubeError`."""
+        try:
+            if self._config is None:
+                self._config = _load_config()
+            return Client(
+                config=self._config, timeout=httpx2.Timeout(timeout), transport=self._transport
+            )
+        except Exception as exc:  # missing file, bad context, bad YAML, unreadable CA...
+            raise no_credentials(exc) from exc
 
     def _call(
         self,
         what: str,
-        api: Callable[[], Any],
-        method: str,
-        *args: Any,
+        request: Callable[[Client], T],
+        *,
         missing: str | None = None,
         timeout: float | None = None,
-        **kwargs: Any,
-    ) -> Any:
+    ) -> T:
         """Run one request; every failure leaves as `KubeError`, at this one boundary."""
         limit = self.timeout if timeout is None else timeout
+        client = self._client(limit)  # KubeError when there is no configuration
         try:
-            return getattr(api(), method)(*args, _request_timeout=limit, **kwargs)
-        except KubeError:
-            raise  # from loading the configuration
+            return request(client)
         except Exception as exc:
             error = translate(what, exc, timeout=limit, missing=missing)
             if error is None:
@@ -127,38 +143,33 @@ class KubeClient:
     # -- Nodes and Pods -------------------------------------------------------------------
 
     def get_node_metadata(self, name: str) -> dict[str, Any]:
-        node = self._call(
-            f"get Node {name}", self._core_api, "read_node", name, missing=MISSING_NODE
-        )
-        meta = node.metadata
-        return {"labels": dict(meta.labels or {}), "annotations": dict(meta.annotations or {})}
+        def read(client: Client) -> dict[str, Any]:
+            meta = client.get(Node, name).metadata
+            labels = meta.labels if meta is not None else None
+            annotations = meta.annotations if meta is not None else None
+            return {"labels": dict(labels or {}), "annotations": dict(annotations or {})}
+
+        return self._call(f"get Node {name}", read, missing=MISSING_NODE)
 
     def merge_patch_node(self, name: str, patch: dict[str, Any]) -> None:
         self._call(
             f"patch Node {name}",
-            self._core_api,
-            "patch_node",
-            name,
-            patch,
+            lambda client: client.patch(Node, name, patch, patch_type=PatchType.MERGE),
             missing=MISSING_NODE,
-            _content_type="application/merge-patch+json",
         )
 
     def get_pod_metadata(self, namespace: str, name: str) -> dict[str, Any]:
-        pod = self._call(
-            f"get Pod {namespace}/{name}",
-            self._core_api,
-            "read_namespaced_pod",
-            name,
-            namespace,
-            missing=MISSING_POD,
-        )
-        meta = pod.metadata
-        owners = [
-            {"apiVersion": o.api_version, "kind": o.kind, "name": o.name, "uid": o.uid}
-            for o in meta.owner_references or []
-        ]
-        return {"name": meta.name, "uid": meta.uid, "ownerReferences": owners}
+        def read(client: Client) -> dict[str, Any]:
+            meta = client.get(Pod, name, namespace=namespace).metadata
+            if meta is None:
+                return {"name": None, "uid": None, "ownerReferences": []}
+            owners = [
+                {"apiVersion": o.apiVersion, "kind": o.kind, "name": o.name, "uid": o.uid}
+                for o in meta.ownerReferences or []
+            ]
+            return {"name": meta.name, "uid": meta.uid, "ownerReferences": owners}
+
+        return self._call(f"get Pod {namespace}/{name}", read, missing=MISSING_POD)
 
     def create_event(
         self, namespace: str, body: dict[str, Any], *, timeout: float | None = None
@@ -166,10 +177,7 @@ class KubeClient:
         name = body.get("metadata", {}).get("name", "")
         self._call(
             f"create Event {namespace}/{name}",
-            self._core_api,
-            "create_namespaced_event",
-            namespace,
-            body,
+            lambda client: client.create(CoreEvent.from_dict(body), namespace=namespace),
             timeout=timeout,
         )
 
@@ -177,7 +185,9 @@ class KubeClient:
 
     def get_node_feature(self, namespace: str, name: str) -> dict[str, Any] | None:
         try:
-            obj = self._nfd("get", namespace, name, "get_namespaced_custom_object", name)
+            obj = self._nfd(
+                "get", namespace, name, lambda c: c.get(NodeFeature, name, namespace=namespace)
+            )
         except KubeError as exc:
             if exc.status == 404:
                 return None
@@ -186,32 +196,39 @@ class KubeClient:
 
     def create_node_feature(self, namespace: str, body: dict[str, Any]) -> None:
         name = body["metadata"]["name"]
-        self._nfd("create", namespace, name, "create_namespaced_custom_object", body)
+        self._nfd(
+            "create",
+            namespace,
+            name,
+            lambda c: c.create(NodeFeature.from_dict(body), namespace=namespace),
+        )
 
     def replace_node_feature(self, namespace: str, body: dict[str, Any]) -> None:
         name = body["metadata"]["name"]
-        self._nfd("update", namespace, name, "replace_namespaced_custom_object", name, body)
+        self._nfd(
+            "update",
+            namespace,
+            name,
+            lambda c: c.replace(NodeFeature.from_dict(body), name, namespace=namespace),
+        )
 
     def delete_node_feature(self, namespace: str, name: str) -> bool:
         try:
-            self._nfd("delete", namespace, name, "delete_namespaced_custom_object", name)
+            self._nfd(
+                "delete",
+                namespace,
+                name,
+                lambda c: c.delete(NodeFeature, name, namespace=namespace),
+            )
         except KubeError as exc:
             if exc.status == 404:
                 return False
             raise
         return True
 
-    def _nfd(self, verb: str, namespace: str, name: str, method: str, *args: Any) -> Any:
+    def _nfd(self, verb: str, namespace: str, name: str, request: Callable[[Client], T]) -> T:
         return self._call(
-            f"{verb} NodeFeature {namespace}/{name}",
-            self._custom_api,
-            method,
-            NFD_GROUP,
-            NFD_VERSION,
-            namespace,
-            NFD_PLURAL,
-            *args,
-            missing=MISSING_NODE_FEATURE,
+            f"{verb} NodeFeature {namespace}/{name}", request, missing=MISSING_NODE_FEATURE
         )
 
     # -- the node label watch -------------------------------------------------------------
@@ -239,9 +256,7 @@ class KubeClient:
             while True:
                 yield await queue.get()
         finally:
-            state.stop.set()
-            if state.current is not None:
-                state.current.stop()
+            state.close()
 
     def _follow(
         self, node: str, label: str, emit: Callable[[str | None], None], state: _WatchState
@@ -260,23 +275,26 @@ class KubeClient:
         while not state.stop.is_set():
             what = f"get Node {node}"
             try:
-                obj = self._call(what, self._core_api, "read_node", node, missing=MISSING_NODE)
+                obj = self._call(what, lambda c: c.get(Node, node), missing=MISSING_NODE)
                 offer(label_of(obj.metadata, label))
                 what = f"watch Node {node}"
-                watcher = self._watch_factory() if self._watch_factory else _new_watch()
-                state.current = watcher
-                for event in watcher.stream(
-                    self._core_api().list_node,
-                    field_selector=f"metadata.name={node}",
-                    resource_version=obj.metadata.resource_version,
-                    timeout_seconds=self.watch_timeout_s,
+                watcher = state.open(lambda: self._watch_client())
+                if watcher is None:
+                    break  # stopped while the Node was read
+                for kind, event in watcher.watch(
+                    Node,
+                    fields={"metadata.name": node},
+                    resource_version=obj.metadata.resourceVersion if obj.metadata else None,
+                    server_timeout=self.watch_timeout_s,
+                    on_error=_end_on_error_event,
                 ):
-                    if state.stop.is_set() or event.get("type") == "ERROR":
-                        break  # ERROR is usually 410 Gone: re-read and watch again
-                    gone = event.get("type") == "DELETED"
-                    offer(None if gone else label_of(event["object"].metadata, label))
+                    if state.stop.is_set():
+                        break
+                    offer(None if kind == "DELETED" else label_of(event.metadata, label))
                 delay.reset()
             except Exception as exc:
+                if state.stop.is_set():
+                    break  # closing the watch's client fails its stream: not worth a warning
                 error = exc if isinstance(exc, KubeError) else translate(what, exc)
                 if isinstance(error, KubeError) and error.status == 404:
                     offer(None)  # no such Node: the label is unset
@@ -291,17 +309,90 @@ class KubeClient:
                     delay.delay,
                 )
                 delay.block(state.stop)
+            finally:
+                state.close_client()
+
+    def _watch_client(self) -> Client:
+        """A client of the watch's own, so that closing it ends only that watch."""
+        with self._lock:
+            return self._new_client(self.timeout)
+
+
+def _close_all(clients: dict[float, Client]) -> None:
+    for client in clients.values():
+        client.close()
+    clients.clear()
+
+
+def _end_on_error_event(error: Exception, count: int) -> OnErrorResult:
+    """An ERROR event (usually 410 Gone) ends the stream quietly: read the Node, watch again.
+
+    lightkube raises `ApiError` for an ERROR event; a refused watch request or a broken
+    stream is httpx2's own error, which leaves the stream to be logged and retried.
+    """
+    if isinstance(error, ApiError):
+        return OnErrorResult(OnErrorAction.STOP)
+    return OnErrorResult(OnErrorAction.RAISE)
 
 
 @dataclass
 class _WatchState:
+    """Shared by the loop and the watch thread: the stop flag and the stream's own client.
+
+    lightkube renews a watch the server ended by itself, so the stream never ends on its
+    own; closing its client from the loop's side makes the next renewal fail, and the
+    thread, seeing `stop`, ends. A stream that is quiet ends within `watch_timeout_s`.
+    """
+
     stop: threading.Event = field(default_factory=threading.Event)
-    #: The running `watch.Watch`, stopped from the loop's side to end a blocking stream.
-    current: Any = None
+    _client: Client | None = None
+    _lock: threading.Lock = field(default_factory=threading.Lock)
+
+    def open(self, new: Callable[[], Client]) -> Client | None:
+        """The stream's client, made by `new`; None once stopped."""
+        with self._lock:
+            if self.stop.is_set():
+                return None
+            self._client = new()
+            return self._client
+
+    def close_client(self) -> None:
+        with self._lock:
+            client, self._client = self._client, None
+        if client is not None:
+            client.close()
+
+    def close(self) -> None:
+        self.stop.set()
+        self.close_client()
 
 
-def _new_watch() -> Any:
-    return k8s_watch.Watch()  # type: ignore[no-untyped-call]
+def _load_config() -> SingleConfig:
+    """In-cluster service account, else KUBECONFIG (read now), else ~/.kube/config.
+
+    As the official client: in-cluster only when the pod's environment names the API
+    server (KUBERNETES_SERVICE_HOST/PORT) and the service account's files are there.
+    """
+    if os.environ.get("KUBERNETES_SERVICE_HOST") and os.environ.get("KUBERNETES_SERVICE_PORT"):
+        try:
+            return _current(KubeConfig.from_service_account())
+        except ConfigError:
+            pass  # no service account mounted: fall back to a kubeconfig
+    return _current(KubeConfig.from_file(_kubeconfig_path()))
+
+
+def _kubeconfig_path() -> str:
+    """The first existing file of KUBECONFIG (a path list, as kubectl reads it), or the default."""
+    paths = [p for p in (os.environ.get("KUBECONFIG") or "").split(os.pathsep) if p]
+    existing = [p for p in paths if Path(p).expanduser().is_file()]
+    return (existing or paths or ["~/.kube/config"])[0]
+
+
+def _current(config: KubeConfig) -> SingleConfig:
+    single = config.get()
+    if single is None:  # only with a default, which is not passed: for the type checker
+        raise ConfigError("no current context")
+    return single
 
 
 @functools.cache

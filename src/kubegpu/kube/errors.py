@@ -1,8 +1,9 @@
 """The one translation of the Kubernetes client's failures into `KubeError`.
 
 Every call through `kubegpu.kube` that fails raises `KubeError`, whatever broke: the API
-server's answer (`ApiException`), the transport (urllib3: refused, reset, timed out) or
-the credentials (`ConfigException`, an unreadable kubeconfig). The message is one line:
+server's answer (lightkube's `ApiError`, or httpx2's `HTTPStatusError` for an answer that is
+not a JSON Status), the transport (httpx2: refused, reset, timed out) or the credentials
+(lightkube's `ConfigError`, an unreadable kubeconfig). The message is one line:
 the call and object ("patch Node gpu-1"), what went wrong, and what to do about it.
 """
 
@@ -11,9 +12,8 @@ from __future__ import annotations
 import json
 from typing import Final
 
-from kubernetes.client.exceptions import ApiException
-from kubernetes.config import ConfigException
-from urllib3 import exceptions as http
+import httpx2 as http
+from lightkube import ConfigError
 
 from kubegpu.errors import KubegpuError
 
@@ -65,38 +65,39 @@ def translate(
     Unknown failures (a bug, a deserialisation error) are left to propagate unchanged, so
     they are not disguised as an outage.
     """
-    if isinstance(exc, ApiException):
+    if (
+        isinstance(exc, KeyError)
+        and isinstance(exc.__context__, http.HTTPStatusError)
+        and exc.__suppress_context__ is False
+    ):
+        # lightkube reads the error answer's Content-Type header unguarded: an answer
+        # without one (a proxy's 502) surfaces as KeyError raised while handling it.
+        exc = exc.__context__
+    if isinstance(exc, http.HTTPStatusError):
+        answer = exc.response
         return status_error(
             what,
-            int(exc.status or 0),
-            str(exc.reason or ""),
+            answer.status_code,
+            answer.reason_phrase,
             missing=missing,
-            detail=_server_message(exc.body),
+            detail=_server_message(_body(answer)),
         )
-    if isinstance(exc, ConfigException):
+    if isinstance(exc, ConfigError):
         return no_credentials(exc)
-    if isinstance(exc, http.MaxRetryError) and exc.reason is not None:
-        exc = exc.reason  # the last attempt's own failure says what happened
-    if isinstance(exc, http.NewConnectionError | ConnectionError):
-        # NewConnectionError subclasses ConnectTimeoutError: a refused connection is not a timeout.
-        return unreachable(what, exc)
-    if isinstance(exc, http.TimeoutError | TimeoutError):
+    if isinstance(exc, http.TimeoutException | TimeoutError):
         after = f" within {timeout:g}s" if timeout is not None else ""
         return KubeError(
             f"{what}: the API server did not answer{after}; check that it is up and reachable"
         )
-    if isinstance(exc, http.HTTPError | OSError):
+    if isinstance(exc, http.TransportError | OSError):
+        # Refused, reset, TLS failures, a proxy's refusal, an unsupported server URL.
         return unreachable(what, exc)
     return None
 
 
 def unreachable(what: str, exc: BaseException) -> KubeError:
-    detail = first_line(exc)
-    conn = getattr(exc, "conn", None)  # urllib3 prefixes the connection object's repr
-    if conn is not None:
-        detail = detail.removeprefix(f"{conn}: ")
     return KubeError(
-        f"{what}: cannot reach the API server ({detail}); check the network and the "
+        f"{what}: cannot reach the API server ({first_line(exc)}); check the network and the "
         "server address (KUBERNETES_SERVICE_HOST in a pod, `server:` in the kubeconfig)"
     )
 
@@ -113,9 +114,17 @@ def first_line(exc: BaseException) -> str:
     return text.splitlines()[0] if text else type(exc).__name__
 
 
-def _server_message(body: object) -> str:
+def _body(answer: http.Response) -> bytes:
+    """The answer's body, read now for a streamed one (a refused watch); b"" when gone."""
+    try:
+        return answer.read()
+    except (http.HTTPError, http.StreamError):
+        return b""
+
+
+def _server_message(body: bytes) -> str:
     """The `message` of the API server's Status object, first line only; "" if none."""
-    if not isinstance(body, str | bytes) or not body:
+    if not body:
         return ""
     try:
         status = json.loads(body)

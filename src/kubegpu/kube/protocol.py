@@ -1,6 +1,6 @@
 """`Kube`: every Kubernetes call kubegpu makes, as one small interface.
 
-`KubeClient` implements it over the official client, `FakeKube` in memory. Dictionaries
+`KubeClient` implements it over lightkube, `FakeKube` in memory. Dictionaries
 are in the API's own spelling (`ownerReferences`, `resourceVersion`), as `kubectl get -o
 json` shows them, so callers never see the client's model classes.
 """
