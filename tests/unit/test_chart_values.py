@@ -25,15 +25,13 @@ from typing import Any
 import pytest
 import yaml
 
+from tests.conformance.origin import peer_file
+
 helm_python = pytest.importorskip("helm_python")
 kubernetes_validate = pytest.importorskip("kubernetes_validate")
 
 REPO = Path(__file__).resolve().parents[2]
 CHART = REPO / "deployments" / "helm" / "kubegpu"
-#: NVIDIA's own files (README config examples), outside the repository; see its README.
-PEER_DATA = REPO.parent / "shared" / "peer-data" / "nvidia"
-#: NVIDIA's values.yaml, byte for byte (tests/conformance/data/nvidia/helm/README.md).
-NVIDIA_VALUES = REPO / "tests" / "conformance" / "data" / "nvidia" / "helm" / "values.yaml"
 KUBE_VERSION = "1.33.0"
 NAMESPACE = "kube-system"
 CRD_KINDS = {"ServiceMonitor", "NodeFeature"}
@@ -340,9 +338,7 @@ def test_external_configmap_without_the_default_fails_as_nvidias(
 
 
 def _readme_configs() -> dict[str, str]:
-    folder = PEER_DATA / "readme-configs"
-    if not folder.is_dir():
-        pytest.skip(f"NVIDIA's README config examples are not here: {folder}")
+    folder = peer_file("nvidia", "readme-configs")
     return {p.name: p.read_text() for p in folder.glob("*.yaml")}
 
 
@@ -533,7 +529,7 @@ def test_nvidia_values_with_gfd_install_and_notes_name_nfd(chart: Any) -> None:
     """NVIDIA's values.yaml with gfd.enabled (its README's GFD install) would deploy NFD:
     kubegpu's install goes ahead and its NOTES says NFD is needed and the nfd.* keys configure
     nothing; nfd.enabled=false on top silences the first, not the second."""
-    vals = yaml.safe_load(NVIDIA_VALUES.read_text())
+    vals = yaml.safe_load(peer_file("nvidia", "chart", "values.yaml").read_text())
     vals["gfd"]["enabled"] = True
     notes = render(chart, vals).notes
     assert "Node Feature Discovery is required" in notes

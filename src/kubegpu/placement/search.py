@@ -111,8 +111,8 @@ def best_subset(
         return sum(vals[:r])
 
     root2 = 2 * fixed_score + bound2(0, base, set(), need)
-    if greedy_score * 2 >= root2 and budget is not None:
-        return Placement(greedy, greedy_score, greedy_score, 0)  # proven optimal at once
+    # Even a greedy pick proven optimal by the root bound is searched past: another optimal
+    # set may come first in index order, and ties go to the lowest indices everywhere.
     best_score, best = greedy_score - 1, greedy
     nodes = 0
     picked: list[int] = []
