@@ -591,6 +591,38 @@ def test_fuzz_preferred_allocation(
         assert "\n" not in answer
 
 
+_UNARY = ("Allocate", "GetPreferredAllocation", "GetDevicePluginOptions", "PreStartContainer")
+#: Bytes an attacker might send: random, or a valid request's bytes cut or bit-flipped.
+_WIRE = st.one_of(
+    st.binary(max_size=300),
+    st.tuples(st.integers(0, 60), st.integers(0, 255)).map(
+        lambda cut: _allocate("GPU-" + "a" * 40).SerializeToString()[: cut[0]] + bytes([cut[1]])
+    ),
+)
+
+
+@settings(max_examples=120, deadline=None, suppress_health_check=[HealthCheck.too_slow])
+@given(method=st.sampled_from(_UNARY), data=_WIRE)
+def test_fuzz_raw_bytes_to_every_method(
+    threaded_server: tuple[ResourceSpec, str], method: str, data: bytes
+) -> None:
+    """Whatever bytes arrive, each call gets OK or a kubegpu status in one line, never
+    UNKNOWN or INTERNAL, and the plugin answers the next valid request."""
+    spec, target = threaded_server
+    with grpc.insecure_channel(target) as channel:
+        call = channel.unary_unary(f"/v1beta1.DevicePlugin/{method}", None, None)
+        try:
+            call(data, timeout=WAIT)
+        except grpc.RpcError as exc:
+            assert exc.code() in (
+                grpc.StatusCode.INVALID_ARGUMENT,
+                grpc.StatusCode.FAILED_PRECONDITION,
+            ), (exc.code(), exc.details())
+            assert "\n" not in (exc.details() or "")
+    code, answer = _sync_call(target, "Allocate", _allocate(spec.devices[0].id))
+    assert code is grpc.StatusCode.OK, answer
+
+
 def _counted_device_lists(monkeypatch: pytest.MonkeyPatch) -> list[int]:
     """The device count of every ListAndWatch list the servicer builds, from now on."""
     from kubegpu.plugin import server as server_module
