@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import random
 import threading
 from collections.abc import AsyncIterator
 from pathlib import Path
@@ -11,7 +12,8 @@ from typing import Any
 
 import pytest
 
-from kubegpu.config import MigStrategy
+from kubegpu.config import MigStrategy, parse_config
+from kubegpu.config.loader import read_bytes
 from kubegpu.config.source import (
     DEFAULT_NODE_LABEL,
     SETTLE_READS,
@@ -24,7 +26,7 @@ from kubegpu.config.source import (
 )
 from kubegpu.errors import ConfigError
 from kubegpu.kube import FakeKube
-from tests.waiting import WAIT
+from tests.waiting import WAIT, eventually
 
 FAST = 0.05
 
@@ -649,3 +651,64 @@ def test_serve_and_labels_choose_named_configs_from_the_same_settings(
     # What each command parses from the same flag gives the same selection.
     chosen = [named_configs(parse(c, ["--config-dir=/configs"], {})) for c in (serve, labels)]
     assert chosen[0] == chosen[1] == named
+
+
+def _mutations(seed: int, count: int) -> list[bytes]:
+    """What an attacker or a broken tool writes over a config: junk bytes, a valid config
+    cut anywhere, or one with a byte flipped (deterministic: the seed names the corpus)."""
+    rng = random.Random(seed)
+    valid = (mig("mixed") + "sharing:\n  timeSlicing:\n    resources:\n").encode()
+    valid += b"      - name: nvidia.com/gpu\n        replicas: 4\n"
+    out: list[bytes] = []
+    for _ in range(count):
+        kind = rng.randrange(3)
+        if kind == 0:
+            out.append(rng.randbytes(rng.randrange(1, 200)))
+        elif kind == 1:
+            out.append(valid[: rng.randrange(1, len(valid))])
+        else:
+            flipped = bytearray(valid)
+            flipped[rng.randrange(len(flipped))] = rng.randrange(256)
+            out.append(bytes(flipped))
+    return out
+
+
+class RecordingReader:
+    """`read_bytes`, remembering every content it returned."""
+
+    def __init__(self) -> None:
+        self.seen: list[bytes] = []
+
+    def __call__(self, path: Path) -> bytes:
+        data = read_bytes(path)
+        self.seen.append(data)
+        return data
+
+
+async def test_fuzzed_reloads_each_give_a_config_or_one_line_and_good_ones_still_land(
+    tmp_path: Path,
+) -> None:
+    """300 hostile files renamed over a watched config, each followed by a good one: the
+    source reads every hostile file, makes each a config or a one-line error (never its
+    end), and always applies the good file after it."""
+    path = tmp_path / "config.yaml"
+    path.write_text(mig("mixed"))
+    reader = RecordingReader()
+    source = ConfigSource(config_file=path, overrides={}, poll_interval=3600, reader=reader)
+    staged = tmp_path / ".staged"
+    async with running(source) as s:
+        assert strategy(await next_update(s)) is MigStrategy.MIXED
+        for n, data in enumerate(_mutations(seed=18, count=300)):
+            staged.write_bytes(data)
+            staged.replace(path)
+            await eventually(lambda data=data: data in reader.seen)  # type: ignore[misc]
+            # Two configs no mutation of a `mixed` file can turn into: each is news.
+            wanted = mig("single") + ("  gfd:\n    oneshot: true\n" if n % 2 else "")
+            staged.write_text(wanted)
+            staged.replace(path)
+            while True:  # every update on the way is a config or one line
+                update = await next_update(s)
+                if update.config is None:
+                    assert str(update.error) and "\n" not in str(update.error)
+                elif update.config == parse_config(wanted):
+                    break
