@@ -114,18 +114,9 @@ def ignores_hup(pid: int) -> bool:
     return bool(int(mask, 16) & (1 << (signal.SIGHUP - 1)))
 
 
-async def test_sighup_storm_from_the_first_python_line_never_kills_start_up(
-    kubelet: KubeletEmulator,
-) -> None:
-    """HUPs from the moment the process ignores them (its first imports; before that only
-    the interpreter's own start runs) until it has registered: it starts as if none came."""
-    # Spawned with SIGHUP at its default, not this process's (importing kubegpu.cli here
-    # ignores it, and an ignored disposition is inherited across exec).
-    previous = signal.signal(signal.SIGHUP, signal.SIG_DFL)
-    try:
-        serve = await start(serve_cmd(kubelet.plugin_dir, "--simulate", "a10g-4"))
-    finally:
-        signal.signal(signal.SIGHUP, previous)
+async def hup_storm_until_registered(serve: Serve, kubelet: KubeletEmulator) -> int:
+    """Send SIGHUPs from the moment `serve` ignores them until the kubelet holds its list;
+    how many were sent. Fails if the process dies on the way."""
     registered = asyncio.ensure_future(kubelet.wait_for_resource(GPU, capacity=4))
     died = asyncio.ensure_future(serve.proc.wait())
     sent = 0
@@ -141,10 +132,28 @@ async def test_sighup_storm_from_the_first_python_line_never_kills_start_up(
             await asyncio.wait({registered, died}, timeout=0.005)
         assert not died.done(), "".join(serve.lines)
         await registered
-        assert serve.proc.returncode is None
     finally:
         registered.cancel()
         died.cancel()
+    return sent
+
+
+async def test_sighup_storm_from_the_first_python_line_never_kills_start_up(
+    kubelet: KubeletEmulator,
+) -> None:
+    """HUPs from the moment the process ignores them (its first imports; before that only
+    the interpreter's own start runs) until it has registered: it starts as if none came."""
+    # Spawned with SIGHUP at its default, not this process's (importing kubegpu.cli here
+    # ignores it, and an ignored disposition is inherited across exec).
+    previous = signal.signal(signal.SIGHUP, signal.SIG_DFL)
+    try:
+        serve = await start(serve_cmd(kubelet.plugin_dir, "--simulate", "a10g-4"))
+    finally:
+        signal.signal(signal.SIGHUP, previous)
+    try:
+        sent = await hup_storm_until_registered(serve, kubelet)
+        assert serve.proc.returncode is None
+    finally:
         code, out = await serve.stop()
     assert sent >= 1
     assert code == 0, out
@@ -173,25 +182,12 @@ async def test_started_as_the_image_starts_it_a_hup_from_exec_on_never_kills_it(
         )
     finally:
         signal.signal(signal.SIGHUP, previous)
-    registered = asyncio.ensure_future(kubelet.wait_for_resource(GPU, capacity=4))
-    died = asyncio.ensure_future(serve.proc.wait())
     try:
-        async with asyncio.timeout(WAIT):
-            while not ignores_hup(serve.proc.pid):
-                assert serve.proc.returncode is None
-                await asyncio.sleep(0)  # a yield to the loop, not a timed wait
-        while not registered.done() and not died.done():
-            serve.proc.send_signal(signal.SIGHUP)
-            # Paces the storm; returns at once when either condition holds.
-            await asyncio.wait({registered, died}, timeout=0.005)
-        assert not died.done(), "".join(serve.lines)
-        await registered
+        assert await hup_storm_until_registered(serve, kubelet) >= 1
         serve.proc.send_signal(signal.SIGHUP)
         await serve.wait_for_line("SIGHUP: re-reading the config")
         assert serve.proc.returncode is None
     finally:
-        registered.cancel()
-        died.cancel()
         code, out = await serve.stop()
     assert code == 0, out
 

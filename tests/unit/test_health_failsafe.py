@@ -9,9 +9,8 @@ reports pending); the Xid policy on the real pynvml is in tests/fakenvml/test_he
 from __future__ import annotations
 
 import asyncio
-import contextlib
 import threading
-from collections.abc import AsyncIterator, Callable
+from collections.abc import Callable
 
 import pynvml
 import pytest
@@ -23,9 +22,9 @@ from kubegpu.devices.nvml import NvmlBackend
 from kubegpu.devices.simulated import SimulatedBackend
 from kubegpu.health import HealthMonitor
 from kubegpu.state import NodeState, NodeStore
-from kubegpu.supervisor import spawn
 from kubegpu.testing import FakeNvml
 from tests.unit.nvml.conftest import open_backend
+from tests.unit.test_health import running
 from tests.waiting import WAIT
 
 #: Short enough that a test sees recovery quickly; a test never asserts on these durations.
@@ -64,17 +63,6 @@ class Handled:
                 await self._changed.wait()
 
         await asyncio.wait_for(wait(), DEADLINE_S)
-
-
-@contextlib.asynccontextmanager
-async def running(monitor: HealthMonitor) -> AsyncIterator[asyncio.Task[None]]:
-    task = spawn("health monitor", monitor.run())
-    try:
-        yield task
-    finally:
-        task.cancel()
-        with contextlib.suppress(asyncio.CancelledError):
-            await task
 
 
 def node(fake: FakeNvml, **backend: object) -> tuple[NvmlBackend, NodeStore]:
