@@ -103,7 +103,7 @@ class XidPolicy:
         return cls(
             frozenset(settings.ignored_xids),
             frozenset(settings.critical_xids),
-            dict(overrides or {}),
+            dict(settings.xid_overrides if overrides is None else overrides),
         )
 
     def outcome(self, xid: int | None) -> XidOutcome:

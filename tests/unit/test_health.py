@@ -78,6 +78,29 @@ def test_custom_ignore_list() -> None:
     assert t.observe(xid(109))
 
 
+def test_xid_overrides_from_the_config_file_say_what_each_xid_does() -> None:
+    """`flags.health.xidOverrides` beats the catalog and `ignoredXids`, not `criticalXids`."""
+    config = build_config(
+        {
+            "flags": {
+                "health": {
+                    "ignoredXids": [13],
+                    "criticalXids": [94],
+                    "xidOverrides": {48: "ignore", "13": "unhealthy", 94: "ignore"},
+                }
+            }
+        },
+        {},
+        source="config.yaml",
+    )
+    t = tracker_from(config.flags.health)
+    assert not t.observe(xid(48, "GPU-a"))  # the catalog would wait for a reset
+    assert t.observe(xid(13, "GPU-b"))  # on the ignore list, but the override says unhealthy
+    assert t.observe(xid(94, "GPU-c"))  # critical wins over an override that ignores it
+    assert t.health() == {"GPU-b": Health.UNHEALTHY, "GPU-c": Health.UNHEALTHY}
+    assert tracker_from(HealthFlags()).observe(xid(48, "GPU-a"))
+
+
 def test_disabled_keeps_everything_healthy() -> None:
     t = tracker(disabled=True)
     assert not t.observe(xid(79))

@@ -19,10 +19,12 @@ keys) are worded there too, in one place.
 from __future__ import annotations
 
 import re
+from dataclasses import field
 from enum import StrEnum
 from typing import Annotated, Any, ClassVar, Final, Literal
 
 from pydantic import (
+    AfterValidator,
     ConfigDict,
     Field,
     Strict,
@@ -43,6 +45,7 @@ from kubegpu.config.names import (
     parse_quantity,
     qualify_resource_name,
 )
+from kubegpu.xid_catalog import XidOutcome
 
 VERSION: Final = "v1"
 #: Every config version this build reads.
@@ -278,6 +281,17 @@ class GfdFlags(_Model):
 _Xid = Annotated[int, Field(ge=0)]
 
 
+class _XidMap(dict[int, XidOutcome]):
+    """A dict that hashes by its items, so that the models stay hashable frozen values."""
+
+    def __hash__(self) -> int:  # type: ignore[override]
+        return hash(frozenset(self.items()))
+
+
+#: Validated as a mapping (errors name the Xid), held as a hashable one.
+_XidOverrides = Annotated[dict[_Xid, XidOutcome], AfterValidator(_XidMap)]
+
+
 @dataclass(frozen=True, kw_only=True, config=_CONFIG)
 class HealthFlags(_Model):
     """kubegpu's health settings (NVIDIA has env vars only; we accept both)."""
@@ -292,6 +306,9 @@ class HealthFlags(_Model):
     recovery_seconds: Annotated[float, Field(ge=0.0)] = 60.0
     #: How often unhealthy GPUs are probed for recovery.
     probe_interval_seconds: Annotated[float, Field(gt=0.0)] = 5.0
+    #: What an Xid does, per Xid, over NVIDIA's catalog and `ignoredXids` (not over
+    #: `criticalXids`): `ignore`, `unhealthy`, or `unhealthy-until-reset`.
+    xid_overrides: _XidOverrides = field(default_factory=_XidMap)
 
 
 @dataclass(frozen=True, kw_only=True, config=_CONFIG)
