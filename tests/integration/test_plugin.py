@@ -27,7 +27,7 @@ from kubegpu.devices.simulated import SimulatedBackend
 from kubegpu.events import FakeEventSink, NodeEvents
 from kubegpu.kubelet import KubeletEmulator
 from kubegpu.plugin.manager import socket_path_too_long
-from kubegpu.plugin.server import ResourceServer, request_limit, undecodable
+from kubegpu.plugin.server import DevicePluginServicer, ResourceServer, request_limit, undecodable
 from kubegpu.resources import ResourceSpec, build_resources, socket_name
 from tests import builders
 from tests.waiting import WAIT, Kubelet, eventually
@@ -812,3 +812,47 @@ async def test_requests_larger_than_any_valid_one_are_refused_before_decoding(
         ]
     )
     assert valid.ByteSize() <= limit
+
+
+async def test_an_allocate_answered_during_a_kubelet_restart_reaches_its_caller(
+    socket_dir: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """The server a restart replaces was stopped with no grace, so an Allocate the plugin
+    had answered could reach the kubelet as CANCELLED. Every answered call now arrives;
+    calls grpc had only queued when the old server stopped may still be refused."""
+    answered = 0
+    real = DevicePluginServicer.Allocate
+
+    async def counted(self: DevicePluginServicer, request: Any, context: Any) -> Any:
+        nonlocal answered
+        response = await real(self, request, context)
+        answered += 1
+        return response
+
+    monkeypatch.setattr(DevicePluginServicer, "Allocate", counted)
+    received = 0
+    stop = asyncio.Event()
+    async with running_node(socket_dir, "a10g-4") as node:
+        k = node.kubelet
+        await k.wait_for_resource(GPU, capacity=4)
+
+        async def client() -> None:
+            nonlocal received
+            while not stop.is_set():
+                async with grpc.aio.insecure_channel(f"unix://{node.socket()}") as channel:
+                    stub = device_plugin_stub(channel)
+                    with contextlib.suppress(grpc.aio.AioRpcError):
+                        while not stop.is_set():
+                            await stub.Allocate(_allocate(node.uuids[0]), timeout=WAIT)
+                            received += 1
+
+        clients = [asyncio.ensure_future(client()) for _ in range(4)]
+        try:
+            for restarts in range(1, 6):
+                await k.restart()
+                await eventually(lambda n=restarts: node.daemon.manager.kubelet_restarts == n)  # type: ignore[misc]
+                await k.wait_for_resource(GPU, capacity=4, allocatable=4)
+        finally:
+            stop.set()
+            await asyncio.gather(*clients)
+    assert answered > 0 and received == answered

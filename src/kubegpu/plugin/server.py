@@ -438,6 +438,13 @@ def plugin_server(servicer: pb_grpc.DevicePluginServicer) -> grpc.aio.Server:
     return server
 
 
+#: How long a server being replaced (the kubelet restarted, the socket was deleted) may
+#: take to finish the calls it already has: grpc returns as soon as they are done, so an
+#: idle server costs nothing, and an Allocate it answered reaches the kubelet instead of
+#: being cut off as CANCELLED.
+RESERVE_GRACE_S = 1.0
+
+
 class ResourceServer:
     """Serves one resource on `<plugin_dir>/<socket>` and registers it with the kubelet."""
 
@@ -475,7 +482,7 @@ class ResourceServer:
         # Built before the old one stops: grpc tears its engine down (poller thread, core)
         # when its last server or channel goes, and starting it again costs ~1 ms.
         server = plugin_server(self.servicer)
-        await self._stop_server(grace=0)
+        await self._stop_server(grace=RESERVE_GRACE_S)
         self.registered = False
         self.servicer.reopen()
         with contextlib.suppress(FileNotFoundError):
