@@ -15,13 +15,9 @@ import asyncio
 import json
 import os
 import sys
-import threading
-import types
 from collections import Counter
 from pathlib import Path
 from typing import Any
-
-import pynvml
 
 from kubegpu.config.v1 import HealthFlags
 from kubegpu.devices.model import HealthEvent, HealthEventKind
@@ -29,29 +25,15 @@ from kubegpu.devices.nvml import NvmlBackend
 from kubegpu.health import HealthMonitor
 from kubegpu.state import NodeStore
 from kubegpu.supervisor import spawn
+from tests.fakenvml.probe import Counting
 
 _WAIT_S = 30.0
 #: Probes per device to wait for: at 20 ms a round, several 0.2 s recovery periods.
 _PROBES = 40
 
 
-class _Counting(types.ModuleType):
-    """pynvml, counting nvmlDeviceRegisterEvents so events are written after registration."""
-
-    def __init__(self) -> None:
-        super().__init__("pynvml")
-        self.registered = threading.Semaphore(0)
-
-    def __getattr__(self, name: str) -> Any:
-        return getattr(pynvml, name)
-
-    def nvmlDeviceRegisterEvents(self, handle: Any, types_: int, event_set: Any) -> None:
-        pynvml.nvmlDeviceRegisterEvents(handle, types_, event_set)
-        self.registered.release()
-
-
 async def monitor(lines: list[str], events_file: str) -> dict[str, Any]:
-    nvml = _Counting()
+    nvml = Counting()
     backend = NvmlBackend.open(nvml=nvml, wait_timeout_ms=50, layout_check_seconds=3600)
     inventory = backend.discover()
     store = NodeStore()

@@ -118,7 +118,7 @@ def links_and_placement(inventory: Inventory, sizes: list[int]) -> dict[str, Any
     }
 
 
-class _Counting(types.ModuleType):
+class Counting(types.ModuleType):
     """pynvml, counting nvmlDeviceRegisterEvents so events are written after registration."""
 
     def __init__(self) -> None:
@@ -134,7 +134,7 @@ class _Counting(types.ModuleType):
 
 
 def watch(expected: int, lines: list[str], events_file: str) -> dict[str, Any]:
-    nvml = _Counting()
+    nvml = Counting()
     backend = NvmlBackend.open(nvml=nvml, wait_timeout_ms=50)
     inventory = backend.discover()
     seen: list[HealthEvent] = []
