@@ -11,7 +11,13 @@ import signal
 from pathlib import Path
 
 from kubegpu.kubelet import KubeletEmulator
-from tests.integration.test_serve import GPU, SHARED, run_to_end, serve_cmd, start
+from tests.integration.test_serve import (
+    GPU,
+    SHARED,
+    run_to_end,
+    serve_cmd,
+    start_time_sliced,
+)
 
 ALIAS_BOMB = "".join(
     f"l{n}: &l{n} [{', '.join([f'*l{n - 1}'] * 9) if n else ', '.join(['lol'] * 9)}]\n"
@@ -37,10 +43,7 @@ async def test_every_bad_reload_keeps_the_last_good_config(
     kubelet: KubeletEmulator, socket_dir: Path
 ) -> None:
     config = socket_dir / "config.yaml"
-    config.write_text(SHARED.format(replicas=4))
-    serve = await start(
-        serve_cmd(kubelet.plugin_dir, "--simulate", "a10g-4", "--config-file", str(config))
-    )
+    serve = await start_time_sliced(kubelet, config)
     try:
         await kubelet.wait_for_resource(GPU, capacity=16, allocatable=16)
         for text, fragment in BAD_RELOADS:
@@ -86,10 +89,7 @@ async def test_a_fifo_or_a_device_on_reload_keeps_serving_and_sigterm_still_stop
     """A FIFO once wedged every later reload and SIGTERM; /dev/urandom held the reload for
     good. Each is refused on one line; the kubelet keeps its devices; SIGTERM ends serve."""
     config = socket_dir / "config.yaml"
-    config.write_text(SHARED.format(replicas=4))
-    serve = await start(
-        serve_cmd(kubelet.plugin_dir, "--simulate", "a10g-4", "--config-file", str(config))
-    )
+    serve = await start_time_sliced(kubelet, config)
     try:
         await kubelet.wait_for_resource(GPU, capacity=16, allocatable=16)
         fifo = socket_dir / "fifo"

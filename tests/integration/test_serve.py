@@ -86,6 +86,14 @@ async def start(cmd: list[str], **env: str) -> Serve:
     return Serve(proc)
 
 
+async def start_time_sliced(kubelet: KubeletEmulator, config: Path) -> Serve:
+    """`serve` on a10g-4 with `config` written as 4 time-sliced replicas per GPU (16 in all)."""
+    config.write_text(SHARED.format(replicas=4))
+    return await start(
+        serve_cmd(kubelet.plugin_dir, "--simulate", "a10g-4", "--config-file", str(config))
+    )
+
+
 async def test_sigterm_stops_cleanly_and_removes_socket(kubelet: KubeletEmulator) -> None:
     serve = await start(serve_cmd(kubelet.plugin_dir, "--simulate", "a10g-4"))
     try:
@@ -259,10 +267,7 @@ async def test_config_reload_changes_replicas_and_keeps_last_good(
     kubelet: KubeletEmulator, socket_dir: Path
 ) -> None:
     config = socket_dir / "config.yaml"
-    config.write_text(SHARED.format(replicas=4))
-    serve = await start(
-        serve_cmd(kubelet.plugin_dir, "--simulate", "a10g-4", "--config-file", str(config))
-    )
+    serve = await start_time_sliced(kubelet, config)
     try:
         await kubelet.wait_for_resource(GPU, capacity=16, allocatable=16)
         held = await kubelet.allocate(GPU, 1, pod="running")
