@@ -402,14 +402,19 @@ async def test_a_file_is_applied_only_once_it_reads_the_same_twice(tmp_path: Pat
 
 
 class CountingReader:
-    """`read_bytes`, counting the reads of the file."""
+    """`read_bytes`, keeping every content it returned (`reads` counts them)."""
 
     def __init__(self) -> None:
-        self.reads = 0
+        self.seen: list[bytes] = []
+
+    @property
+    def reads(self) -> int:
+        return len(self.seen)
 
     def __call__(self, path: Path) -> bytes:
-        self.reads += 1
-        return path.read_bytes()
+        data = read_bytes(path)
+        self.seen.append(data)
+        return data
 
 
 def _counted_source(tmp_path: Path) -> tuple[Path, CountingReader, ConfigSource]:
@@ -673,18 +678,6 @@ def _mutations(seed: int, count: int) -> list[bytes]:
     return out
 
 
-class RecordingReader:
-    """`read_bytes`, remembering every content it returned."""
-
-    def __init__(self) -> None:
-        self.seen: list[bytes] = []
-
-    def __call__(self, path: Path) -> bytes:
-        data = read_bytes(path)
-        self.seen.append(data)
-        return data
-
-
 async def test_fuzzed_reloads_each_give_a_config_or_one_line_and_good_ones_still_land(
     tmp_path: Path,
 ) -> None:
@@ -693,7 +686,7 @@ async def test_fuzzed_reloads_each_give_a_config_or_one_line_and_good_ones_still
     end), and always applies the good file after it."""
     path = tmp_path / "config.yaml"
     path.write_text(mig("mixed"))
-    reader = RecordingReader()
+    reader = CountingReader()
     source = ConfigSource(config_file=path, overrides={}, poll_interval=3600, reader=reader)
     staged = tmp_path / ".staged"
     async with running(source) as s:
