@@ -1,4 +1,4 @@
-"""The checked-in generated code matches api.proto, and the wire contract is the kubelet's."""
+"""The checked-in generated code matches the .proto files; the wire contract is the kubelet's."""
 
 from __future__ import annotations
 
@@ -7,16 +7,20 @@ import subprocess
 import sys
 from pathlib import Path
 
-from kubegpu.api import pb
+from kubegpu.api import dra_pb2, pb, pluginregistration_pb2
 
 SRC = Path(__file__).resolve().parents[2] / "src"
-GENERATED = ("api_pb2.py", "api_pb2.pyi", "api_pb2_grpc.py")
+PROTOS = ("api", "pluginregistration", "dra")
+GENERATED = tuple(
+    f"{proto}{suffix}" for proto in PROTOS for suffix in ("_pb2.py", "_pb2.pyi", "_pb2_grpc.py")
+)
 
 
 def test_generated_files_match_the_proto(tmp_path: Path) -> None:
     proto_dir = tmp_path / "kubegpu" / "api"
     proto_dir.mkdir(parents=True)
-    shutil.copy(SRC / "kubegpu" / "api" / "api.proto", proto_dir)
+    for proto in PROTOS:
+        shutil.copy(SRC / "kubegpu" / "api" / f"{proto}.proto", proto_dir)
     subprocess.run(
         [
             sys.executable,
@@ -26,7 +30,7 @@ def test_generated_files_match_the_proto(tmp_path: Path) -> None:
             f"--python_out={tmp_path}",
             f"--grpc_python_out={tmp_path}",
             f"--pyi_out={tmp_path}",
-            "kubegpu/api/api.proto",
+            *(f"kubegpu/api/{proto}.proto" for proto in PROTOS),
         ],
         check=True,
     )
@@ -82,3 +86,40 @@ def test_field_numbers_are_the_kubelets() -> None:
     }
     assert numbers("Mount") == {"container_path": 1, "host_path": 2, "read_only": 3}
     assert numbers("DeviceSpec") == {"container_path": 1, "host_path": 2, "permissions": 3}
+
+
+def test_dra_and_registration_method_paths() -> None:
+    registration = pluginregistration_pb2.DESCRIPTOR.services_by_name["Registration"]
+    assert [m.full_name for m in registration.methods] == [
+        "pluginregistration.Registration.GetInfo",
+        "pluginregistration.Registration.NotifyRegistrationStatus",
+    ]
+    dra = dra_pb2.DESCRIPTOR.services_by_name["DRAPlugin"]
+    assert dra.full_name == "k8s.io.kubelet.pkg.apis.dra.v1.DRAPlugin"
+    assert [m.name for m in dra.methods] == ["NodePrepareResources", "NodeUnprepareResources"]
+
+
+def test_dra_field_numbers_are_the_kubelets() -> None:
+    def numbers(module: object, message: str) -> dict[str, int]:
+        descriptor = module.DESCRIPTOR.message_types_by_name[message]  # type: ignore[attr-defined]
+        return {f.name: f.number for f in descriptor.fields}
+
+    assert numbers(pluginregistration_pb2, "PluginInfo") == {
+        "type": 1,
+        "name": 2,
+        "endpoint": 3,
+        "supported_versions": 4,
+    }
+    assert numbers(pluginregistration_pb2, "RegistrationStatus") == {
+        "plugin_registered": 1,
+        "error": 2,
+    }
+    assert numbers(dra_pb2, "Device") == {
+        "request_names": 1,
+        "pool_name": 2,
+        "device_name": 3,
+        "cdi_device_ids": 4,
+    }
+    assert numbers(dra_pb2, "Claim") == {"namespace": 1, "uid": 2, "name": 3}
+    assert numbers(dra_pb2, "NodePrepareResourceResponse") == {"devices": 1, "error": 2}
+    assert numbers(dra_pb2, "NodeUnprepareResourceResponse") == {"error": 1}
