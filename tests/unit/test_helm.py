@@ -22,6 +22,8 @@ KUBE_VERSION = "1.33.0"
 #: resource.k8s.io/v1 (DRA) objects: GA in 1.34; DeviceClass.extendedResourceName is beta in
 #: 1.36, the first release the chart's DRA mode is made for.
 DRA_KUBE_VERSION = "1.36.0"
+#: The variables of `kubegpu serve`'s DRA flags (NVIDIA's DRA driver's names for the last two).
+DRA_FLAGS = {"KUBEGPU_MODE", "KUBELET_REGISTRAR_DIRECTORY_PATH", "KUBELET_PLUGINS_DIRECTORY_PATH"}
 HUP_IGNORED = ("env", "--ignore-signal=HUP")  # the image entrypoint and the chart start so
 #: Custom resources: not in the core schemas, checked for shape instead.
 CRD_KINDS = {"ServiceMonitor", "NodeFeature"}
@@ -696,10 +698,10 @@ def test_plugin_env_names_and_values_are_ones_kubegpu_serve_accepts(chart: Any) 
         for e in container(one(render(chart, vals), "DaemonSet", "kubegpu"))["env"]:
             if e["name"] in outside or "valueFrom" in e:
                 continue
-            if e["name"] == "KUBEGPU_MODE" and "KUBEGPU_MODE" not in flags:
-                # `serve --mode` comes with the DRA kubelet plugin; a build without it
-                # still gets only the chart's two modes.
-                assert e["value"] in ("plugin", "dra"), e
+            if e["name"] in DRA_FLAGS and e["name"] not in flags:
+                # `serve --mode` and the kubelet directories come with the DRA kubelet
+                # plugin; a build without them still gets a mode or an absolute path.
+                assert e["value"] in ("plugin", "dra") or e["value"].startswith("/"), e
                 continue
             assert e["name"] in flags, e
             option = flags[e["name"]]
@@ -769,6 +771,8 @@ def test_dra_mode_installs_nvidias_device_classes(chart: Any) -> None:
 def test_dra_mode_mounts_the_kubelet_plugin_dirs_and_cdi_not_device_plugins(chart: Any) -> None:
     ds = one(render(chart, values("dra-values.yaml")), "DaemonSet", "kubegpu")
     assert env(ds)["KUBEGPU_MODE"] == "dra"
+    assert env(ds)["KUBELET_REGISTRAR_DIRECTORY_PATH"] == "/var/lib/kubelet/plugins_registry"
+    assert env(ds)["KUBELET_PLUGINS_DIRECTORY_PATH"] == "/var/lib/kubelet/plugins"
     assert "DEVICE_PLUGIN_PATH" not in env(ds)
     paths = {
         v["hostPath"]["path"]: v["hostPath"]["type"]
@@ -818,7 +822,11 @@ def test_dra_classes_can_leave_out_extended_resource_names_and_serve_amd(chart: 
 
 
 def test_schema_rejects_an_unknown_mode(chart: Any) -> None:
-    for bad in ({"mode": "both"}, {"dra": {"pluginsPath": "relative/path"}}, {"dra": {"x": 1}}):
+    for bad in (
+        {"mode": "both"},
+        {"dra": {"kubeletPluginsDirectoryPath": "relative/path"}},
+        {"dra": {"x": 1}},
+    ):
         with pytest.raises(helm_python.HelmValuesError):
             chart.validate_schema(bad)
 
