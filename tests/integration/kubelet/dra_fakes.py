@@ -85,7 +85,7 @@ class FakeDriver(reg_grpc.RegistrationServicer, dra_grpc.DRAPluginServicer):
         self.reg_path.unlink(missing_ok=True)
         self.dra_path.unlink(missing_ok=True)
 
-    def _v1beta1_handler(self) -> grpc.GenericRpcHandler:
+    def _v1beta1_handler(self) -> grpc.GenericRpcHandler[Any, Any]:
         return grpc.method_handlers_generic_handler(
             "k8s.io.kubelet.pkg.apis.dra.v1beta1.DRAPlugin",
             {

@@ -37,9 +37,7 @@ async def node(socket_dir: Path, kube: FakeKube) -> AsyncIterator[DRAKubelet]:
 
 
 @pytest.fixture
-async def make_driver(
-    node: DRAKubelet, kube: FakeKube
-) -> AsyncIterator[MakeDriver]:
+async def make_driver(node: DRAKubelet, kube: FakeKube) -> AsyncIterator[MakeDriver]:
     made: list[FakeDriver] = []
 
     async def make(**kwargs: Any) -> FakeDriver:
@@ -55,9 +53,7 @@ async def make_driver(
             await driver.stop()
 
 
-async def test_a_driver_registers_and_is_told_so(
-    node: DRAKubelet, make_driver: MakeDriver
-) -> None:
+async def test_a_driver_registers_and_is_told_so(node: DRAKubelet, make_driver: MakeDriver) -> None:
     driver = await make_driver()
     await node.wait_for_driver(DRIVER, timeout=WAIT)
     await node.wait_for(lambda: driver.statuses == [(True, "")], WAIT)
@@ -108,16 +104,13 @@ async def test_no_supported_version_is_refused_and_retried_with_backoff(
     assert node.drivers == []
     failed = [a for a in node.attempts if a.socket == str(driver.reg_path)]
     assert all(
-        a.error == "RegisterPlugin error -- pluginHandler.ValidatePluginFunc failed"
-        for a in failed
+        a.error == "RegisterPlugin error -- pluginHandler.ValidatePluginFunc failed" for a in failed
     )
     # Retried while the socket exists, each attempt later than the one before.
     assert [a.time for a in failed] == sorted(a.time for a in failed)
 
 
-async def test_an_empty_version_list_is_refused(
-    node: DRAKubelet, make_driver: MakeDriver
-) -> None:
+async def test_an_empty_version_list_is_refused(node: DRAKubelet, make_driver: MakeDriver) -> None:
     driver = await make_driver(versions=())
     await node.wait_for(lambda: bool(driver.statuses), WAIT)
     assert driver.statuses[0][1].endswith(
@@ -132,9 +125,7 @@ async def test_removing_the_registration_socket_deregisters_the_driver(
     await node.wait_for_driver(DRIVER, timeout=WAIT)
     driver.reg_path.unlink()
     await node.wait_for_driver(DRIVER, registered=False, timeout=WAIT)
-    assert node.watcher.deregistrations == [
-        (str(driver.reg_path), DRIVER, str(driver.dra_path))
-    ]
+    assert node.watcher.deregistrations == [(str(driver.reg_path), DRIVER, str(driver.dra_path))]
 
 
 async def test_sockets_already_there_register_when_the_kubelet_restarts(
