@@ -61,8 +61,23 @@ class FakeDriver(reg_grpc.RegistrationServicer, dra_grpc.DRAPluginServicer):
 
     async def start(self) -> FakeDriver:
         """Serve the DRA socket first, then the registration socket (as drivers do)."""
-        self.dra_path.parent.mkdir(parents=True, exist_ok=True)
+        await self.start_service()
         self.reg_path.parent.mkdir(parents=True, exist_ok=True)
+        self._reg_server = grpc.aio.server()
+        reg_grpc.add_RegistrationServicer_to_server(self, self._reg_server)  # type: ignore[no-untyped-call]
+        self._reg_server.add_insecure_port(f"unix://{self.reg_path}")
+        await self._reg_server.start()
+        return self
+
+    async def stop_service(self) -> None:
+        """Stop only the DRA service (a driver crashing while its registration stays)."""
+        if self._dra_server is not None:
+            await self._dra_server.stop(0)
+            self._dra_server = None
+        self.dra_path.unlink(missing_ok=True)
+
+    async def start_service(self) -> None:
+        self.dra_path.parent.mkdir(parents=True, exist_ok=True)
         self._dra_server = grpc.aio.server()
         if self.serve_version == "v1":
             dra_grpc.add_DRAPluginServicer_to_server(self, self._dra_server)  # type: ignore[no-untyped-call]
@@ -70,11 +85,6 @@ class FakeDriver(reg_grpc.RegistrationServicer, dra_grpc.DRAPluginServicer):
             self._dra_server.add_generic_rpc_handlers((self._v1beta1_handler(),))
         self._dra_server.add_insecure_port(f"unix://{self.dra_path}")
         await self._dra_server.start()
-        self._reg_server = grpc.aio.server()
-        reg_grpc.add_RegistrationServicer_to_server(self, self._reg_server)  # type: ignore[no-untyped-call]
-        self._reg_server.add_insecure_port(f"unix://{self.reg_path}")
-        await self._reg_server.start()
-        return self
 
     async def stop(self) -> None:
         """Stop both servers and remove the registration socket (a driver shutting down)."""

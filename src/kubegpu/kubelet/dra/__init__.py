@@ -22,7 +22,7 @@ from kubegpu.kubelet.dra.manager import (
     PrepareError,
     UnprepareError,
 )
-from kubegpu.kubelet.dra.node import PLUGINS, PLUGINS_REGISTRY, DRAKubelet
+from kubegpu.kubelet.dra.node import PLUGINS, PLUGINS_REGISTRY, DRAKubelet, node_slice_wiper
 from kubegpu.kubelet.dra.plugins import (
     SUPPORTED_SERVICES,
     V1_SERVICE,
@@ -56,4 +56,5 @@ __all__ = [
     "RegistrationAttempt",
     "SliceWiper",
     "UnprepareError",
+    "node_slice_wiper",
 ]

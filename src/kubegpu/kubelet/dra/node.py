@@ -12,7 +12,7 @@ from __future__ import annotations
 import logging
 from collections.abc import Callable
 from pathlib import Path
-from typing import Any
+from typing import Any, Protocol
 
 from kubegpu.kubelet.changes import Changes
 from kubegpu.kubelet.dra.manager import ClaimReader, DRACall, DRAManager
@@ -37,8 +37,37 @@ PLUGINS_REGISTRY = "plugins_registry"
 PLUGINS = "plugins"
 
 
+class SliceStore(Protocol):
+    """The API's ResourceSlices as `FakeKube` holds them."""
+
+    resource_slices: dict[str, dict[str, Any]]
+
+    def delete_resource_slice(self, name: str) -> bool: ...
+
+
+def node_slice_wiper(kube: SliceStore, node: str) -> SliceWiper:
+    """Deletes the node's ResourceSlices (of one driver, or all) as the kubelet does.
+
+    The kubelet deletes by field selector `spec.nodeName=<node>[,spec.driver=<driver>]`.
+    """
+
+    def wipe(driver: str | None) -> None:
+        for name, body in list(kube.resource_slices.items()):
+            spec = body.get("spec") or {}
+            if spec.get("nodeName") == node and driver in (None, spec.get("driver")):
+                kube.delete_resource_slice(name)
+
+    return wipe
+
+
 class DRAKubelet:
-    """The kubelet's DRA side, rooted at `root` (stands for /var/lib/kubelet)."""
+    """The kubelet's DRA side, rooted at `root` (stands for /var/lib/kubelet).
+
+    `kube` serves `get_resource_claim` (FakeKube). With `wipe` (see `node_slice_wiper`) the
+    node's ResourceSlices are deleted when it starts and `wiping_delay` seconds after a
+    driver lost its last connected plugin, as the kubelet does; without, slices are left.
+    `retry_initial` is the first backoff of a failed registration (the kubelet's 0.5 s).
+    """
 
     def __init__(
         self,
