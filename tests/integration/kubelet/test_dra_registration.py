@@ -58,6 +58,8 @@ async def test_a_driver_registers_and_is_told_so(node: DRAKubelet, make_driver: 
     driver = await make_driver()
     await node.wait_for_driver(DRIVER, timeout=WAIT)
     await node.wait_for(lambda: driver.statuses == [(True, "")], WAIT)
+    # The driver hears the outcome before the kubelet's side records the attempt.
+    await node.wait_for(lambda: len(node.attempts) == 1, WAIT)
     plugin = node.plugin(DRIVER)
     assert plugin is not None
     assert plugin.endpoint == str(driver.dra_path)
