@@ -38,6 +38,13 @@ log = logging.getLogger("kubegpu.plugin")
 #: plugin directory cuts a wait short, and a new kubelet.sock restarts the registrar.
 BACKOFF_START = 0.002
 BACKOFF_CAP = 2.0
+#: A stopping plugin answers calls until none has run or started for this long, after its
+#: ListAndWatch ended (`ResourceServer.drain`): long enough for an Allocate the kubelet
+#: sent just before it saw the stream end to arrive, short against any pod's
+#: termination grace period.
+DRAIN_QUIET_S = 0.5
+#: The most a stop waits for quiet: clients that never pause cannot hold the process.
+DRAIN_LIMIT_S = 5.0
 #: sun_path holds 108 bytes including the terminating NUL.
 MAX_SOCKET_PATH = 107
 
@@ -139,7 +146,19 @@ class PluginManager:
         return True, "ok"
 
     async def stop(self) -> None:
+        """Withdraw every plugin, answer the calls on their way, then stop serving."""
         async with self._lock:
+            for task in self._registrars.values():
+                task.cancel()
+            servers = list(self.servers.values())
+            await asyncio.gather(*(s.withdraw() for s in servers))
+            if any(s.serving for s in servers):
+                log.info("ListAndWatch ended; answering calls until none for %.1f s", DRAIN_QUIET_S)
+                try:
+                    async with asyncio.timeout(DRAIN_LIMIT_S):
+                        await asyncio.gather(*(s.drain(DRAIN_QUIET_S) for s in servers))
+                except TimeoutError:
+                    log.warning("calls still arriving after %.0f s; stopping", DRAIN_LIMIT_S)
             for name in list(self.servers):
                 await self._drop(name)
 
