@@ -116,6 +116,8 @@ class DevicePluginServicer(pb_grpc.DevicePluginServicer):
         self._list: tuple[int, pb.ListAndWatchResponse] | None = None
         self._changed = asyncio.Condition()
         self._closed = False
+        #: No more device lists: a successor's are the kubelet's now (`freeze`).
+        self._frozen = False
         #: Set once a ListAndWatch stream has sent a list (readiness).
         self.list_sent = asyncio.Event()
 
@@ -139,6 +141,12 @@ class DevicePluginServicer(pb_grpc.DevicePluginServicer):
         self._closed = False
         self.list_sent.clear()
 
+    def freeze(self) -> None:
+        """Send no more device lists on the open streams, which stay open: the kubelet keeps
+        one device set per resource, replaced by any endpoint's update, so a list from this
+        process after a successor registered would replace the successor's."""
+        self._frozen = True
+
     async def close(self) -> None:
         """End every ListAndWatch stream (the server is going away)."""
         async with self._changed:
@@ -158,7 +166,7 @@ class DevicePluginServicer(pb_grpc.DevicePluginServicer):
         seen = -1
 
         def changed() -> bool:
-            return self._closed or self._version != seen
+            return self._closed or (self._version != seen and not self._frozen)
 
         while True:
             async with self._changed:
