@@ -15,8 +15,8 @@ from pathlib import Path
 import pytest
 
 from kubegpu.plugin.directory import (
-    PluginDirectoryError,
     PluginDirectory,
+    PluginDirectoryError,
     Role,
     slot_socket_name,
     socket_slot,
