@@ -161,3 +161,33 @@ def test_an_owner_keeps_served_sockets_and_takes_a_free_slot(
         assert owner.acquire() is Role.OWNER
         assert (plugin_dir / NAME).exists()
         assert owner.slot == 1
+
+
+def test_a_request_whose_successor_died_is_void(
+    plugin_dir: Path, held: list[PluginDirectory]
+) -> None:
+    """Yielding to a successor that is gone would leave nobody registering."""
+    owner = PluginDirectory(plugin_dir)
+    successor = PluginDirectory(plugin_dir, handover=True)
+    held.extend([owner, successor])
+    owner.acquire()
+    successor.acquire()
+    successor.request_takeover()
+    successor.release()  # it died after asking
+    assert not owner.takeover_requested()
+    assert owner.role is Role.OWNER and not owner.takeover_file.exists()
+
+
+def test_a_successor_waits_while_the_directory_is_missing(
+    plugin_dir: Path, held: list[PluginDirectory]
+) -> None:
+    owner = PluginDirectory(plugin_dir)
+    successor = PluginDirectory(plugin_dir, handover=True)
+    held.extend([owner, successor])
+    owner.acquire()
+    successor.acquire()
+    owner.release()
+    shutil.rmtree(plugin_dir)
+    assert not successor.try_own()
+    plugin_dir.mkdir()
+    assert successor.try_own()

@@ -175,7 +175,8 @@ class PluginDirectory:
         """Take the owner lock if the owner has let it go; True once this process owns."""
         if self.role is Role.OWNER:
             return True
-        self._owner_fd = _lock(self.path)
+        # The directory may be gone for a moment (the kubelet re-creating it): not yet.
+        self._owner_fd = _lock(self.path, missing_ok=True)
         if self._owner_fd is None:
             return False
         self.role = Role.OWNER
@@ -186,7 +187,18 @@ class PluginDirectory:
     # -- the owner's side ---------------------------------------------------------------
 
     def takeover_requested(self) -> bool:
-        return self.role is Role.OWNER and self.takeover_file.exists()
+        """Whether a live successor asks for the directory. A request whose writer has
+        died since (its successor lock is free) is void: yielding to it would leave nobody
+        registering, so it is deleted instead."""
+        if self.role is not Role.OWNER or not self.takeover_file.exists():
+            return False
+        probe = _lock(self.handover_dir, missing_ok=True)
+        if probe is None:
+            return True
+        os.close(probe)
+        self.takeover_file.unlink(missing_ok=True)
+        log.info("ignored a takeover request: the kubegpu serve that made it has stopped")
+        return False
 
     def yield_ownership(self) -> None:
         """Let the successor own the directory (registration is already handed over)."""
@@ -210,9 +222,15 @@ class PluginDirectory:
             os.close(fd)
 
 
-def _lock(path: Path) -> int | None:
-    """An exclusive `flock` on the directory `path`: its descriptor, or None if taken."""
-    fd = os.open(path, os.O_RDONLY | os.O_DIRECTORY | os.O_CLOEXEC)
+def _lock(path: Path, *, missing_ok: bool = False) -> int | None:
+    """An exclusive `flock` on the directory `path`: its descriptor, or None if taken (or,
+    with `missing_ok`, if the directory does not exist)."""
+    try:
+        fd = os.open(path, os.O_RDONLY | os.O_DIRECTORY | os.O_CLOEXEC)
+    except FileNotFoundError:
+        if missing_ok:
+            return None
+        raise
     try:
         fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
     except OSError as exc:

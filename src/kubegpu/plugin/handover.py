@@ -37,14 +37,22 @@ async def follow(directory: PluginDirectory, manager: PluginManager) -> None:
     ):
         if directory.role is Role.SUCCESSOR:
             await manager.wait_registered()
-            directory.request_takeover()
+            backoff = Backoff(POLL_INTERVAL, RETRY_CAP)
+            while True:
+                try:
+                    directory.request_takeover()
+                    break
+                except OSError as exc:  # the plugin directory is being re-created
+                    log.warning("cannot ask for the handover yet (%s); retrying", exc)
+                    changed.clear()
+                    await backoff.wait(changed)
             log.info(
                 "registered beside the kubegpu serve already serving %s (socket slot %d); "
                 "asked it to hand over",
                 directory.path,
                 directory.slot,
             )
-            backoff = Backoff(POLL_INTERVAL, RETRY_CAP)
+            backoff.reset()
             while not directory.try_own():
                 changed.clear()
                 await backoff.wait(changed)
