@@ -14,8 +14,6 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
-import errno
-import fcntl
 import logging
 import os
 import socket
@@ -46,7 +44,8 @@ from kubegpu.httpserver import HttpServer
 from kubegpu.metrics import Metrics
 from kubegpu.mps import MpsReconciler
 from kubegpu.nvidia_paths import MPS_CONTROL_BINARY
-from kubegpu.plugin import PluginManager
+from kubegpu.plugin import PluginManager, handover
+from kubegpu.plugin.directory import PluginDirectory, Role
 from kubegpu.plugin.manager import socket_path_too_long
 from kubegpu.resources import ResourceSpec
 from kubegpu.state import NodeStore
@@ -96,6 +95,8 @@ class DaemonSettings:
     mps_control_binary: str = MPS_CONTROL_BINARY
     #: Also write GPU Feature Discovery labels (NFD features.d file), as `kubegpu labels`.
     with_labels: bool = False
+    #: Start beside a `serve` already on the plugin directory and take over from it.
+    handover: bool = False
 
 
 class Daemon:
@@ -112,11 +113,14 @@ class Daemon:
         self.metrics = metrics or Metrics()
         self.events = events or NodeEvents.disabled()
         self._backend = backend
+        #: This process's role in the plugin directory and the socket slot it serves.
+        self.directory = PluginDirectory(settings.plugin_dir, handover=settings.handover)
         self.manager = PluginManager(
             settings.plugin_dir,
             metrics=self.metrics,
             on_registered=on_registered,
             cdi_dir=settings.cdi_dir,
+            socket_name=self.directory.socket_name,
         )
         #: The one copy of inventory, health, config and MPS readiness; all else derives.
         self.store = NodeStore()
@@ -131,8 +135,6 @@ class Daemon:
         self.cdi = CdiWriter(self.store, settings.cdi_dir)
         #: One supervised MPS control daemon per MPS-shared resource of the store.
         self.mps = MpsReconciler(self.store, control_binary=settings.mps_control_binary)
-        #: The open plugin directory holding our flock, while we run.
-        self._lock_fd: int | None = None
 
     @property
     def backend(self) -> DeviceBackend:
@@ -162,15 +164,23 @@ class Daemon:
     async def run(self, stop: asyncio.Event) -> None:
         """Serve until `stop` is set. Raises `ConfigError`/`InitError` when startup fails.
 
-        Order matters for a DaemonSet: the plugin-directory lock and `/healthz` come first
-        (both instant), then what may wait (the API server for the config label, NVML, MPS),
-        and all of that is abandoned the moment `stop` is set, so SIGTERM always ends us.
+        Order matters for a DaemonSet: the plugin-directory role (`PluginDirectory`) and
+        `/healthz` come first (both instant), then what may wait (the API server for the
+        config label, NVML, MPS), and all of that is abandoned the moment `stop` is set, so
+        SIGTERM always ends us. Shutdown withdraws the plugins and answers the calls on their
+        way (`PluginManager.stop`); a process that handed over to a successor does the same.
         """
         updates = self.source.updates()
         http: list[HttpServer] = []
         try:
             self._check_plugin_dir()
-            self._lock_plugin_dir()
+            if self.directory.acquire() is Role.SUCCESSOR:
+                log.info(
+                    "another kubegpu serve owns %s: starting beside it on socket slot %d, "
+                    "to take over",
+                    self.settings.plugin_dir,
+                    self.directory.slot,
+                )
             http = await self._start_http()
             # Every task from here on (registrars, MPS supervisors, roots) is named by the
             # supervisor; leaving the block cancels them all before the plugins stop.
@@ -195,6 +205,7 @@ class Daemon:
                 tasks.start("kubelet watcher", self.manager.run(), root=True)
                 tasks.start("health monitor", monitor.run(), root=True)
                 tasks.start("config follower", self._follow_config(updates), root=True)
+                tasks.start("handover", handover.follow(self.directory, self.manager), root=True)
                 if self.settings.with_labels:
                     tasks.start("labeller", labeller.follow_store(self.store), root=True)
                 self.started.set()
@@ -213,7 +224,7 @@ class Daemon:
                     await closer()
             if self._backend is not None:
                 await asyncio.to_thread(self._backend.close)
-            self._unlock_plugin_dir()
+            self.directory.release()
 
     async def _startup(self, updates: AsyncIterator[ConfigUpdate]) -> None:
         first = await anext(updates)
@@ -259,38 +270,10 @@ class Daemon:
         """A socket path over the unix limit can never be served: say so and stop, rather
         than retry forever (the CLI only knows the kubelet's socket name, not ours)."""
         for spec in specs:
-            too_long = socket_path_too_long(self.settings.plugin_dir / spec.socket_name)
+            name = self.directory.socket_name(spec.socket_name)
+            too_long = socket_path_too_long(self.settings.plugin_dir / name)
             if too_long is not None:
                 raise StartupError(f"{spec.name}: {too_long}")
-
-    def _lock_plugin_dir(self) -> None:
-        """Refuse to share the plugin directory with another `serve` (they would delete
-        each other's sockets and register twice).
-
-        The lock is `flock` on the directory itself, not on a file in it: the kubelet
-        empties that directory when it restarts, which would delete a lock file and let a
-        second instance in. The directory's inode outlives the wipe, is the one every
-        container mounting the host path sees, and the kernel drops the lock when the
-        process dies, even by SIGKILL, so nothing stale is ever left behind.
-        """
-        path = self.settings.plugin_dir
-        fd = os.open(path, os.O_RDONLY | os.O_DIRECTORY | os.O_CLOEXEC)
-        try:
-            fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
-        except OSError as exc:
-            os.close(fd)
-            if exc.errno in (errno.EWOULDBLOCK, errno.EAGAIN):
-                raise StartupError(
-                    f"device-plugin directory {path} is in use by another kubegpu serve; "
-                    f"stop it first or give this one another --device-plugin-path"
-                ) from exc
-            raise StartupError(f"device-plugin directory {path}: cannot lock it ({exc})") from exc
-        self._lock_fd = fd
-
-    def _unlock_plugin_dir(self) -> None:
-        fd, self._lock_fd = self._lock_fd, None
-        if fd is not None:
-            os.close(fd)  # closing the last descriptor releases the flock
 
     async def _open_backend(self, config: Config) -> Inventory:
         try:

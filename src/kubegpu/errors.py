@@ -14,8 +14,11 @@
     ├── KubeError            a Kubernetes API call failed: refused, unreachable, timed out or
     │                        no credentials (kubegpu.kube; `events.EventError` is its old name)
     ├── UsageError           a bad flag or env var value; exit 2 (kubegpu.cli)
-    ├── StartupError         the node cannot host `serve` as asked: plugin directory taken,
-    │                        port in use, address not this host's; exit 1 (kubegpu.daemon)
+    ├── StartupError         the node cannot host `serve` as asked: port in use, address
+    │                        not this host's, socket path too long; exit 1 (kubegpu.daemon)
+    ├── PluginDirectoryError the device-plugin directory is taken: another serve, a handover
+    │                        under way, both socket slots served; exit 1
+    │                        (kubegpu.plugin.directory)
     └── AdmissionError, ContainerStartError, CheckpointError, PrepareError,
         UnprepareError, UnschedulableError
                              the kubelet emulator's own failures (kubegpu.kubelet,

@@ -708,6 +708,43 @@ def test_plugin_env_names_and_values_are_ones_kubegpu_serve_accepts(chart: Any) 
             option.type.convert(e["value"], option, None)
 
 
+def test_handover_rolls_with_surge_and_starts_serve_with_handover(chart: Any) -> None:
+    plain = one(render(chart), "DaemonSet", "kubegpu")
+    assert plain["spec"]["updateStrategy"] == {"type": "RollingUpdate"}
+    assert "HANDOVER" not in env(plain)
+    vals = values("handover-values.yaml")
+    ds = one(render(chart, vals), "DaemonSet", "kubegpu")
+    assert ds["spec"]["updateStrategy"] == {
+        "type": "RollingUpdate",
+        "rollingUpdate": {"maxSurge": 1, "maxUnavailable": 0},
+    }
+    assert env(ds)["HANDOVER"] == "true"
+    # The labeller has nothing to hand over: its own strategy stands.
+    both = render(chart, {**vals, "gfd": {"enabled": True}})
+    assert "rollingUpdate" not in one(both, "DaemonSet", "kubegpu-labeller")["spec"].get(
+        "updateStrategy", {}
+    )
+
+
+@pytest.mark.parametrize(
+    ("extra", "words"),
+    [
+        ({"mps": {"enabled": True}}, "MPS"),
+        ({"devicePlugin": {"enableHostNetwork": True}}, "enableHostNetwork"),
+    ],
+    ids=["mps", "host-network"],
+)
+def test_handover_refuses_what_two_pods_on_a_node_cannot_share(
+    chart: Any, extra: dict[str, Any], words: str
+) -> None:
+    vals = {"handover": {"enabled": True}, **extra}
+    chart.validate_schema(vals)
+    with pytest.raises(helm_python.HelmError) as failure:
+        render(chart, vals)
+    reason = str(failure.value)
+    assert "handover.enabled" in reason and words in reason
+
+
 # --- static manifests --------------------------------------------------------------------
 
 

@@ -1,4 +1,4 @@
-"""The kubelet emulator's rooms without sockets: admission choices, endpoint ranking, pod devices.
+"""The kubelet emulator's rooms without sockets: admission choices, endpoints, pod devices.
 
 The integration tests in tests/integration/kubelet/ drive these through real gRPC; here the
 pure parts are pinned on their own, so a change in the choice rules shows up as a one-line
@@ -117,38 +117,37 @@ class _NoChannel:
     """Stands for a client: ranking never touches it."""
 
 
-def endpoint(name: str, seq: int, ids: Sequence[str], *, alive: bool = True) -> ep_.Endpoint:
+def endpoint(name: str, seq: int, *, alive: bool = True) -> ep_.Endpoint:
     ep = ep_.Endpoint(GPU, name, pb.DevicePluginOptions(), _NoChannel(), seq)  # type: ignore[arg-type]
-    ep.devices = {i: DeviceState(i, HEALTHY, (), name) for i in ids}
     ep.alive = alive
     return ep
 
 
-def test_view_prefers_live_then_newest_and_marks_dead_unhealthy() -> None:
-    old = endpoint("old.sock", 1, ["a", "b"], alive=False)
-    new = endpoint("new.sock", 2, ["b"])
-    view = ep_.view([old, new])
-    assert view["b"] == DeviceState("b", HEALTHY, (), "new.sock")
-    assert view["a"] == DeviceState("a", UNHEALTHY, (), "old.sock")
-
-
-def test_primary_and_allocating_endpoint() -> None:
-    a = endpoint("a.sock", 1, ["a-0"])
-    b = endpoint("b.sock", 2, ["b-0"])
-    dead = endpoint("c.sock", 3, ["c-0"], alive=False)
+def test_primary_is_the_newest_live_endpoint() -> None:
+    a = endpoint("a.sock", 1)
+    b = endpoint("b.sock", 2)
+    dead = endpoint("c.sock", 3, alive=False)
     assert ep_.primary([a, b, dead]) is b
-    assert ep_.allocating([a, b, dead], ["a-0"]) is a
-    assert ep_.allocating([a, b, dead], ["c-0"]) is None
-    assert ep_.allocating([a, b, dead], ["c-0"], live_only=False) is dead
-    # Nobody advertises it: without live_only, the best-ranked endpoint answers.
-    assert ep_.allocating([a, b, dead], ["zz"], live_only=False) is b
+    # The primary gone, the surviving sibling takes its place.
+    assert ep_.primary([a, dead]) is a
+    assert ep_.primary([dead]) is None
 
 
-def test_update_refuses_a_list_with_an_invalid_id_whole() -> None:
-    ep = endpoint("a.sock", 1, ["a-0"])
-    errors = ep.update(pb.ListAndWatchResponse(devices=[pb.Device(ID="x" * 64, health=HEALTHY)]))
-    assert errors and "x" * 64 in errors[0]
-    assert list(ep.devices) == ["a-0"]
+def test_parse_gives_the_whole_set_with_the_reporting_endpoint() -> None:
+    ep = endpoint("b.sock", 2)
+    update = pb.ListAndWatchResponse(
+        devices=[pb.Device(ID="b-0", health=HEALTHY), pb.Device(ID="b-1", health="Bogus")]
+    )
+    assert ep.parse(update) == {
+        "b-0": DeviceState("b-0", HEALTHY, (), "b.sock"),
+        "b-1": DeviceState("b-1", UNHEALTHY, (), "b.sock"),
+    }
+
+
+def test_parse_refuses_a_list_with_an_invalid_id_whole() -> None:
+    ep = endpoint("a.sock", 1)
+    errors = ep.parse(pb.ListAndWatchResponse(devices=[pb.Device(ID="x" * 64, health=HEALTHY)]))
+    assert isinstance(errors, list) and "x" * 64 in errors[0]
 
 
 # ------------------------------------------------------------------------ pod devices

@@ -188,6 +188,14 @@ SERVE_OPTIONS: list[click.Parameter] = [
         show_default=DEVICE_PLUGIN_PATH + KUBELET_SOCKET,
         help="the kubelet's registration socket; its directory is the device-plugin directory",
     ),
+    bool_option(
+        "--handover",
+        envvar="HANDOVER",
+        default=False,
+        show_default="false",
+        help="start beside a serve already on the device-plugin directory, take over its "
+        "registration and let it drain (zero-gap rolling updates with maxSurge)",
+    ),
     backend_option(),
     simulate_option(),
     *named_config_options(node_name_help="this node's name (for the config label and events)"),
@@ -292,6 +300,7 @@ def _daemon_main(
         health_port=values["health_port"],
         health_address=values["health_address"],
         with_labels=values["with_labels"],
+        handover=values["handover"],
     )
 
     async def main() -> None:

@@ -38,7 +38,7 @@ from typing import Any
 
 import grpc
 
-from kubegpu.api import KUBELET_SOCKET, pb
+from kubegpu.api import KUBELET_SOCKET, UNHEALTHY, pb
 from kubegpu.kubelet import admission, registration
 from kubegpu.kubelet import checkpoint as ckpt
 from kubegpu.kubelet import endpoint as endpoints_
@@ -100,7 +100,11 @@ class KubeletEmulator:
         #: ListAndWatch updates ignored because a device ID was invalid (kept across restarts).
         self.rejected_updates: list[str] = []
         self._server: grpc.aio.Server | None = None
+        #: Endpoints by resource and socket name (the kubelet's `endpointStore`): several
+        #: while a rolling update with surge runs, and a dead one only while it was the last.
         self._endpoints: dict[str, dict[str, Endpoint]] = {}
+        #: One device set per resource, whichever endpoint reported it last.
+        self._devices: dict[str, dict[str, DeviceState]] = {}
         # Resources known only from the checkpoint after a restart: capacity 0 until their
         # plugin registers again, gone after the grace period if it never does.
         self._restored: dict[str, asyncio.Task[None]] = {}
@@ -161,6 +165,7 @@ class KubeletEmulator:
             for ep in eps.values():
                 await ep.close()
         self._endpoints.clear()
+        self._devices.clear()
         pending = [*self._restored.values(), *self._tasks]
         for task in pending:
             task.cancel()
@@ -223,12 +228,14 @@ class KubeletEmulator:
             return "kubelet is shutting down"
         ep = Endpoint(resource, endpoint, options, client, next(self._seq))
         eps = self._endpoints.setdefault(resource, {})
-        old = eps.get(endpoint)
-        if old is not None:
-            # Same socket registering again (plugin restart): the new endpoint replaces
-            # the old one; its devices stand until the first ListAndWatch update.
-            ep.inherit(old)
-            await old.close()
+        # The newest registration is the primary. An endpoint still connected on another
+        # socket stays beside it (a rolling update with surge); one that already ended
+        # (in its grace period) or sat on this same socket (a plugin restart) is replaced.
+        # The resource's devices stand, as they were, until the first ListAndWatch update.
+        for name, old in list(eps.items()):
+            if name == endpoint or not old.alive:
+                del eps[name]
+                await old.close()
         eps[endpoint] = ep
         restored = self._restored.pop(resource, None)
         if restored is not None:
@@ -249,8 +256,9 @@ class KubeletEmulator:
     # --------------------------------------------------------------- ListAndWatch
 
     async def _on_update(self, ep: Endpoint, response: pb.ListAndWatchResponse) -> None:
-        errors = ep.update(response)
-        if errors:
+        devices = ep.parse(response)
+        if isinstance(devices, list):
+            errors = devices
             message = f"ignoring ListAndWatch update of {ep.resource} from {ep.name}: " + "; ".join(
                 errors
             )
@@ -258,12 +266,15 @@ class KubeletEmulator:
             self.rejected_updates.append(message)
             await self._changes.notify()
             return
+        # Whole, and from whichever endpoint sent it: with two endpoints the last update
+        # wins, even one from the older instance (genericDeviceUpdateCallback).
+        self._devices[ep.resource] = devices
         log.debug(
             "%s from %s: %d devices, %d healthy",
             ep.resource,
             ep.name,
-            len(ep.devices),
-            sum(d.healthy for d in ep.devices.values()),
+            len(devices),
+            sum(d.healthy for d in devices.values()),
         )
         # The kubelet's order (genericDeviceUpdateCallback): devices in memory first, then
         # the checkpoint write, so the new capacity does not wait for the disk.
@@ -271,7 +282,24 @@ class KubeletEmulator:
         self._save()
 
     async def _on_disconnect(self, ep: Endpoint, reason: str) -> None:
+        eps = self._endpoints.get(ep.resource, {})
+        if any(e.alive and e is not ep for e in eps.values()):
+            # PluginDisconnected with a sibling left: only this endpoint goes, the sibling
+            # is the primary now and the devices stay as they are (Kubernetes 1.37+).
+            del eps[ep.name]
+            await ep.close()
+            log.info(
+                "ListAndWatch of %s from %s ended (%s): %s serves it on",
+                ep.resource,
+                ep.name,
+                reason,
+                ", ".join(sorted(eps)),
+            )
+            await self._changed(ep.resource)
+            return
         ep.alive = False
+        devices = self._devices.get(ep.resource, {})
+        self._devices[ep.resource] = {i: replace(d, health=UNHEALTHY) for i, d in devices.items()}
         log.warning(
             "ListAndWatch of %s from %s ended (%s): its devices are unhealthy until "
             "the plugin registers again (grace period %ss)",
@@ -294,6 +322,7 @@ class KubeletEmulator:
         await ep.client.channel.close(None)
         if not eps:
             del self._endpoints[ep.resource]
+            self._devices.pop(ep.resource, None)
             log.info(
                 "resource %s removed: its plugin did not return within %ss",
                 ep.resource,
@@ -321,8 +350,8 @@ class KubeletEmulator:
         return sorted(set(self._endpoints) | set(self._restored))
 
     def devices(self, resource: str) -> dict[str, DeviceState]:
-        """The union of the resource's endpoints' devices; a live endpoint's report wins."""
-        return endpoints_.view(self._endpoints.get(resource, {}).values())
+        """The resource's one device set, as its endpoints last reported it."""
+        return dict(self._devices.get(resource, {}))
 
     def capacity(self, resource: str) -> int:
         return len(self.devices(resource))
@@ -501,11 +530,13 @@ class KubeletEmulator:
         allocated, hint = await admission.devices_to_allocate(
             req, view, in_use, topology_manager=self.topology_manager, preferred=preferred
         )
-        ep = endpoints_.allocating(self._endpoints.get(resource, {}).values(), allocated)
+        # The primary endpoint allocates, whichever instance advertised the devices.
+        eps = self._endpoints.get(resource)
+        if not eps:
+            raise req.unexpected(f"unknown Device Plugin {resource}")
+        ep = endpoints_.primary(eps.values())
         if ep is None:
-            if resource not in self._endpoints:
-                raise req.unexpected(f"unknown Device Plugin {resource}")
-            raise req.unexpected(f"no live endpoint of {resource} advertises devices {allocated}")
+            raise req.unexpected(f"endpoint {next(iter(eps))} has been stopped")
         response = await admission.allocate(ep, req, allocated, self._record)
         entry = ckpt.PodDevicesEntry(
             pod=req.pod,
@@ -521,9 +552,8 @@ class KubeletEmulator:
 
     async def _pre_start(self, allocation: Allocation) -> None:
         resource = allocation.resource
-        ep = endpoints_.allocating(
-            self._endpoints.get(resource, {}).values(), allocation.device_ids, live_only=False
-        )
+        eps = self._endpoints.get(resource, {})
+        ep = endpoints_.primary(eps.values()) or next(iter(eps.values()), None)
         if ep is None:
             if resource in self._restored:
                 return  # the kubelet has no options for it yet, so it skips PreStart

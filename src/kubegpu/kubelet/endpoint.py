@@ -1,19 +1,22 @@
 """One connected device plugin, as the kubelet's `endpoint.go` and `plugin/v1beta1/client.go`.
 
 An `Endpoint` is a plugin socket that registered a resource: its typed gRPC client, the
-options it answered, the devices its `ListAndWatch` last reported and whether that stream is
-still open. `dial` is the connection the kubelet makes inside `Register`; `Endpoint.watch`
-follows the stream; `view`, `primary` and `allocating` answer "which endpoint" questions for a
-resource served by more than one socket (rolling updates). The endpoint records every call it
-makes through the `Recorder` it is given, so the manager keeps one ordered call log.
+options it answered and whether its `ListAndWatch` stream is still open. The devices are not
+the endpoint's: the kubelet keeps one device set per resource, which every update of any of
+the resource's endpoints replaces whole (`genericDeviceUpdateCallback` is keyed by resource
+name), so `Endpoint.parse` only validates and converts an update for the manager. `dial` is
+the connection the kubelet makes inside `Register`; `Endpoint.watch` follows the stream;
+`primary` answers "which endpoint" for a resource served by more than one socket (a rolling
+update with surge). The endpoint records every call it makes through the `Recorder` it is
+given, so the manager keeps one ordered call log.
 """
 
 from __future__ import annotations
 
 import asyncio
 import logging
-from collections.abc import Awaitable, Callable, Iterable, Sequence
-from dataclasses import dataclass, field, replace
+from collections.abc import Awaitable, Callable, Iterable
+from dataclasses import dataclass
 from pathlib import Path
 from typing import Protocol, cast
 
@@ -116,25 +119,14 @@ class Endpoint:
     name: str
     options: pb.DevicePluginOptions
     client: PluginClient
-    #: Registration order: the newest live endpoint answers GetPreferredAllocation.
+    #: Registration order: the newest live endpoint is the resource's primary.
     seq: int
-    devices: dict[str, DeviceState] = field(default_factory=dict)
     #: False once ListAndWatch ended: its devices read unhealthy until the grace period ends.
     alive: bool = True
     #: Set when the kubelet itself dropped the endpoint (replaced, expired, kubelet stopped).
     closed: bool = False
     task: asyncio.Task[None] | None = None
     expiry: asyncio.Task[None] | None = None
-
-    def inherit(self, old: Endpoint) -> None:
-        """Take over the devices of the endpoint this one replaces (same socket again).
-
-        They stand until the first ListAndWatch update; a dead old endpoint's read unhealthy.
-        """
-        self.devices = {
-            i: replace(d, health=d.health if old.alive else UNHEALTHY, endpoint=self.name)
-            for i, d in old.devices.items()
-        }
 
     async def close(self) -> None:
         """Drop the endpoint: stop its tasks (unless called from one) and its channel."""
@@ -164,12 +156,13 @@ class Endpoint:
         if not self.closed:
             await on_disconnect(self, reason)
 
-    def update(self, response: pb.ListAndWatchResponse) -> list[str]:
-        """Take a ListAndWatch update; the invalid device IDs' errors if it was refused whole."""
+    def parse(self, response: pb.ListAndWatchResponse) -> dict[str, DeviceState] | list[str]:
+        """An update as the resource's new device set, or its invalid IDs' errors (the
+        kubelet then ignores the whole update)."""
         errors = [e for e in (device_id_error(d.ID) for d in response.devices) if e]
         if errors:
             return errors
-        self.devices = {
+        return {
             d.ID: DeviceState(
                 id=d.ID,
                 health=HEALTHY if d.health == HEALTHY else UNHEALTHY,
@@ -178,41 +171,12 @@ class Endpoint:
             )
             for d in response.devices
         }
-        return []
-
-
-def _ranked(endpoints: Iterable[Endpoint]) -> list[Endpoint]:
-    # Live before dead, then newest registration first.
-    return sorted(endpoints, key=lambda e: (e.alive, e.seq), reverse=True)
-
-
-def view(endpoints: Iterable[Endpoint]) -> dict[str, DeviceState]:
-    """The union of a resource's endpoints' devices; a live endpoint's report wins."""
-    devices: dict[str, DeviceState] = {}
-    for ep in _ranked(endpoints):
-        for dev_id, dev in ep.devices.items():
-            if dev_id not in devices:
-                devices[dev_id] = dev if ep.alive else replace(dev, health=UNHEALTHY)
-    return devices
 
 
 def primary(endpoints: Iterable[Endpoint]) -> Endpoint | None:
-    """The newest live endpoint: the one whose options and preferences count."""
+    """The resource's primary endpoint (the kubelet's `m.endpoints[resource]`): the newest
+    live registration; when it goes, a surviving sibling takes its place."""
     return max((e for e in endpoints if e.alive), key=lambda e: e.seq, default=None)
-
-
-def allocating(
-    endpoints: Iterable[Endpoint], device_ids: Sequence[str], *, live_only: bool = True
-) -> Endpoint | None:
-    """The newest endpoint advertising all the devices (rolling updates have two).
-
-    Without `live_only`, fall back to the best-ranked endpoint when none advertises them all.
-    """
-    ranked = _ranked(endpoints)
-    for ep in ranked:
-        if (ep.alive or not live_only) and all(d in ep.devices for d in device_ids):
-            return ep
-    return None if live_only or not ranked else ranked[0]
 
 
 def options_text(options: pb.DevicePluginOptions) -> str:

@@ -5,7 +5,8 @@
 new names get a server and a registration, existing ones push a new device list down
 their ListAndWatch streams, vanished ones stop (the kubelet then marks them unhealthy and
 drops them after its grace period). `run` re-serves and re-registers everything when the
-kubelet restarts.
+kubelet restarts. After `yield_registration` (a successor took over, `plugin.handover`)
+nothing registers or sends a device list any more; the servers only answer calls.
 """
 
 from __future__ import annotations
@@ -38,6 +39,13 @@ log = logging.getLogger("kubegpu.plugin")
 #: plugin directory cuts a wait short, and a new kubelet.sock restarts the registrar.
 BACKOFF_START = 0.002
 BACKOFF_CAP = 2.0
+#: A stopping plugin answers calls until none has run or started for this long, after its
+#: ListAndWatch ended (`ResourceServer.drain`): long enough for an Allocate the kubelet
+#: sent just before it saw the stream end to arrive, short against any pod's
+#: termination grace period.
+DRAIN_QUIET_S = 0.5
+#: The most a stop waits for quiet: clients that never pause cannot hold the process.
+DRAIN_LIMIT_S = 5.0
 #: sun_path holds 108 bytes including the terminating NUL.
 MAX_SOCKET_PATH = 107
 
@@ -60,8 +68,11 @@ class PluginManager:
         metrics: Metrics | None = None,
         on_registered: Callable[[str, float], None] | None = None,
         cdi_dir: Path = Path(DEFAULT_CDI_DIRECTORY),
+        socket_name: Callable[[str], str] = lambda name: name,
     ) -> None:
         self.plugin_dir = plugin_dir
+        #: The socket file name to serve a resource on, from its usual name (the slot).
+        self._socket_name = socket_name
         #: Where the daemon writes CDI specs; Allocate names only classes found there.
         self._cdi_dir = cdi_dir
         self.kubelet_socket = plugin_dir / KUBELET_SOCKET
@@ -73,6 +84,10 @@ class PluginManager:
         self.kubelet_restarts = 0
         #: One per waiting registrar; the kubelet watch sets them all on any directory event.
         self._dir_changed: set[asyncio.Event] = set()
+        #: Set on every successful registration (`wait_registered`).
+        self._registered = asyncio.Event()
+        #: True once registration is handed to a successor.
+        self.yielded = False
 
     async def apply(self, specs: Sequence[ResourceSpec], config: Config) -> None:
         async with self._lock:
@@ -85,11 +100,15 @@ class PluginManager:
                 if server is not None:
                     await server.update(spec, config)
                     continue
+                if self.yielded:
+                    log.info("resource %s is new; the successor serves it, not this process", name)
+                    continue
                 server = ResourceServer(
                     spec,
                     config,
                     self.plugin_dir,
                     metrics=self._metrics,
+                    socket_name=self._socket_name(spec.socket_name),
                     cdi_dir=self._cdi_dir,
                 )
                 self.servers[name] = server
@@ -123,6 +142,8 @@ class PluginManager:
 
     def ready(self) -> tuple[bool, str]:
         """Ready only while the kubelet holds a device list from every plugin of ours."""
+        if self.yielded:
+            return True, "handed over to a successor"
         if not self.servers:
             return True, "no resources to advertise"
         if not _listening(self.kubelet_socket):
@@ -138,8 +159,44 @@ class PluginManager:
             return False, f"device list not yet sent to the kubelet: {', '.join(unsent)}"
         return True, "ok"
 
-    async def stop(self) -> None:
+    async def wait_registered(self) -> None:
+        """Until the kubelet holds a device list from every plugin of ours."""
+        while True:
+            self._registered.clear()
+            servers = list(self.servers.values())
+            if not all(s.registered for s in servers):
+                await self._registered.wait()
+                continue
+            # The kubelet opens ListAndWatch once Register has returned.
+            await asyncio.gather(*(s.servicer.list_sent.wait() for s in servers))
+            if all(s.registered and s.servicer.list_sent.is_set() for s in self.servers.values()):
+                return
+
+    async def yield_registration(self) -> None:
+        """A successor registered: never register again (not after a kubelet restart
+        either) and send no more device lists, which would replace the successor's in the
+        kubelet; keep answering calls until `stop`."""
         async with self._lock:
+            self.yielded = True
+            for task in self._registrars.values():
+                task.cancel()
+            for server in self.servers.values():
+                server.servicer.freeze()
+
+    async def stop(self) -> None:
+        """Withdraw every plugin, answer the calls on their way, then stop serving."""
+        async with self._lock:
+            for task in self._registrars.values():
+                task.cancel()
+            servers = list(self.servers.values())
+            await asyncio.gather(*(s.withdraw() for s in servers))
+            if any(s.serving for s in servers):
+                log.info("ListAndWatch ended; answering calls until none for %.1f s", DRAIN_QUIET_S)
+                try:
+                    async with asyncio.timeout(DRAIN_LIMIT_S):
+                        await asyncio.gather(*(s.drain(DRAIN_QUIET_S) for s in servers))
+                except TimeoutError:
+                    log.warning("calls still arriving after %.0f s; stopping", DRAIN_LIMIT_S)
             for name in list(self.servers):
                 await self._drop(name)
 
@@ -155,6 +212,9 @@ class PluginManager:
             self._metrics.remove_resource(name)
 
     async def _kubelet_restarted(self, reason: str) -> None:
+        if self.yielded:
+            log.info("%s: the successor registers again, not this process", reason)
+            return
         started = time.monotonic()
         self.kubelet_restarts += 1
         log.info("%s: serving and registering %d plugin(s) again", reason, len(self.servers))
@@ -244,6 +304,7 @@ class PluginManager:
                 await backoff.wait(wake)
                 continue
             took = time.monotonic() - since
+            self._registered.set()
             log.info(
                 "registered %s with the kubelet (socket %s) in %.3f s",
                 server.name,

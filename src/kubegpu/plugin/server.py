@@ -116,6 +116,8 @@ class DevicePluginServicer(pb_grpc.DevicePluginServicer):
         self._list: tuple[int, pb.ListAndWatchResponse] | None = None
         self._changed = asyncio.Condition()
         self._closed = False
+        #: No more device lists: a successor's are the kubelet's now (`freeze`).
+        self._frozen = False
         #: Set once a ListAndWatch stream has sent a list (readiness).
         self.list_sent = asyncio.Event()
 
@@ -139,6 +141,12 @@ class DevicePluginServicer(pb_grpc.DevicePluginServicer):
         self._closed = False
         self.list_sent.clear()
 
+    def freeze(self) -> None:
+        """Send no more device lists on the open streams, which stay open: the kubelet keeps
+        one device set per resource, replaced by any endpoint's update, so a list from this
+        process after a successor registered would replace the successor's."""
+        self._frozen = True
+
     async def close(self) -> None:
         """End every ListAndWatch stream (the server is going away)."""
         async with self._changed:
@@ -158,7 +166,7 @@ class DevicePluginServicer(pb_grpc.DevicePluginServicer):
         seen = -1
 
         def changed() -> bool:
-            return self._closed or self._version != seen
+            return self._closed or (self._version != seen and not self._frozen)
 
         while True:
             async with self._changed:
@@ -327,6 +335,43 @@ class _Undecodable:
         self.error = error
 
 
+class Calls:
+    """The unary calls a server is answering, so that a stopping server can wait until its
+    clients have gone quiet.
+
+    `grpc.aio`'s `server.stop(grace)` lets the calls already handed to the servicer finish,
+    but a call gRPC has accepted and not yet handed over (the server asks for one call at a
+    time; eight busy clients keep several waiting) is cancelled, and one still on its way is
+    refused: the kubelet sees CANCELLED or UNAVAILABLE for an Allocate it sent while the
+    plugin was up. So a plugin that is going first tells the kubelet (ListAndWatch ends),
+    keeps accepting, and stops only once nothing has run or started for a while (`quiet`).
+    """
+
+    def __init__(self) -> None:
+        self.active = 0
+        self._changed = asyncio.Event()
+
+    def begin(self) -> None:
+        self.active += 1
+        self._changed.set()
+
+    def end(self) -> None:
+        self.active -= 1
+        self._changed.set()
+
+    async def quiet(self, seconds: float) -> None:
+        """Return once no call has been running or started for `seconds`."""
+        while True:
+            self._changed.clear()
+            if self.active:
+                await self._changed.wait()
+                continue
+            try:
+                await asyncio.wait_for(self._changed.wait(), seconds)
+            except TimeoutError:
+                return
+
+
 class Boundary(grpc.aio.ServerInterceptor):  # type: ignore[type-arg]
     """The error boundary of every RPC: undecodable requests and raised errors get a status.
 
@@ -336,9 +381,11 @@ class Boundary(grpc.aio.ServerInterceptor):  # type: ignore[type-arg]
     it is mapped by `status_for` (INTERNAL for a bug, with its traceback in our log).
     """
 
-    def __init__(self, limit: Callable[[], int] | None = None) -> None:
+    def __init__(self, limit: Callable[[], int] | None = None, calls: Calls | None = None) -> None:
         #: The current request size limit (`request_limit` of the served spec), if any.
         self._limit = limit
+        #: Counts the unary calls in progress (for a graceful stop), if given.
+        self._calls = calls
         # Wrapped handlers per method, built once: this runs before every RPC (Allocate's
         # hot path), and only the servicer's own few methods ever get here with a handler.
         self._guarded: dict[str, Any] = {}
@@ -357,11 +404,16 @@ class Boundary(grpc.aio.ServerInterceptor):  # type: ignore[type-arg]
             handler: Any = await continuation(handler_call_details)
             if handler is None:
                 return None  # an unknown method: grpc answers UNIMPLEMENTED
-            guarded = self._guarded[method] = _guard(handler, method, self._limit)
+            guarded = self._guarded[method] = _guard(handler, method, self._limit, self._calls)
         return guarded
 
 
-def _guard(handler: Any, method: str, limit: Callable[[], int] | None = None) -> Any:
+def _guard(
+    handler: Any,
+    method: str,
+    limit: Callable[[], int] | None = None,
+    calls: Calls | None = None,
+) -> Any:
     """`handler` with a request decoder that turns a decode failure (or a request over
     `limit()` bytes) into INVALID_ARGUMENT, and every exception of the method into its
     status."""
@@ -391,14 +443,19 @@ def _guard(handler: Any, method: str, limit: Callable[[], int] | None = None) ->
         unary: Any = handler.unary_unary
 
         async def guarded_unary(request: Any, context: grpc.aio.ServicerContext[Any, Any]) -> Any:
-            if isinstance(request, _Undecodable):
-                await refuse(request, context)
+            if calls is not None:
+                calls.begin()
             try:
+                if isinstance(request, _Undecodable):
+                    await refuse(request, context)
                 return await unary(request, context)
             except grpc.aio.AbortError:
                 raise  # the method already chose its status
             except Exception as exc:
                 await context.abort(*status_for(exc, rpc))
+            finally:
+                if calls is not None:
+                    calls.end()
 
         return grpc.unary_unary_rpc_method_handler(
             guarded_unary,
@@ -429,11 +486,13 @@ def _guard(handler: Any, method: str, limit: Callable[[], int] | None = None) ->
     return handler
 
 
-def plugin_server(servicer: pb_grpc.DevicePluginServicer) -> grpc.aio.Server:
+def plugin_server(
+    servicer: pb_grpc.DevicePluginServicer, calls: Calls | None = None
+) -> grpc.aio.Server:
     """A grpc.aio server for `servicer` with the error `Boundary` around every RPC (and,
-    for kubegpu's own servicer, its request size limit)."""
+    for kubegpu's own servicer, its request size limit), counting calls into `calls`."""
     limit = (lambda: servicer.request_limit) if isinstance(servicer, DevicePluginServicer) else None
-    server = grpc.aio.server(interceptors=[Boundary(limit)])
+    server = grpc.aio.server(interceptors=[Boundary(limit, calls)])
     add_device_plugin_servicer(servicer, server)
     return server
 
@@ -464,6 +523,8 @@ class ResourceServer:
         self._metrics = metrics
         self._server: grpc.aio.Server | None = None
         self.registered = False
+        #: The unary calls being answered, for `drain`.
+        self.calls = Calls()
 
     @property
     def name(self) -> str:
@@ -481,7 +542,7 @@ class ResourceServer:
         """(Re)start the gRPC server on a fresh socket file."""
         # Built before the old one stops: grpc tears its engine down (poller thread, core)
         # when its last server or channel goes, and starting it again costs ~1 ms.
-        server = plugin_server(self.servicer)
+        server = plugin_server(self.servicer, self.calls)
         await self._stop_server(grace=RESERVE_GRACE_S)
         self.registered = False
         self.servicer.reopen()
@@ -514,6 +575,17 @@ class ResourceServer:
 
     async def update(self, spec: ResourceSpec, config: Config) -> None:
         await self.servicer.update(spec, config)
+
+    async def withdraw(self) -> None:
+        """Tell the kubelet this plugin is going: end its ListAndWatch streams. The kubelet
+        then admits nothing more onto the resource (or, with a successor registered, drops
+        this endpoint), while this server still answers what is already on its way."""
+        await self.servicer.close()
+
+    async def drain(self, quiet: float) -> None:
+        """Keep answering until no call has run or started for `quiet` seconds."""
+        if self.serving:
+            await self.calls.quiet(quiet)
 
     async def stop(self, grace: float = 1.0) -> None:
         await self._stop_server(grace)

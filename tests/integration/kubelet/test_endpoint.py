@@ -136,28 +136,54 @@ async def test_two_endpoints_keep_capacity(
         )
     )
     await old.stop()
-    await kubelet.wait_for(lambda: kubelet.endpoints(GPU).get("old.sock") is False)
+    # The old endpoint goes at once (no grace period: a sibling serves the resource) and
+    # the devices stay as they were: capacity never dipped.
+    await kubelet.wait_for(lambda: kubelet.endpoints(GPU) == {"new.sock": True})
     assert (kubelet.capacity(GPU), kubelet.allocatable(GPU)) == (2, 2)
     allocation = await kubelet.allocate(GPU, 1)
     assert allocation.envs["PLUGIN"] == "new.sock"
-    # The old endpoint expires after the grace period; capacity never dipped.
-    await kubelet.wait_for(lambda: kubelet.endpoints(GPU) == {"new.sock": True})
     assert kubelet.history(GPU) == [(2, 2)]
 
 
-async def test_allocate_through_advertising_endpoint(
+async def test_the_newest_endpoint_allocates_the_last_update_wins(
     kubelet: KubeletEmulator, make_plugin: MakePlugin
 ) -> None:
-    a = make_plugin([dev("a-0")], socket="a.sock")
-    b = make_plugin([dev("b-0")], socket="b.sock")
-    await a.serve_and_register()
-    await b.serve_and_register()
+    """The kubelet keeps one device set per resource and one primary endpoint: whichever
+    endpoint sent the last ListAndWatch update defines the devices, even the older one, and
+    the newest registration answers Allocate, even for devices only the older advertised."""
+    old = make_plugin([dev("a-0")], socket="old.sock")
+    new = make_plugin([dev("b-0")], socket="new.sock")
+    await old.serve_and_register()
+    await kubelet.wait_for_resource(GPU, capacity=1)
+    await new.serve_and_register()
+    await kubelet.wait_for(lambda: list(kubelet.devices(GPU)) == ["b-0"])
+    assert kubelet.capacity(GPU) == 1  # not the union of both reports
+    await old.set_devices([dev("a-0"), dev("a-1")])
     await kubelet.wait_for_resource(GPU, capacity=2, allocatable=2)
-    first = await kubelet.allocate(GPU, 1, pod="p1")
-    second = await kubelet.allocate(GPU, 1, pod="p2")
-    assert (first.device_ids, first.envs["PLUGIN"]) == (("a-0",), "a.sock")
-    assert (second.device_ids, second.envs["PLUGIN"]) == (("b-0",), "b.sock")
-    assert a.calls["Allocate"] == b.calls["Allocate"] == 1
+    assert set(kubelet.devices(GPU)) == {"a-0", "a-1"}
+    allocation = await kubelet.allocate(GPU, 1, pod="p1")
+    assert allocation.device_ids[0].startswith("a-")
+    assert allocation.envs["PLUGIN"] == "new.sock"
+    assert (old.calls["Allocate"], new.calls["Allocate"]) == (0, 1)
+
+
+async def test_the_primary_ending_promotes_the_sibling(
+    kubelet: KubeletEmulator, make_plugin: MakePlugin
+) -> None:
+    old = make_plugin(gpus(2), socket="old.sock")
+    new = make_plugin(gpus(2), socket="new.sock")
+    await old.serve_and_register()
+    await new.serve_and_register()
+    await kubelet.wait_for(lambda: len(kubelet.endpoints(GPU)) == 2)
+    await new.stop()
+    await kubelet.wait_for(lambda: kubelet.endpoints(GPU) == {"old.sock": True})
+    assert kubelet.allocatable(GPU) == 2
+    allocation = await kubelet.allocate(GPU, 1)
+    assert allocation.envs["PLUGIN"] == "old.sock"
+    # The last endpoint ending is a plugin gone: everything unhealthy, then the grace period.
+    await old.stop()
+    await kubelet.wait_for_resource(GPU, capacity=2, allocatable=0)
+    await kubelet.wait_for(lambda: GPU not in kubelet.resources)
 
 
 # ------------------------------------------------------------------------ observation
