@@ -28,6 +28,9 @@ from kubegpu.kubelet.validation import device_id_error
 
 log = logging.getLogger("kubegpu.kubelet")
 
+#: What grpc-go's `Recv` returns on a stream whose connection the kubelet closed itself.
+CLIENT_CONN_CLOSING = "rpc error: code = Canceled desc = grpc: the client connection is closing"
+
 _GO_CODE_NAMES = {grpc.StatusCode.OK: "OK", grpc.StatusCode.CANCELLED: "Canceled"}
 
 
@@ -125,8 +128,18 @@ class Endpoint:
     alive: bool = True
     #: Set when the kubelet itself dropped the endpoint (replaced, expired, kubelet stopped).
     closed: bool = False
+    #: Set when the kubelet closed the connection (`disconnect`): what the stream still
+    #: delivers is not read, and its end is reported as usual.
+    disconnected: bool = False
     task: asyncio.Task[None] | None = None
     expiry: asyncio.Task[None] | None = None
+
+    async def disconnect(self) -> None:
+        """Close the connection only, as `client.Disconnect` does (`plugin/v1beta1/client.go`):
+        the stream then ends on its own and `watch` reports it like any other end."""
+        self.alive = False
+        self.disconnected = True
+        await self.client.channel.close(None)
 
     async def close(self) -> None:
         """Drop the endpoint: stop its tasks (unless called from one) and its channel."""
@@ -150,9 +163,17 @@ class Endpoint:
             async for response in call:
                 if self.closed:
                     return
-                await on_update(self, response)
+                if not self.disconnected:
+                    await on_update(self, response)
         except (grpc.RpcError, grpc.aio.BaseError) as exc:
             reason = go_error(exc) if isinstance(exc, grpc.RpcError) else repr(exc)
+        except asyncio.CancelledError:
+            task = asyncio.current_task()
+            if task is not None and task.cancelling():
+                raise  # the watch itself is being stopped
+            # grpc.aio ends the iteration of a call whose channel was closed with
+            # CancelledError; grpc-go's Recv says this.
+            reason = CLIENT_CONN_CLOSING
         if not self.closed:
             await on_disconnect(self, reason)
 
