@@ -120,6 +120,10 @@ class DevicePluginServicer(pb_grpc.DevicePluginServicer):
         self._frozen = False
         #: Set once a ListAndWatch stream has sent a list (readiness).
         self.list_sent = asyncio.Event()
+        #: ListAndWatch streams open now.
+        self.streams = 0
+        #: Called when the kubelet, not this process, ended a stream (`ListAndWatch`).
+        self.on_dropped: Callable[[], None] | None = None
 
     async def update(self, spec: ResourceSpec, config: Config) -> None:
         """Swap in a new spec; open ListAndWatch streams send the new list at once.
@@ -168,18 +172,31 @@ class DevicePluginServicer(pb_grpc.DevicePluginServicer):
         def changed() -> bool:
             return self._closed or (self._version != seen and not self._frozen)
 
-        while True:
-            async with self._changed:
-                await self._changed.wait_for(changed)
-                if self._closed:
-                    return
-                seen, spec = self._version, self.spec
-            if self._list is None or self._list[0] != seen:
-                self._list = (seen, device_list(spec))
-            yield self._list[1]
-            self.list_sent.set()
-            if self._metrics is not None:
-                self._metrics.set_devices(spec.name, len(spec.devices), spec.healthy_count)
+        self.streams += 1
+        dropped = False
+        try:
+            while True:
+                async with self._changed:
+                    await self._changed.wait_for(changed)
+                    if self._closed:
+                        return
+                    seen, spec = self._version, self.spec
+                if self._list is None or self._list[0] != seen:
+                    self._list = (seen, device_list(spec))
+                yield self._list[1]
+                self.list_sent.set()
+                if self._metrics is not None:
+                    self._metrics.set_devices(spec.name, len(spec.devices), spec.healthy_count)
+        except (asyncio.CancelledError, GeneratorExit):
+            # grpc cancels the method (or drops the generator at a yield) when the client
+            # goes: with the servicer still open, the kubelet ended the stream, by closing
+            # its connection or by exiting.
+            dropped = not self._closed
+            raise
+        finally:
+            self.streams -= 1
+            if dropped and self.on_dropped is not None:
+                self.on_dropped()
 
     async def GetPreferredAllocation(
         self,
