@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import logging
 import os
 import shutil
 import stat
@@ -26,7 +27,7 @@ from kubegpu.daemon import Daemon, DaemonSettings, StartupError
 from kubegpu.devices.simulated import SimulatedBackend
 from kubegpu.events import FakeEventSink, NodeEvents
 from kubegpu.kubelet import KubeletEmulator
-from kubegpu.plugin.manager import socket_path_too_long
+from kubegpu.plugin.manager import REDIAL_START, socket_path_too_long
 from kubegpu.plugin.server import DevicePluginServicer, ResourceServer, request_limit, undecodable
 from kubegpu.resources import ResourceSpec, build_resources, socket_name
 from tests import builders
@@ -238,6 +239,58 @@ async def test_kubelet_restart_triggers_reregistration(socket_dir: Path) -> None
         before = len(k.calls("Allocate"))
         again = await k.allocate(GPU, 1, pod="keep")
         assert again.cached and len(k.calls("Allocate")) == before
+
+
+async def test_a_kubelet_restart_is_one_registration_per_kubelet(socket_dir: Path) -> None:
+    """The restart ends every stream too: only the kubelet watch registers again, not the
+    re-registration of a stream the kubelet dropped while it ran."""
+    async with running_node(socket_dir, "a10g-4") as node:
+        k = node.kubelet
+        await k.wait_for_resource(GPU, allocatable=4)
+        await k.restart()
+        await k.wait_for_resource(GPU, capacity=4, allocatable=4)
+        await eventually(lambda: node.daemon.ready() == (True, "ok"))
+        assert [r.resource for r in k.registrations if r.ok] == [GPU, GPU]
+
+
+async def test_a_stream_the_kubelet_ends_while_it_runs_is_registered_again(
+    socket_dir: Path, caplog: pytest.LogCaptureFixture
+) -> None:
+    """The kubelet ends ListAndWatch and runs on (a 1.36 kubelet does so to a handover's
+    successor): the plugin registers again, at once the first time, then after growing
+    delays while the kubelet keeps dropping it."""
+    async with running_node(socket_dir, "a10g-4") as node:
+        k = node.kubelet
+        await k.wait_for_resource(GPU, capacity=4, allocatable=4)
+        with caplog.at_level(logging.INFO, logger="kubegpu.plugin"):
+            for drops in range(1, 4):
+                await k.disconnect(GPU)
+                await k.wait_for(lambda n=drops: len(k.registrations) == n + 1)  # type: ignore[misc]
+                await k.wait_for_resource(GPU, capacity=4, allocatable=4)
+        assert k.history(GPU) == [(4, 4), (4, 0)] * 3 + [(4, 4)]
+        assert node.daemon.manager.kubelet_restarts == 0
+        again = [r.getMessage() for r in caplog.records if "registering again" in r.getMessage()]
+        assert len(again) == 3
+        assert again[0].endswith("registering again")
+        assert again[1].endswith(f"registering again in {REDIAL_START:.1f} s")
+        assert again[2].endswith(f"registering again in {2 * REDIAL_START:.1f} s")
+        await eventually(lambda: node.daemon.ready() == (True, "ok"))
+
+
+async def test_an_owner_that_handed_over_does_not_register_again(
+    socket_dir: Path, caplog: pytest.LogCaptureFixture
+) -> None:
+    async with running_node(socket_dir, "t4-1") as node:
+        k = node.kubelet
+        await k.wait_for_resource(GPU, capacity=1, allocatable=1)
+        await node.daemon.manager.yield_registration()
+        with caplog.at_level(logging.INFO, logger="kubegpu.plugin"):
+            await k.disconnect(GPU)
+            await eventually(
+                lambda: any("the successor serves it" in r.getMessage() for r in caplog.records)
+            )
+        assert len(k.registrations) == 1
+        assert k.allocatable(GPU) == 0
 
 
 async def test_deleted_plugin_socket_is_served_again(socket_dir: Path) -> None:
