@@ -8,6 +8,8 @@ Sections (docs/performance.md has the figures and the method):
   next WARM pods (warm).
 - **watches** (`benchmarks/watch.py`): kubelet restart → re-registered, config edit → new
   ListAndWatch list at the kubelet, idle CPU of `serve`.
+- **handover** (`benchmarks/handover.py`): `serve` handing over to `serve --handover` under
+  a 1.36 and a 1.37 kubelet: the unhealthy gap 1.36's stale disconnect opens, and how many.
 - **placement** (`benchmarks/placement.py`, its own module): GetPreferredAllocation
   in-process, called through PLACEMENT_ENTRY.
 
@@ -32,7 +34,7 @@ from collections.abc import Awaitable, Callable
 from dataclasses import dataclass
 from typing import Any
 
-from benchmarks import harness, startup, watch
+from benchmarks import handover, harness, startup, watch
 
 #: benchmarks/placement.py's `make bench` entry (a function returning a dict of figures,
 #: sync or async). That module is maintained on its own: if it renames the function,
@@ -76,6 +78,10 @@ async def bench_watch() -> Figures:
     figures = await watch.bench_reregister(watch.RESTARTS)
     figures.update(await watch.bench_reload_and_idle(watch.RELOADS, watch.IDLE_S))
     return figures
+
+
+async def bench_handover() -> Figures:
+    return await handover.bench_handover(handover.TRIALS)
 
 
 async def bench_placement() -> Figures:
@@ -207,6 +213,37 @@ def _watch_rows(figures: Figures) -> list[Row]:
     return rows
 
 
+def _handover_rows(figures: Figures) -> list[Row]:
+    trials = figures.get("handover_trials")
+    if trials is None:
+        return []
+    rows: list[Row] = []
+    gap = figures.get("handover_1_36_gap_median_ms")
+    if gap is not None:
+        rows.append(
+            Row(
+                "handover, 1.36 kubelet: unhealthy gap (stale disconnect → registered again)",
+                _ms(gap),
+                _ms(figures["handover_1_36_gap_max_ms"]),
+                "",
+                None,
+            )
+        )
+    for version, expected in (("1.36", trials), ("1.37", 0)):
+        steps = figures.get(f"handover_{version.replace('.', '_')}_unhealthy_steps")
+        if steps is not None:
+            rows.append(
+                Row(
+                    f"handover, {version} kubelet: unhealthy steps in {trials} handovers",
+                    str(steps),
+                    "",
+                    f"= {expected}",
+                    steps == expected,
+                )
+            )
+    return rows
+
+
 def _placement_rows(figures: Figures) -> list[Row]:
     """benchmarks/placement.py judges its own targets; its scalar figures are shown."""
     found: Figures = figures.get("placement") or {}
@@ -218,7 +255,12 @@ def _placement_rows(figures: Figures) -> list[Row]:
 
 
 def table(figures: Figures) -> str:
-    rows = [*_node_rows(figures), *_watch_rows(figures), *_placement_rows(figures)]
+    rows = [
+        *_node_rows(figures),
+        *_watch_rows(figures),
+        *_handover_rows(figures),
+        *_placement_rows(figures),
+    ]
     cells = [("figure", "median", "max", "target", "", "+ checkpoint")]
     for r in rows:
         verdict = "" if r.met is None else ("met" if r.met else "MISSED")
@@ -233,6 +275,7 @@ async def _sections() -> int:
     sections = [
         ("fresh serve processes, every preset and 64 GPUs (benchmarks/startup.py)", bench_fresh),
         ("kubelet restarts, config changes, idle CPU (benchmarks/watch.py)", bench_watch),
+        ("serve --handover, 1.36 and 1.37 kubelets (benchmarks/handover.py)", bench_handover),
         ("placement in-process (benchmarks/placement.py)", bench_placement),
     ]
     for title, section in sections:

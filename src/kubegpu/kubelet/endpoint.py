@@ -156,7 +156,8 @@ class Endpoint:
         on_disconnect: Callable[[Endpoint, str], Awaitable[None]],
     ) -> None:
         """Follow ListAndWatch until it ends; the kubelet never reopens it."""
-        reason = "stream closed by the plugin"
+        # What grpc-go's Recv returns when the plugin ends the stream (io.EOF).
+        reason = "EOF"
         try:
             call = self.client.list_and_watch()
             record(self.resource, self.name, "ListAndWatch", None)
