@@ -390,7 +390,9 @@ class KubeletEmulator:
         arrived in between, which is then disconnected in turn, as in the kubelet).
         """
         resource = ep.resource
-        log.error(
+        # The kubelet's wording; it logs this as an error, here a warning, since every
+        # plugin that stops ends its stream (and benchmarks show only errors).
+        log.warning(
             '"ListAndWatch ended unexpectedly for device plugin" err="%s" resource="%s"',
             reason,
             resource,
