@@ -161,6 +161,9 @@ class KubeletEmulator:
         #: Before 1.37, the plugin server's one client per resource (`server.clients`):
         #: the newest registration until something disconnects it.
         self._clients: dict[str, Endpoint] = {}
+        #: Before 1.37, replaced clients whose stream still runs (a plugin that registered
+        #: again on the same socket without ending it): in no map of the kubelet.
+        self._detached: set[Endpoint] = set()
         #: One device set per resource, whichever endpoint reported it last.
         self._devices: dict[str, dict[str, DeviceState]] = {}
         # Resources known only from the checkpoint after a restart: capacity 0 until their
@@ -227,6 +230,9 @@ class KubeletEmulator:
         for eps in self._endpoints.values():
             for ep in eps.values():
                 await ep.close()
+        for ep in self._detached:
+            await ep.close()
+        self._detached.clear()
         self._endpoints.clear()
         self._clients.clear()
         self._devices.clear()
@@ -299,7 +305,13 @@ class KubeletEmulator:
         for name, old in list(eps.items()):
             if name == endpoint or not old.alive:
                 del eps[name]
-                await old.close()
+                if self.endpoint_store or not old.alive:
+                    await old.close()
+                else:
+                    # Before 1.37 `registerClient` only replaces the client: the old one's
+                    # loop runs on until its stream ends, and then disconnects whichever
+                    # client is registered, this one (`runClient`).
+                    self._detached.add(old)
         eps[endpoint] = ep
         self._clients[resource] = ep
         restored = self._restored.pop(resource, None)
@@ -399,7 +411,10 @@ class KubeletEmulator:
         )
         ep.alive = False
         eps = self._endpoints.get(resource, {})
-        if eps.get(ep.name) is ep and ep is not _newest(eps):
+        if ep in self._detached:
+            self._detached.discard(ep)
+            await ep.close()
+        elif eps.get(ep.name) is ep and ep is not _newest(eps):
             # An older plugin's client: in no map of the kubelet any more, only its loop ran.
             del eps[ep.name]
             await ep.close()
@@ -447,7 +462,7 @@ class KubeletEmulator:
             return
         ep = endpoints_.primary(self._endpoints.get(resource, {}).values())
         if ep is not None:
-            await ep.client.channel.close(None)
+            await ep.disconnect()
 
     async def _expire_endpoint(self, ep: Endpoint) -> None:
         await asyncio.sleep(self.grace_period)

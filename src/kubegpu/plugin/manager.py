@@ -134,8 +134,6 @@ class PluginManager:
         #: Per resource: the kubelet.sock it last registered with, and its `Redial`.
         self._registered_with: dict[str, tuple[int, int, int] | None] = {}
         self._redials: dict[str, Redial] = {}
-        #: Builds each resource's redial backoff (tests pass a fake clock).
-        self.redial_backoff: Callable[[], Backoff] = lambda: Backoff(REDIAL_START, REDIAL_CAP)
 
     async def apply(self, specs: Sequence[ResourceSpec], config: Config) -> None:
         async with self._lock:
@@ -307,7 +305,7 @@ class PluginManager:
         server.servicer.list_sent.clear()
         redial = self._redials.get(name)
         if redial is None:
-            redial = self._redials[name] = Redial(self.redial_backoff())
+            redial = self._redials[name] = Redial(Backoff(REDIAL_START, REDIAL_CAP))
         delay = redial.next_delay()
         log.warning(
             "the kubelet ended ListAndWatch of %s while it runs on (a kubelet before 1.37 "

@@ -257,6 +257,24 @@ async def test_before_1_37_a_disconnected_successor_is_dropped_after_the_grace_p
     assert (new.plugin_dir / new.socket).exists()
 
 
+async def test_before_1_37_a_stream_left_open_by_a_re_registration_disconnects_it(
+    kubelet: KubeletEmulator, make_plugin: MakePlugin
+) -> None:
+    """A plugin that registers again on its socket without ending its first stream: the
+    1.36 kubelet replaces the client but the old loop runs on, and its end disconnects the
+    new registration (the same `runClient`)."""
+    plugin = make_plugin(gpus(2))
+    await plugin.serve_and_register()
+    await kubelet.wait_for_resource(GPU, capacity=2, allocatable=2)
+    await plugin.register()
+    await kubelet.wait_for(lambda: plugin.calls["ListAndWatch"] == 2)
+    assert kubelet.endpoints(GPU) == {"fake.sock": True}
+    await plugin.end_stream(1)  # the first stream only: the second stays open
+    await kubelet.wait_for_resource(GPU, capacity=2, allocatable=0)
+    assert kubelet.endpoints(GPU) == {"fake.sock": False}
+    assert kubelet.history(GPU) == [(2, 2), (2, 0)]
+
+
 async def test_from_1_37_an_older_plugin_ending_leaves_the_successor_alone(
     newest_kubelet: KubeletEmulator, make_plugin: MakePlugin
 ) -> None:
@@ -282,8 +300,10 @@ async def test_disconnect_ends_the_current_plugins_stream(
     await plugin.serve_and_register()
     await kubelet.wait_for_resource(GPU, capacity=2, allocatable=2)
     await kubelet.disconnect(GPU)
-    await kubelet.wait_for(lambda: kubelet.endpoints(GPU) == {"fake.sock": False})
-    assert kubelet.allocatable(GPU) == 0
+    await kubelet.wait_for(
+        lambda: kubelet.endpoints(GPU) == {"fake.sock": False} and kubelet.allocatable(GPU) == 0
+    )
+    assert plugin.calls["ListAndWatch"] == 1
     await plugin.register()
     await kubelet.wait_for_resource(GPU, capacity=2, allocatable=2)
     assert kubelet.history(GPU) == [(2, 2), (2, 0), (2, 2)]
