@@ -366,6 +366,14 @@ class Boundary(grpc.aio.ServerInterceptor):  # type: ignore[type-arg]
         return guarded
 
 
+# The guards let grpc's own exceptions (`grpc.aio.BaseError`) through untouched: they come
+# from `context.abort` (the method chose its status: AbortError) or from grpc when a status
+# cannot be sent any more (the caller has gone, e.g. a kubelet restarting: abort raises
+# what sending failed with), and grpc handles each. Taking one for a bug and aborting again
+# logged "internal error" and a second abort's "Abort already called!". So a guard aborts
+# at most once, outside the handler that caught the method's error.
+
+
 def _guard(handler: Any, method: str, limit: Callable[[], int] | None = None) -> Any:
     """`handler` with a request decoder that turns a decode failure (or a request over
     `limit()` bytes) into INVALID_ARGUMENT, and every exception of the method into its
@@ -400,10 +408,11 @@ def _guard(handler: Any, method: str, limit: Callable[[], int] | None = None) ->
                 await refuse(request, context)
             try:
                 return await unary(request, context)
-            except grpc.aio.AbortError:
-                raise  # the method already chose its status
+            except grpc.aio.BaseError:
+                raise  # grpc's own: see the note above `_guard`
             except Exception as exc:
-                await context.abort(*status_for(exc, rpc))
+                status = status_for(exc, rpc)
+            return await context.abort(*status)
 
         return grpc.unary_unary_rpc_method_handler(
             guarded_unary,
@@ -421,10 +430,13 @@ def _guard(handler: Any, method: str, limit: Callable[[], int] | None = None) ->
             try:
                 async for item in stream(request, context):
                     yield item
-            except grpc.aio.AbortError:
-                raise
+            except grpc.aio.BaseError:
+                raise  # grpc's own: see the note above `_guard`
             except Exception as exc:
-                await context.abort(*status_for(exc, rpc))
+                status = status_for(exc, rpc)
+            else:
+                return
+            await context.abort(*status)
 
         return grpc.unary_stream_rpc_method_handler(
             guarded_stream,
