@@ -85,6 +85,14 @@ class PluginClient:
         )
 
 
+#: Every dial gets a grpc subchannel pool of its own, as each of the kubelet's grpc-go client
+#: connections has its own connection and reconnect backoff. With grpc-core's default, one
+#: pool per process, any other channel of this process to the same socket path (a test's or
+#: a benchmark's Allocate client that failed while the socket was gone) would lend the dial
+#: its connection attempt, and with it a reconnect backoff of about a second.
+DIAL_OPTIONS: tuple[tuple[str, int], ...] = (("grpc.use_local_subchannel_pool", 1),)
+
+
 async def dial(
     plugin_dir: Path, resource: str, endpoint: str, timeout: float, record: Recorder
 ) -> tuple[PluginClient, pb.DevicePluginOptions] | str:
@@ -93,7 +101,7 @@ async def dial(
     Returns the client and options, or the error text `Register` returns to the plugin
     (the channel is then closed).
     """
-    channel = grpc.aio.insecure_channel(f"unix://{plugin_dir / endpoint}")
+    channel = grpc.aio.insecure_channel(f"unix://{plugin_dir / endpoint}", options=DIAL_OPTIONS)
     client = PluginClient(channel)
     try:
         try:

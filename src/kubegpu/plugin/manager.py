@@ -180,11 +180,12 @@ class PluginManager:
             for event in self._dir_changed:
                 event.set()
 
+        def lost_sockets() -> list[str]:
+            lost = ((s, s.socket_lost()) for s in self.servers.values())
+            return [f"plugin socket {s.socket_name} {why}" for s, why in lost if why]
+
         await watch_kubelet(
-            self.kubelet_socket,
-            lambda: [s.socket_path for s in self.servers.values() if s.serving],
-            self._kubelet_restarted,
-            on_change=wake_registrars,
+            self.kubelet_socket, lost_sockets, self._kubelet_restarted, on_change=wake_registrars
         )
 
     def ready(self) -> tuple[bool, str]:
