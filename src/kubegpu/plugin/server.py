@@ -14,12 +14,10 @@ import logging
 import stat
 import time
 import uuid
-from collections.abc import AsyncIterator, Awaitable, Callable
+from collections.abc import AsyncIterator
 from pathlib import Path
-from typing import Any
 
 import grpc
-from google.protobuf.message import DecodeError
 
 from kubegpu import cdi, mps
 from kubegpu.allocation import (
@@ -40,6 +38,8 @@ from kubegpu.placement import preferred_allocation
 from kubegpu.plugin.registration import register
 from kubegpu.plugin.status import status_for
 from kubegpu.resources import ResourceSpec, SharingKind
+from kubegpu.rpc import Boundary as Boundary
+from kubegpu.rpc import undecodable as undecodable
 
 log = logging.getLogger("kubegpu.plugin")
 
@@ -314,126 +314,11 @@ def request_limit(spec: ResourceSpec) -> int:
     return REQUEST_SLACK_BYTES + 2 * sum(len(d.id) + 8 for d in spec.devices)
 
 
-def undecodable(reason: str) -> AllocationError:
-    """The error of a request whose bytes protobuf cannot decode (INVALID_ARGUMENT)."""
-    return AllocationError(f"the request cannot be decoded ({reason}); send valid UTF-8 IDs")
-
-
-class _Undecodable:
-    """Stands for a request refused before the method: bytes that are not a valid message
-    (e.g. bad UTF-8), or more bytes than any valid request for the resource."""
-
-    def __init__(self, error: AllocationError) -> None:
-        self.error = error
-
-
-class Boundary(grpc.aio.ServerInterceptor):  # type: ignore[type-arg]
-    """The error boundary of every RPC: undecodable requests and raised errors get a status.
-
-    grpc decodes before our code runs and reports a decode failure as UNKNOWN with a
-    traceback in our log; the kubelet should get INVALID_ARGUMENT, which says the request
-    was bad. An exception escaping a method would reach the kubelet as UNKNOWN too; here
-    it is mapped by `status_for` (INTERNAL for a bug, with its traceback in our log).
-    """
-
-    def __init__(self, limit: Callable[[], int] | None = None) -> None:
-        #: The current request size limit (`request_limit` of the served spec), if any.
-        self._limit = limit
-        # Wrapped handlers per method, built once: this runs before every RPC (Allocate's
-        # hot path), and only the servicer's own few methods ever get here with a handler.
-        self._guarded: dict[str, Any] = {}
-
-    async def intercept_service(
-        self,
-        continuation: Callable[
-            [grpc.HandlerCallDetails], Awaitable[grpc.RpcMethodHandler[Any, Any]]
-        ],
-        handler_call_details: grpc.HandlerCallDetails,
-    ) -> Any:
-        method = handler_call_details.method
-        guarded = self._guarded.get(method)
-        if guarded is None:
-            # grpc's stubs type handlers for the sync server; ours are coroutines.
-            handler: Any = await continuation(handler_call_details)
-            if handler is None:
-                return None  # an unknown method: grpc answers UNIMPLEMENTED
-            guarded = self._guarded[method] = _guard(handler, method, self._limit)
-        return guarded
-
-
-def _guard(handler: Any, method: str, limit: Callable[[], int] | None = None) -> Any:
-    """`handler` with a request decoder that turns a decode failure (or a request over
-    `limit()` bytes) into INVALID_ARGUMENT, and every exception of the method into its
-    status."""
-    decode = getattr(handler, "request_deserializer", None)
-    if decode is None:
-        return handler
-    rpc = method.rsplit("/", 1)[-1]
-
-    def safe_decode(data: bytes) -> Any:
-        most = None if limit is None else limit()
-        if most is not None and len(data) > most:
-            return _Undecodable(
-                AllocationError(
-                    f"the request is {len(data)} bytes, more than any valid {rpc} request "
-                    f"for this resource ({most} bytes); send only IDs the plugin advertised"
-                )
-            )
-        try:
-            return decode(data)
-        except DecodeError as exc:
-            return _Undecodable(undecodable(str(exc)))
-
-    async def refuse(request: _Undecodable, context: grpc.aio.ServicerContext[Any, Any]) -> None:
-        await context.abort(*status_for(request.error, rpc))
-
-    if handler.unary_unary is not None:
-        unary: Any = handler.unary_unary
-
-        async def guarded_unary(request: Any, context: grpc.aio.ServicerContext[Any, Any]) -> Any:
-            if isinstance(request, _Undecodable):
-                await refuse(request, context)
-            try:
-                return await unary(request, context)
-            except grpc.aio.AbortError:
-                raise  # the method already chose its status
-            except Exception as exc:
-                await context.abort(*status_for(exc, rpc))
-
-        return grpc.unary_unary_rpc_method_handler(
-            guarded_unary,
-            request_deserializer=safe_decode,
-            response_serializer=handler.response_serializer,
-        )
-    if handler.unary_stream is not None:
-        stream: Any = handler.unary_stream
-
-        async def guarded_stream(
-            request: Any, context: grpc.aio.ServicerContext[Any, Any]
-        ) -> AsyncIterator[Any]:
-            if isinstance(request, _Undecodable):
-                await refuse(request, context)
-            try:
-                async for item in stream(request, context):
-                    yield item
-            except grpc.aio.AbortError:
-                raise
-            except Exception as exc:
-                await context.abort(*status_for(exc, rpc))
-
-        return grpc.unary_stream_rpc_method_handler(
-            guarded_stream,
-            request_deserializer=safe_decode,
-            response_serializer=handler.response_serializer,
-        )
-    return handler
-
-
 def plugin_server(servicer: pb_grpc.DevicePluginServicer) -> grpc.aio.Server:
     """A grpc.aio server for `servicer` with the error `Boundary` around every RPC (and,
     for kubegpu's own servicer, its request size limit)."""
     limit = (lambda: servicer.request_limit) if isinstance(servicer, DevicePluginServicer) else None
-    server = grpc.aio.server(interceptors=[Boundary(limit)])
+    server = grpc.aio.server(interceptors=[Boundary(limit, status=status_for)])
     add_device_plugin_servicer(servicer, server)
     return server
 
