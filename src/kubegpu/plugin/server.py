@@ -37,7 +37,7 @@ from kubegpu.metrics import Metrics
 from kubegpu.placement import preferred_allocation
 from kubegpu.plugin.registration import register
 from kubegpu.plugin.status import status_for
-from kubegpu.resources import ResourceSpec, SharingKind
+from kubegpu.resources import ResourceSpec
 from kubegpu.rpc import Boundary as Boundary
 from kubegpu.rpc import undecodable as undecodable
 
@@ -200,7 +200,7 @@ class DevicePluginServicer(pb_grpc.DevicePluginServicer):
         try:
             if not request.container_requests:
                 raise AllocationError(f"{spec.name}: the request has no container requests")
-            extra = _mps_edits(spec, config)
+            extra = mps.resource_edits(spec, config)
             channels = self._imex_channels(config)
             strategies = config.flags.plugin.device_list_strategy
             # Only CDI classes with a spec on this node may be named (a stat per call;
@@ -285,14 +285,6 @@ def _prefer(
         return []
     # Fewer devices left than asked for: prefer all of them; the kubelet decides.
     return list(preferred_allocation(spec, available, must_include, min(size, pool), policy))
-
-
-def _mps_edits(spec: ResourceSpec, config: Config) -> ContainerEdits | None:
-    """The MPS pipe and shm mounts of an MPS-shared resource, from the config alone."""
-    if spec.sharing is not SharingKind.MPS:
-        return None  # the common case, first: Allocate's hot path
-    root = config.flags.mps_root
-    return None if root is None else mps.container_edits(spec.name, root)
 
 
 def _is_char_device(path: str) -> bool:
