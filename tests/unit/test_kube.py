@@ -8,6 +8,7 @@ query, headers, bodies, time limits) and the error statuses are the real ones.
 from __future__ import annotations
 
 import asyncio
+import copy
 import json
 import logging
 import threading
@@ -626,3 +627,228 @@ def test_owner_references_of_a_daemonset_pod() -> None:
     assert owner_references(kube, "gpu", None) == []
     with pytest.raises(KubeError, match=r"^get Pod gpu/gone: HTTP 404 Not Found; .*POD_NAME"):
         owner_references(kube, "gpu", "gone")
+
+
+# -- Dynamic Resource Allocation (resource.k8s.io/v1) -----------------------------------------
+
+SLICES = "/apis/resource.k8s.io/v1/resourceslices"
+
+
+def resource_slice(name: str, version: str | None = None, node: str = "n1") -> dict[str, Any]:
+    meta: dict[str, Any] = {"name": name}
+    if version is not None:
+        meta["resourceVersion"] = version
+    return {
+        "apiVersion": "resource.k8s.io/v1",
+        "kind": "ResourceSlice",
+        "metadata": meta,
+        "spec": {
+            "driver": "gpu.nvidia.com",
+            "nodeName": node,
+            "pool": {"name": node, "generation": 1, "resourceSliceCount": 1},
+            "devices": [{"name": "gpu-0", "attributes": {"type": {"string": "gpu"}}}],
+        },
+    }
+
+
+def test_resource_slices_are_listed_by_driver_and_node_page_by_page(api: ApiServer) -> None:
+    # The API server's list answer: items without kind/apiVersion, a continue token per page.
+    first, second = resource_slice("n1-a", "5"), resource_slice("n1-b", "6")
+    bare = [
+        {k: v for k, v in s.items() if k not in ("apiVersion", "kind")} for s in (first, second)
+    ]
+    pages: dict[str, dict[str, Any]] = {
+        "": {"kind": "ResourceSliceList", "metadata": {"continue": "p2"}, "items": bare[:1]},
+        "p2": {"kind": "ResourceSliceList", "metadata": {}, "items": bare[1:]},
+    }
+
+    def handle(request: httpx2.Request) -> httpx2.Response:
+        api.requests.append(request)
+        return httpx2.Response(200, json=pages[request.url.params.get("continue", "")])
+
+    listed = KubeClient(transport=httpx2.MockTransport(handle)).list_resource_slices(
+        "gpu.nvidia.com", "n1"
+    )
+    assert [s["metadata"]["name"] for s in listed] == ["n1-a", "n1-b"]
+    assert {(s["apiVersion"], s["kind"]) for s in listed} == {
+        ("resource.k8s.io/v1", "ResourceSlice")
+    }
+    assert listed[1]["spec"] == second["spec"]
+    assert api.sent() == [("GET", SLICES)] * 2
+    for request in api.requests:
+        assert request.url.params["fieldSelector"] == "spec.driver=gpu.nvidia.com,spec.nodeName=n1"
+    assert api.requests[1].url.params["continue"] == "p2"
+
+
+def test_resource_slice_create_replace_delete(api: ApiServer) -> None:
+    client = client_of(api)
+    body = resource_slice("n1-gpu.nvidia.com-x")
+    created = client.create_resource_slice(body)
+    assert created == body
+    updated = resource_slice("n1-gpu.nvidia.com-x", "7")
+    updated["spec"]["pool"]["generation"] = 2
+    assert client.replace_resource_slice(updated)["spec"]["pool"]["generation"] == 2
+    assert client.delete_resource_slice("n1-gpu.nvidia.com-x") is True
+    assert client.delete_resource_slice("n1-gpu.nvidia.com-x") is False
+    assert api.sent() == [
+        ("POST", SLICES),
+        ("PUT", f"{SLICES}/n1-gpu.nvidia.com-x"),
+        ("DELETE", f"{SLICES}/n1-gpu.nvidia.com-x"),
+        ("DELETE", f"{SLICES}/n1-gpu.nvidia.com-x"),
+    ]
+    # Sent exactly as built: nothing dropped or added by a typed model.
+    assert [json.loads(r.content) for r in api.requests[:2]] == [body, updated]
+
+
+def test_a_generated_slice_name_is_named_in_errors(api: ApiServer) -> None:
+    api.failures.append(status(403))
+    body = resource_slice("x")
+    body["metadata"] = {"generateName": "n1-gpu.nvidia.com-"}
+    with pytest.raises(KubeError) as info:
+        client_of(api).create_resource_slice(body)
+    assert str(info.value) == (
+        "create ResourceSlice n1-gpu.nvidia.com-*: HTTP 403 Forbidden; check the "
+        "ServiceAccount's RBAC"
+    )
+
+
+def test_a_stale_slice_update_is_a_409(api: ApiServer) -> None:
+    api.failures.append(
+        status(
+            409,
+            'Operation cannot be fulfilled on resourceslices.resource.k8s.io "s": the object '
+            "has been modified",
+        )
+    )
+    with pytest.raises(KubeError) as info:
+        client_of(api).replace_resource_slice(resource_slice("s", "3"))
+    assert (str(info.value), info.value.status) == (
+        "update ResourceSlice s: HTTP 409 Conflict (Operation cannot be fulfilled on "
+        'resourceslices.resource.k8s.io "s": the object has been modified); it was changed '
+        "or created concurrently: read it again and retry",
+        409,
+    )
+    assert api.sent() == [("PUT", f"{SLICES}/s")]
+
+
+def test_an_api_server_without_dra_says_which_version_is_needed(api: ApiServer) -> None:
+    api.failures += [status(404), status(404)]
+    client = client_of(api)
+    hint = (
+        r"HTTP 404 Not Found; does the API server serve resource.k8s.io/v1 \(Kubernetes 1.34\+\)\?$"
+    )
+    with pytest.raises(KubeError, match=r"^list ResourceSlices of gpu.nvidia.com on n1: " + hint):
+        client.list_resource_slices("gpu.nvidia.com", "n1")
+    with pytest.raises(KubeError, match=r"^create ResourceSlice s: " + hint):
+        client.create_resource_slice(resource_slice("s"))
+
+
+def test_resource_claim_read_as_stored_and_missing_is_404(api: ApiServer) -> None:
+    claim = {
+        "apiVersion": "resource.k8s.io/v1",
+        "kind": "ResourceClaim",
+        "metadata": {"name": "c", "namespace": "ns", "uid": "u-1", "resourceVersion": "9"},
+        "spec": {
+            "devices": {
+                "requests": [{"name": "gpu", "exactly": {"deviceClassName": "gpu.nvidia.com"}}]
+            }
+        },
+        "status": {
+            "allocation": {
+                "devices": {
+                    "results": [
+                        {
+                            "request": "gpu",
+                            "driver": "gpu.nvidia.com",
+                            "pool": "n1",
+                            "device": "gpu-0",
+                        }
+                    ]
+                }
+            }
+        },
+    }
+    api.objects["/apis/resource.k8s.io/v1/namespaces/ns/resourceclaims/c"] = claim
+    client = client_of(api)
+    assert client.get_resource_claim("ns", "c") == claim
+    with pytest.raises(KubeError) as info:
+        client.get_resource_claim("ns", "gone")
+    assert str(info.value) == (
+        "get ResourceClaim ns/gone: HTTP 404 Not Found (gone not found); does it exist (was the "
+        "pod or its claim deleted)?"
+    )
+    assert info.value.status == 404
+
+
+def test_fake_resource_slices_as_the_api_server_keeps_them() -> None:
+    kube = FakeKube()
+    named = kube.create_resource_slice(resource_slice("a"))
+    generated = resource_slice("x")
+    generated["metadata"] = {"generateName": "n1-gpu.nvidia.com-"}
+    made = kube.create_resource_slice(generated)
+    other = kube.create_resource_slice(resource_slice("b", node="n2"))
+    assert made["metadata"]["name"].startswith("n1-gpu.nvidia.com-")
+    assert len(made["metadata"]["name"]) == len("n1-gpu.nvidia.com-") + 5
+    assert named["metadata"]["generation"] == 1
+    versions = [o["metadata"]["resourceVersion"] for o in (named, made, other)]
+    assert len(set(versions)) == 3
+    assert {s["metadata"]["name"] for s in kube.list_resource_slices("gpu.nvidia.com", "n1")} == {
+        "a",
+        made["metadata"]["name"],
+    }
+    assert kube.list_resource_slices("other.example.com", "n1") == []
+    with pytest.raises(
+        KubeError, match=r'HTTP 409 Conflict \(resourceslices.* "a" already exists\)'
+    ):
+        kube.create_resource_slice(resource_slice("a"))
+    with pytest.raises(KubeError, match="resourceVersion should not be set"):
+        kube.create_resource_slice(resource_slice("c", "1"))
+
+    # Replace: the current version wins, a stale one is a 409; a spec change bumps generation.
+    changed = copy.deepcopy(named)
+    changed["spec"]["devices"] = []
+    replaced = kube.replace_resource_slice(changed)
+    assert replaced["metadata"]["generation"] == 2
+    assert replaced["metadata"]["uid"] == named["metadata"]["uid"]
+    assert replaced["metadata"]["resourceVersion"] != named["metadata"]["resourceVersion"]
+    with pytest.raises(KubeError) as stale:
+        kube.replace_resource_slice(changed)  # still carries the version it was read at
+    assert stale.value.status == 409
+    same = kube.replace_resource_slice(replaced)
+    assert same["metadata"]["generation"] == 2  # no spec change, no new generation
+    with pytest.raises(KubeError) as gone:
+        kube.replace_resource_slice(resource_slice("nope", "1"))
+    assert gone.value.status == 404
+    assert kube.delete_resource_slice("a") is True
+    assert kube.delete_resource_slice("a") is False
+    assert "a" not in kube.resource_slices
+    assert kube.calls[-4:] == [
+        "replace resourceslice/a",
+        "replace resourceslice/nope",
+        "delete resourceslice/a",
+        "delete resourceslice/a",
+    ]
+
+
+def test_fake_resource_claims_and_device_classes() -> None:
+    kube = FakeKube()
+    body = {"metadata": {"name": "c", "namespace": "ns"}, "spec": {"devices": {}}}
+    stored = kube.put_resource_claim(body)
+    assert stored["metadata"]["resourceVersion"]
+    assert (stored["apiVersion"], stored["kind"]) == ("resource.k8s.io/v1", "ResourceClaim")
+    assert kube.get_resource_claim("ns", "c") == stored
+    with pytest.raises(KubeError) as info:
+        kube.get_resource_claim("ns", "other")
+    assert (str(info.value), info.value.status) == (
+        "get ResourceClaim ns/other: HTTP 404 Not Found; does it exist (was the pod or its "
+        "claim deleted)?",
+        404,
+    )
+    allocated = copy.deepcopy(stored) | {"status": {"allocation": {"devices": {"results": []}}}}
+    again = kube.put_resource_claim(allocated)
+    assert again["metadata"]["uid"] == stored["metadata"]["uid"]
+    assert kube.resource_claims[("ns", "c")]["status"] == allocated["status"]
+    device_class = kube.put_device_class({"metadata": {"name": "gpu.nvidia.com"}, "spec": {}})
+    assert kube.device_classes["gpu.nvidia.com"] == device_class
+    assert device_class["kind"] == "DeviceClass"
+    assert body == {"metadata": {"name": "c", "namespace": "ns"}, "spec": {"devices": {}}}

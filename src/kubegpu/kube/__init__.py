@@ -14,7 +14,9 @@ so). Everything else talks to the small `Kube` protocol:
   embedders, instead of patching the client.
 
 Users: `kubegpu.events` (Node events), `kubegpu.config.source` (the node label that picks
-a named config) and the labeller's NodeFeature / Node patch sinks.
+a named config), the labeller's NodeFeature / Node patch sinks, and the DRA mode
+(ResourceSlices it publishes, ResourceClaims it prepares; resource.k8s.io/v1, sent and
+read schema-less, as plain dictionaries).
 """
 
 from __future__ import annotations
@@ -22,13 +24,20 @@ from __future__ import annotations
 from kubegpu.kube.client import KubeClient, default_client
 from kubegpu.kube.errors import KubeError
 from kubegpu.kube.fake import FakeKube
-from kubegpu.kube.objects import NFD_GROUP, NFD_PLURAL, NFD_VERSION, owner_references
+from kubegpu.kube.objects import (
+    NFD_GROUP,
+    NFD_PLURAL,
+    NFD_VERSION,
+    RESOURCE_API_VERSION,
+    owner_references,
+)
 from kubegpu.kube.protocol import Kube
 
 __all__ = [
     "NFD_GROUP",
     "NFD_PLURAL",
     "NFD_VERSION",
+    "RESOURCE_API_VERSION",
     "FakeKube",
     "Kube",
     "KubeClient",

@@ -27,18 +27,27 @@ import httpx2
 from lightkube import ApiError, Client, ConfigError
 from lightkube.config.kubeconfig import KubeConfig, SingleConfig
 from lightkube.core.resource import ApiInfo, ResourceDef
-from lightkube.generic_resource import GenericNamespacedResource, create_namespaced_resource
+from lightkube.generic_resource import (
+    GenericGlobalResource,
+    GenericNamespacedResource,
+    create_namespaced_resource,
+)
 from lightkube.resources.core_v1 import Node, Pod
 from lightkube.types import OnErrorAction, OnErrorResult, PatchType
 
 from kubegpu.kube.errors import KubeError, first_line, no_credentials, translate
 from kubegpu.kube.objects import (
+    MISSING_DRA_API,
     MISSING_NODE,
     MISSING_NODE_FEATURE,
     MISSING_POD,
+    MISSING_RESOURCE_CLAIM,
+    MISSING_RESOURCE_SLICE,
     NFD_GROUP,
     NFD_PLURAL,
     NFD_VERSION,
+    RESOURCE_GROUP,
+    RESOURCE_VERSION,
     label_of,
 )
 from kubegpu.watch.backoff import Backoff
@@ -47,6 +56,9 @@ log = logging.getLogger(__name__)
 
 #: Seconds one request may take unless the caller says otherwise.
 DEFAULT_TIMEOUT: Final = 10.0
+
+#: Objects per page when listing: a node's slices fit in one; a page bounds the worst case.
+LIST_CHUNK: Final = 100
 
 #: NFD's NodeFeature, as a schema-less resource: its body goes out and comes back as is.
 NodeFeature = create_namespaced_resource(NFD_GROUP, NFD_VERSION, "NodeFeature", NFD_PLURAL)
@@ -58,6 +70,30 @@ class CoreEvent(GenericNamespacedResource):
     """
 
     _api_info = ApiInfo(resource=ResourceDef("", "v1", "Event"), plural="events", verbs=["post"])
+
+
+class ResourceSlice(GenericGlobalResource):
+    """resource.k8s.io/v1 ResourceSlice, schema-less: the publisher's bodies go out as built
+    (lightkube's typed model would drop fields it does not know, such as those of a newer
+    API server) and come back as the API server wrote them. Not put in lightkube's
+    registry, where the typed model stays.
+    """
+
+    _api_info = ApiInfo(
+        resource=ResourceDef(RESOURCE_GROUP, RESOURCE_VERSION, "ResourceSlice"),
+        plural="resourceslices",
+        verbs=["delete", "get", "list", "post", "put", "watch"],
+    )
+
+
+class ResourceClaim(GenericNamespacedResource):
+    """resource.k8s.io/v1 ResourceClaim, read as the API server wrote it (schema-less)."""
+
+    _api_info = ApiInfo(
+        resource=ResourceDef(RESOURCE_GROUP, RESOURCE_VERSION, "ResourceClaim"),
+        plural="resourceclaims",
+        verbs=["get"],
+    )
 
 
 T = TypeVar("T")
@@ -231,6 +267,61 @@ class KubeClient:
             f"{verb} NodeFeature {namespace}/{name}", request, missing=MISSING_NODE_FEATURE
         )
 
+    # -- Dynamic Resource Allocation (resource.k8s.io/v1) ----------------------------------
+
+    def list_resource_slices(self, driver: str, node: str) -> list[dict[str, Any]]:
+        # The API server filters on both fields (ResourceSlice's selectable fields), so a
+        # node's publisher reads only its own slices, page by page.
+        def read(client: Client) -> list[dict[str, Any]]:
+            found = client.list(
+                ResourceSlice,
+                fields={"spec.driver": driver, "spec.nodeName": node},
+                chunk_size=LIST_CHUNK,
+            )
+            return [_whole(obj, ResourceSlice) for obj in found]
+
+        return self._call(
+            f"list ResourceSlices of {driver} on {node}", read, missing=MISSING_DRA_API
+        )
+
+    def create_resource_slice(self, body: dict[str, Any]) -> dict[str, Any]:
+        return self._call(
+            f"create ResourceSlice {_name_of(body)}",
+            lambda client: _whole(client.create(ResourceSlice.from_dict(body)), ResourceSlice),
+            missing=MISSING_DRA_API,
+        )
+
+    def replace_resource_slice(self, body: dict[str, Any]) -> dict[str, Any]:
+        name = body["metadata"]["name"]
+        return self._call(
+            f"update ResourceSlice {name}",
+            lambda client: _whole(
+                client.replace(ResourceSlice.from_dict(body), name), ResourceSlice
+            ),
+            missing=MISSING_RESOURCE_SLICE,
+        )
+
+    def delete_resource_slice(self, name: str) -> bool:
+        try:
+            self._call(
+                f"delete ResourceSlice {name}",
+                lambda client: client.delete(ResourceSlice, name),
+            )
+        except KubeError as exc:
+            if exc.status == 404:
+                return False
+            raise
+        return True
+
+    def get_resource_claim(self, namespace: str, name: str) -> dict[str, Any]:
+        return self._call(
+            f"get ResourceClaim {namespace}/{name}",
+            lambda client: _whole(
+                client.get(ResourceClaim, name, namespace=namespace), ResourceClaim
+            ),
+            missing=MISSING_RESOURCE_CLAIM,
+        )
+
     # -- the node label watch -------------------------------------------------------------
 
     async def watch_node_label(self, node: str, label: str) -> AsyncIterator[str | None]:
@@ -316,6 +407,27 @@ class KubeClient:
         """A client of the watch's own, so that closing it ends only that watch."""
         with self._lock:
             return self._new_client(self.timeout)
+
+
+def _whole(
+    obj: Any, kind: type[GenericGlobalResource | GenericNamespacedResource]
+) -> dict[str, Any]:
+    """A generic object as a plain dictionary, `apiVersion` and `kind` filled in.
+
+    The items of a list answer carry neither; filled in, every object reads as `kubectl
+    get -o json` shows it, whichever call returned it.
+    """
+    whole = dict(obj)
+    resource = kind._api_info.resource
+    whole.setdefault("apiVersion", resource.api_version)
+    whole.setdefault("kind", resource.kind)
+    return whole
+
+
+def _name_of(body: dict[str, Any]) -> str:
+    """The object's name, or its `generateName` prefix followed by "*" when the server names it."""
+    meta = body.get("metadata") or {}
+    return str(meta.get("name") or f"{meta.get('generateName', '')}*")
 
 
 def _close_all(clients: dict[float, Client]) -> None:

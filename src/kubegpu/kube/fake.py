@@ -9,20 +9,39 @@ from __future__ import annotations
 
 import asyncio
 import copy
+import itertools
 import threading
+import uuid
 from collections.abc import AsyncIterator, Mapping
 from dataclasses import dataclass, field
-from typing import Any
+from typing import Any, Final
 
 from kubegpu.kube.errors import KubeError, status_error
-from kubegpu.kube.objects import MISSING_NODE, MISSING_POD
+from kubegpu.kube.objects import (
+    MISSING_NODE,
+    MISSING_POD,
+    MISSING_RESOURCE_CLAIM,
+    MISSING_RESOURCE_SLICE,
+    RESOURCE_API_VERSION,
+)
+
+#: The characters the API server draws `generateName` suffixes from (no vowels: no words).
+_SUFFIX_ALPHABET: Final = "bcdfghjklmnpqrstvwxz2456789"
+
+#: The API server's message for an update carrying a resourceVersion that is not current.
+_MODIFIED: Final = (
+    'Operation cannot be fulfilled on resourceslices.resource.k8s.io "{name}": the object has '
+    "been modified; please apply your changes to the latest version and try again"
+)
 
 
 @dataclass
 class FakeKube:
-    """Nodes' metadata, Pods' metadata, NodeFeature objects and Events, with a call log.
+    """Nodes' metadata, Pods' metadata, NodeFeature objects, Events and the DRA objects
+    (ResourceSlices, ResourceClaims, DeviceClasses), with a call log.
 
-    `calls` reads like "get node/n1", "create nodefeature/ns/name", "create event/ns/name".
+    `calls` reads like "get node/n1", "create nodefeature/ns/name", "create event/ns/name",
+    "list resourceslices/<driver>/<node>", "replace resourceslice/<name>".
     `fail_with` makes every call raise; `fail_next(prefix, error)` makes only the next call
     whose log line starts with `prefix` raise. Safe to call from worker threads.
     """
@@ -39,6 +58,13 @@ class FakeKube:
     fail_with: KubeError | None = None
     #: (node, label) of every `watch_node_label`, to assert what was watched.
     watched: list[tuple[str, str]] = field(default_factory=list)
+    #: ResourceSlices by name, as stored (`metadata.resourceVersion`, `uid`, `generation`).
+    resource_slices: dict[str, dict[str, Any]] = field(default_factory=dict)
+    #: ResourceClaims by (namespace, name), as stored; set up with `put_resource_claim`.
+    resource_claims: dict[tuple[str, str], dict[str, Any]] = field(default_factory=dict)
+    #: DeviceClasses by name, as stored; set up with `put_device_class`.
+    device_classes: dict[str, dict[str, Any]] = field(default_factory=dict)
+    _versions: itertools.count[int] = field(default_factory=lambda: itertools.count(1), repr=False)
     _pending: list[tuple[str, BaseException]] = field(default_factory=list, repr=False)
     _watchers: list[_Watcher] = field(default_factory=list, repr=False)
     _lock: threading.Lock = field(default_factory=threading.Lock, repr=False)
@@ -145,6 +171,139 @@ class FakeKube:
         self._enter(f"delete nodefeature/{namespace}/{name}")
         with self._lock:
             return self.node_features.pop((namespace, name), None) is not None
+
+    # -- Dynamic Resource Allocation ------------------------------------------------------
+
+    def put_resource_claim(self, body: dict[str, Any]) -> dict[str, Any]:
+        """Store a ResourceClaim as given (created or replaced, unconditionally); the stored copy.
+
+        For set-up, and for a scheduler stand-in writing a claim's `status.allocation`.
+        """
+        meta = body["metadata"]
+        key = (meta.get("namespace", "default"), meta["name"])
+        with self._lock:
+            stored = self._stamped(body, self.resource_claims.get(key), kind="ResourceClaim")
+            self.resource_claims[key] = stored
+            return copy.deepcopy(stored)
+
+    def put_device_class(self, body: dict[str, Any]) -> dict[str, Any]:
+        """Store a DeviceClass as given (created or replaced); the stored copy."""
+        name = body["metadata"]["name"]
+        with self._lock:
+            stored = self._stamped(body, self.device_classes.get(name), kind="DeviceClass")
+            self.device_classes[name] = stored
+            return copy.deepcopy(stored)
+
+    def list_resource_slices(self, driver: str, node: str) -> list[dict[str, Any]]:
+        self._enter(f"list resourceslices/{driver}/{node}")
+        with self._lock:
+            return [
+                copy.deepcopy(obj)
+                for obj in self.resource_slices.values()
+                if obj.get("spec", {}).get("driver") == driver
+                and obj.get("spec", {}).get("nodeName") == node
+            ]
+
+    def create_resource_slice(self, body: dict[str, Any]) -> dict[str, Any]:
+        meta = body.get("metadata") or {}
+        with self._lock:
+            name = meta.get("name") or f"{meta.get('generateName', '')}{self._suffix()}"
+        self._enter(f"create resourceslice/{name}")
+        what = f"create ResourceSlice {name}"
+        with self._lock:
+            if meta.get("resourceVersion"):
+                # As the API server's storage answers: a version belongs to stored objects.
+                raise status_error(
+                    what,
+                    500,
+                    "Internal Server Error",
+                    detail="resourceVersion should not be set on objects to be created",
+                )
+            if name in self.resource_slices:
+                raise status_error(
+                    what,
+                    409,
+                    "Conflict",
+                    detail=f'resourceslices.resource.k8s.io "{name}" already exists',
+                )
+            named = copy.deepcopy(body)
+            named.setdefault("metadata", {})["name"] = name
+            stored = self._stamped(named, None, kind="ResourceSlice")
+            self.resource_slices[name] = stored
+            return copy.deepcopy(stored)
+
+    def replace_resource_slice(self, body: dict[str, Any]) -> dict[str, Any]:
+        name = body["metadata"]["name"]
+        self._enter(f"replace resourceslice/{name}")
+        what = f"update ResourceSlice {name}"
+        with self._lock:
+            current = self.resource_slices.get(name)
+            if current is None:
+                raise status_error(what, 404, "Not Found", missing=MISSING_RESOURCE_SLICE)
+            version = body["metadata"].get("resourceVersion")
+            # An update without a version is unconditional, as ResourceSlice's strategy allows.
+            if version and version != current["metadata"]["resourceVersion"]:
+                raise status_error(
+                    what,
+                    409,
+                    "Conflict",
+                    detail=_MODIFIED.format(name=name),
+                )
+            stored = self._stamped(body, current, kind="ResourceSlice")
+            self.resource_slices[name] = stored
+            return copy.deepcopy(stored)
+
+    def delete_resource_slice(self, name: str) -> bool:
+        self._enter(f"delete resourceslice/{name}")
+        with self._lock:
+            return self.resource_slices.pop(name, None) is not None
+
+    def get_resource_claim(self, namespace: str, name: str) -> dict[str, Any]:
+        self._enter(f"get resourceclaim/{namespace}/{name}")
+        with self._lock:
+            claim = self.resource_claims.get((namespace, name))
+            if claim is None:
+                raise status_error(
+                    f"get ResourceClaim {namespace}/{name}",
+                    404,
+                    "Not Found",
+                    missing=MISSING_RESOURCE_CLAIM,
+                )
+            return copy.deepcopy(claim)
+
+    def _stamped(
+        self, body: dict[str, Any], current: dict[str, Any] | None, *, kind: str
+    ) -> dict[str, Any]:
+        """`body` as the API server stores it; call with `_lock` held.
+
+        A new `resourceVersion` on every write; `uid` and `creationTimestamp` kept from the
+        stored object; `generation` 1 on create, bumped when `spec` changes.
+        """
+        stored = copy.deepcopy(body)
+        stored.setdefault("apiVersion", RESOURCE_API_VERSION)
+        stored.setdefault("kind", kind)
+        meta = stored.setdefault("metadata", {})
+        meta["resourceVersion"] = str(next(self._versions))
+        if current is None:
+            meta.setdefault("uid", str(uuid.uuid4()))
+            meta.setdefault("creationTimestamp", "2026-01-01T00:00:00Z")
+            meta["generation"] = 1
+        else:
+            old = current["metadata"]
+            meta["uid"] = old.get("uid")
+            meta["creationTimestamp"] = old.get("creationTimestamp")
+            changed = stored.get("spec") != current.get("spec")
+            meta["generation"] = old.get("generation", 1) + (1 if changed else 0)
+        return stored
+
+    def _suffix(self) -> str:
+        """A `generateName` suffix of five characters, unique in this fake; call with `_lock`."""
+        n = next(self._versions)
+        letters = []
+        for _ in range(5):
+            n, digit = divmod(n, len(_SUFFIX_ALPHABET))
+            letters.append(_SUFFIX_ALPHABET[digit])
+        return "".join(letters)
 
     # -- the node label watch -------------------------------------------------------------
 

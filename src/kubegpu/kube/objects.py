@@ -11,10 +11,18 @@ NFD_GROUP: Final = "nfd.k8s-sigs.io"
 NFD_VERSION: Final = "v1alpha1"
 NFD_PLURAL: Final = "nodefeatures"
 
+#: Dynamic Resource Allocation's API group and the version kubegpu speaks (GA since 1.34).
+RESOURCE_GROUP: Final = "resource.k8s.io"
+RESOURCE_VERSION: Final = "v1"
+RESOURCE_API_VERSION: Final = f"{RESOURCE_GROUP}/{RESOURCE_VERSION}"
+
 #: The 404 hints that say what is missing and what to set, by kind.
 MISSING_NODE: Final = "; does it exist? check NODE_NAME"
 MISSING_POD: Final = "; does it exist? check POD_NAME"
 MISSING_NODE_FEATURE: Final = "; does it exist (is NFD installed)?"
+MISSING_DRA_API: Final = "; does the API server serve resource.k8s.io/v1 (Kubernetes 1.34+)?"
+MISSING_RESOURCE_SLICE: Final = "; was it deleted? list the node's slices again"
+MISSING_RESOURCE_CLAIM: Final = "; does it exist (was the pod or its claim deleted)?"
 
 
 def label_of(metadata: Any, label: str) -> str | None:

@@ -51,6 +51,30 @@ class Kube(Protocol):
         """Create a core/v1 Event; `timeout` (seconds) bounds this one request."""
         ...
 
+    def list_resource_slices(self, driver: str, node: str) -> list[dict[str, Any]]:
+        """The resource.k8s.io/v1 ResourceSlices of `driver` on `node` (every page)."""
+        ...
+
+    def create_resource_slice(self, body: dict[str, Any]) -> dict[str, Any]:
+        """Create a ResourceSlice (`metadata.name` or `generateName`); the object as stored."""
+        ...
+
+    def replace_resource_slice(self, body: dict[str, Any]) -> dict[str, Any]:
+        """Replace the ResourceSlice named in `body`; the object as stored.
+
+        A `metadata.resourceVersion` that is no longer current is a 409 `KubeError` (read
+        again), a slice that is gone a 404.
+        """
+        ...
+
+    def delete_resource_slice(self, name: str) -> bool:
+        """Delete the ResourceSlice; False when there was none."""
+        ...
+
+    def get_resource_claim(self, namespace: str, name: str) -> dict[str, Any]:
+        """A resource.k8s.io/v1 ResourceClaim; a 404 `KubeError` when there is none."""
+        ...
+
     def watch_node_label(self, node: str, label: str) -> AsyncIterator[str | None]:
         """The label's value now, then each change; None when unset or the Node is gone.
 
