@@ -19,6 +19,7 @@ a kubelet restart re-preparing every running pod's claims costs no API call.
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import logging
 import re
 import time
@@ -231,7 +232,8 @@ class ClaimPreparer:
                     cdi.write_spec(plan.spec, str(self.cdi_dir), spec_file_name(claim.uid))
             except OSError as exc:
                 del checkpoint.claims[claim.uid]
-                remove_spec(self.cdi_dir, claim.uid)
+                with contextlib.suppress(OSError):  # a half-written spec, if any
+                    remove_spec(self.cdi_dir, claim.uid)
                 answers[claim.uid] = (
                     (),
                     self._refuse(
