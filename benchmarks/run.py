@@ -10,6 +10,8 @@ Sections (docs/performance.md has the figures and the method):
   ListAndWatch list at the kubelet, idle CPU of `serve`.
 - **placement** (`benchmarks/placement.py`, its own module): GetPreferredAllocation
   in-process, called through PLACEMENT_ENTRY.
+- **DRA** (`benchmarks/dra.py`): NodePrepareResources and NodeUnprepareResources of the
+  DRA kubelet plugin over its unix socket, one claim of one GPU each.
 
 Each target is printed as met or missed; nothing here fails on a missed target (timings
 are never asserted), only on a section that could not measure. The last line printed is
@@ -32,7 +34,7 @@ from collections.abc import Awaitable, Callable
 from dataclasses import dataclass
 from typing import Any
 
-from benchmarks import harness, startup, watch
+from benchmarks import dra, harness, startup, watch
 
 #: benchmarks/placement.py's `make bench` entry (a function returning a dict of figures,
 #: sync or async). That module is maintained on its own: if it renames the function,
@@ -49,6 +51,9 @@ COLD_64_MS = 20.0
 WARM_MS = 2.0
 START_S = 0.5
 RSS_MIB = 64.0
+#: NVIDIA's DRA driver on the same simulated node (issue's anchor): prepare, unprepare.
+DRA_PREPARE_MS = 6.4
+DRA_UNPREPARE_MS = 4.3
 
 #: "No worse than today": on the code these targets were set on, seven `make bench` runs
 #: on the reference machine (docs/performance.md, "Reference"): the median of their
@@ -207,6 +212,25 @@ def _watch_rows(figures: Figures) -> list[Row]:
     return rows
 
 
+def _dra_rows(figures: Figures) -> list[Row]:
+    found: Figures = figures.get("dra") or {}
+    rows = []
+    for key, title, target in (
+        ("prepare_ms", "DRA NodePrepareResources (1 claim, 1 GPU)", DRA_PREPARE_MS),
+        ("unprepare_ms", "DRA NodeUnprepareResources (1 claim)", DRA_UNPREPARE_MS),
+    ):
+        f = found.get(key)
+        if f is not None:
+            median, worst = f["median"], f["max"]
+            met = median <= target
+            rows.append(Row(title, _ms(median), _ms(worst), f"≤ {target:g} ms", met))
+    return rows
+
+
+async def bench_dra() -> Figures:
+    return await dra.bench_dra()
+
+
 def _placement_rows(figures: Figures) -> list[Row]:
     """benchmarks/placement.py judges its own targets; its scalar figures are shown."""
     found: Figures = figures.get("placement") or {}
@@ -218,7 +242,12 @@ def _placement_rows(figures: Figures) -> list[Row]:
 
 
 def table(figures: Figures) -> str:
-    rows = [*_node_rows(figures), *_watch_rows(figures), *_placement_rows(figures)]
+    rows = [
+        *_node_rows(figures),
+        *_watch_rows(figures),
+        *_dra_rows(figures),
+        *_placement_rows(figures),
+    ]
     cells = [("figure", "median", "max", "target", "", "+ checkpoint")]
     for r in rows:
         verdict = "" if r.met is None else ("met" if r.met else "MISSED")
@@ -234,6 +263,7 @@ async def _sections() -> int:
         ("fresh serve processes, every preset and 64 GPUs (benchmarks/startup.py)", bench_fresh),
         ("kubelet restarts, config changes, idle CPU (benchmarks/watch.py)", bench_watch),
         ("placement in-process (benchmarks/placement.py)", bench_placement),
+        ("DRA prepare and unprepare over the socket (benchmarks/dra.py)", bench_dra),
     ]
     for title, section in sections:
         print(f"... {title}", file=sys.stderr, flush=True)
