@@ -317,3 +317,33 @@ async def test_time_sliced_gpu_is_prepared_for_several_claims(socket_dir: Path) 
         assert len(list((socket_dir / "cdi").iterdir())) == 4
     finally:
         await stop(driver, task)
+
+
+async def test_after_a_corrupt_checkpoint_the_kubelets_calls_still_clean_up(
+    socket_dir: Path,
+) -> None:
+    """Specs found on disk are kept (running pods' containers may restart from them); the
+    kubelet's prepare rebuilds the claim's spec and its unprepare removes it."""
+    store = NodeStore()
+    store.update(inventory=inventory(gpu(0)), config=Config())
+    kube = FakeKube()
+    claim = put_claim(kube, "c", "gpu-0")
+    data = socket_dir / "plugins" / DRIVER
+    data.mkdir(parents=True)
+    (data / CHECKPOINT_FILE).write_text("garbage")
+    cdi_dir = socket_dir / "cdi"
+    cdi_dir.mkdir()
+    spec = cdi_dir / spec_file_name(claim.uid)
+    spec.write_text("{}")
+    driver = make_driver(socket_dir, store, kube)
+    task = await running(driver)
+    try:
+        assert spec.exists()
+        assert driver.preparer.checkpoint.claims[claim.uid].state is ClaimState.ADOPTED
+        answer = await driver.preparer.prepare([claim])
+        assert answer[claim.uid][1] == ""
+        assert json.loads(spec.read_text())["devices"][0]["name"] == f"{claim.uid}-gpu-0"
+        assert await driver.preparer.unprepare([claim]) == {claim.uid: ""}
+        assert not spec.exists()
+    finally:
+        await stop(driver, task)
