@@ -26,10 +26,11 @@ Third-party errors (pynvml.NVMLError, grpc.RpcError, kubernetes ApiException) ar
 translated into these at the one module that talks to that library, raised `from` the
 cause, so callers never need to import a vendor library to handle failures.
 
-Towards the kubelet, `kubegpu.rpc.status_for` is the one mapping of these to
-gRPC status codes, used by all five DevicePlugin RPCs and both DRAPlugin ones: AllocationError INVALID_ARGUMENT,
-PreconditionError and ConfigError FAILED_PRECONDITION, DeviceError UNAVAILABLE, anything
-else INTERNAL (logged with its traceback); nothing reaches the kubelet as UNKNOWN.
+Towards the kubelet, `kubegpu.rpc.status_for` is the one mapping of these to gRPC
+status codes, used by all five DevicePlugin RPCs and both DRAPlugin ones: AllocationError
+INVALID_ARGUMENT, PreconditionError and ConfigError FAILED_PRECONDITION, DeviceError
+UNAVAILABLE, anything else INTERNAL (logged with its traceback); nothing reaches the
+kubelet as UNKNOWN.
 """
 
 
