@@ -263,10 +263,12 @@ class Daemon:
             await self.dra.start()
         else:
             await self.manager.apply(state.specs, state.config)
+        through = f" through DRA driver {self.dra.driver}" if self.dra is not None else ""
         for spec in state.specs:
             log.info(
-                "advertising %s: %d device(s), %d healthy",
+                "advertising %s%s: %d device(s), %d healthy",
                 spec.name,
+                through,
                 len(spec.devices),
                 spec.healthy_count,
             )
