@@ -15,6 +15,11 @@ rooms that mirror the devicemanager's files: `registration` (the Registration se
 devices, preferred allocation, Allocate and PreStartContainer), `pod_devices` (who holds
 what) and `checkpoint` (what survives a restart).
 
+With `dra=DRAKubelet(...)` it is also the kubelet's DRA side (`kubegpu.kubelet.dra`): the
+plugin watcher and DRA manager start, stop and restart with it, share its change
+notifications (so `wait_for` sees both), and `run_pod` / `delete_pod` take a whole v1 Pod
+through device-plugin admission and DRA prepare, as the kubelet does for one pod.
+
 Deliberate simplifications: one node, pods admitted one resource at a time
 (`allocate`), a topology manager reduced to "pick the narrowest NUMA node set that fits"
 (or the `numa_affinity` a test passes), and a checkpoint checksum of our own.
@@ -29,6 +34,7 @@ import time
 from collections.abc import Awaitable, Callable, Collection, Sequence
 from dataclasses import replace
 from pathlib import Path
+from typing import Any
 
 import grpc
 
@@ -38,6 +44,8 @@ from kubegpu.kubelet import checkpoint as ckpt
 from kubegpu.kubelet import endpoint as endpoints_
 from kubegpu.kubelet.admission import UNEXPECTED
 from kubegpu.kubelet.changes import Changes
+from kubegpu.kubelet.dra.manager import containers_of
+from kubegpu.kubelet.dra.node import DRAKubelet
 from kubegpu.kubelet.endpoint import Endpoint, go_error
 from kubegpu.kubelet.model import (
     Allocation,
@@ -76,8 +84,11 @@ class KubeletEmulator:
         topology_manager: bool = False,
         dial_timeout: float = DIAL_TIMEOUT,
         pre_start_timeout: float = PRE_START_TIMEOUT,
+        dra: DRAKubelet | None = None,
     ) -> None:
         self.plugin_dir = Path(plugin_dir)
+        #: The kubelet's DRA side, when this node also serves DRA drivers.
+        self.dra = dra
         self.grace_period = grace_period
         self.topology_manager = topology_manager
         self.dial_timeout = dial_timeout
@@ -94,7 +105,7 @@ class KubeletEmulator:
         # plugin registers again, gone after the grace period if it never does.
         self._restored: dict[str, asyncio.Task[None]] = {}
         self._pods = PodDevices()
-        self._changes = Changes()
+        self._changes = dra.changes if dra is not None else Changes()
         # Admission is serial in the kubelet: a hung Allocate blocks the next pod.
         self._admission = asyncio.Lock()
         self._tasks: set[asyncio.Task[None]] = set()
@@ -134,12 +145,16 @@ class KubeletEmulator:
         )
         for resource in list(self._restored):
             await self._changed(resource)
+        if self.dra is not None:
+            await self.dra.start()
 
     async def stop(self) -> None:
         """Stop serving and forget everything not in the checkpoint (like a kubelet exit)."""
         server, self._server = self._server, None
         if server is None:
             return
+        if self.dra is not None:
+            await self.dra.stop()
         await server.stop(0)
         resources = self.resources
         for eps in self._endpoints.values():
@@ -516,6 +531,55 @@ class KubeletEmulator:
                 f"endpoint not found in cache for a registered resource: {resource}"
             )
         await admission.pre_start(ep, allocation, self.pre_start_timeout, self._record)
+
+    # --------------------------------------------------------------- whole pods
+
+    async def run_pod(self, pod: dict[str, Any]) -> dict[str, list[str]]:
+        """Admit and start a v1 Pod (a dict): container name -> the CDI devices it gets.
+
+        Extended resources registered by a device plugin go through `allocate` for each
+        container, except those the scheduler mapped to DRA in
+        `status.extendedResourceClaimStatus`; then the DRA manager prepares the pod's claims
+        (`PrepareError` when the kubelet would fail the sync). The CDI devices are the device
+        plugins' `cdi_devices` followed by the DRA claims' CDI IDs, as the runtime gets them.
+        """
+        self._require_running()
+        meta = pod.get("metadata") or {}
+        uid = str(meta.get("uid") or meta.get("name"))
+        mapped = {
+            (m.get("containerName"), m.get("resourceName"))
+            for m in ((pod.get("status") or {}).get("extendedResourceClaimStatus") or {}).get(
+                "requestMappings"
+            )
+            or []
+        }
+        for container in containers_of(pod):
+            name = str(container.get("name"))
+            res = container.get("resources") or {}
+            asked = {**(res.get("limits") or {}), **(res.get("requests") or {})}
+            for resource, quantity in sorted(asked.items()):
+                if (name, resource) in mapped or resource not in self.resources:
+                    continue
+                count = int(str(quantity))
+                if count > 0:
+                    await self.allocate(resource, count, pod=uid, container=name)
+        if self.dra is not None:
+            await self.dra.prepare(pod)
+        devices: dict[str, list[str]] = {}
+        for container in containers_of(pod):
+            name = str(container.get("name"))
+            plugin_cdi = [d.name for d in self.container_response(uid, name).cdi_devices]
+            dra_cdi = self.dra.cdi_devices(pod, name) if self.dra is not None else []
+            devices[name] = [*plugin_cdi, *dra_cdi]
+        return devices
+
+    async def delete_pod(self, pod: dict[str, Any]) -> None:
+        """A pod's containers stopped: unprepare its claims, then free its devices."""
+        self._require_running()
+        if self.dra is not None:
+            await self.dra.unprepare(pod)
+        meta = pod.get("metadata") or {}
+        self.release(str(meta.get("uid") or meta.get("name")))
 
     def _save(self) -> None:
         if self._server is None:
