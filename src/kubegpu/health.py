@@ -150,6 +150,8 @@ class _Fault:
     last_probe: float | None = None
     #: An Xid that needs a GPU reset: passing probes do not heal it until one is observed.
     awaiting_reset: bool = False
+    #: The Xid that made the device unhealthy; None for a failed probe (a DRA taint's value).
+    xid: int | None = None
 
 
 class HealthTracker:
@@ -184,6 +186,7 @@ class HealthTracker:
                 f"{reason}: {event.detail}" if event.detail else reason,
                 now,
                 awaiting_reset=awaiting,
+                xid=event.xid,
             )
         if kind is HealthEventKind.PROBE_FAILED:
             # A probe failing after a reset-requiring Xid is the reset under way (the GPU
@@ -205,12 +208,14 @@ class HealthTracker:
             self._faults[event.uuid] = dataclasses.replace(fault, last_probe=now)
         return False
 
-    def _mark(self, uuid: str, reason: str, now: float, *, awaiting_reset: bool) -> bool:
+    def _mark(
+        self, uuid: str, reason: str, now: float, *, awaiting_reset: bool, xid: int | None = None
+    ) -> bool:
         previous = self._faults.get(uuid)
         if previous is not None and previous.awaiting_reset:
             # The reset-requiring fault keeps its reason: a later error is its symptom.
-            reason = previous.reason
-        self._faults[uuid] = _Fault(reason, now, now, awaiting_reset)
+            reason, xid = previous.reason, previous.xid
+        self._faults[uuid] = _Fault(reason, now, now, awaiting_reset, xid)
         return previous is None
 
     def awaiting_reset(self, uuid: str) -> bool:
@@ -221,6 +226,10 @@ class HealthTracker:
     def health(self) -> Mapping[str, Health]:
         """The unhealthy devices; anything not listed is healthy."""
         return dict.fromkeys(self._faults, Health.UNHEALTHY)
+
+    def xids(self) -> Mapping[str, int | None]:
+        """Unhealthy device -> the Xid that made it so (None: its probes failed)."""
+        return {uuid: fault.xid for uuid, fault in self._faults.items()}
 
     def reason(self, uuid: str) -> str | None:
         fault = self._faults.get(uuid)

@@ -10,7 +10,7 @@ from pathlib import Path
 
 import pytest
 
-from kubegpu.devices.pci import CONFIG_SPACE_SIZE, PciBus, read_bus
+from kubegpu.devices.pci import CONFIG_SPACE_SIZE, PciBus, pcie_roots, read_bus
 
 FIXTURES = Path(__file__).parent.parent / "fixtures"
 
@@ -80,3 +80,22 @@ def test_one_look_lists_the_bus_once(monkeypatch: pytest.MonkeyPatch) -> None:
     bus = read_bus(str(FIXTURES / "pci-nvidia"))
     assert bus.present and bus.classes
     assert listed == [FIXTURES / "pci-nvidia" / "sys/bus/pci/devices"]
+
+
+def test_pcie_roots_follow_the_bus_links_to_their_root_complex(tmp_path: Path) -> None:
+    """As Kubernetes' deviceattribute reads `resource.kubernetes.io/pcieRoot`."""
+    bus = tmp_path / "sys/bus/pci/devices"
+    bus.mkdir(parents=True)
+    deep = tmp_path / "sys/devices/pci0000:16/0000:16:01.0/0000:17:00.0"
+    flat = tmp_path / "sys/devices/pci0000:80/0000:81:00.0"
+    for target in (deep, flat):
+        target.mkdir(parents=True)
+    (bus / "0000:17:00.0").symlink_to("../../../devices/pci0000:16/0000:16:01.0/0000:17:00.0")
+    (bus / "0000:81:00.0").symlink_to("/sys/devices/pci0000:80/0000:81:00.0")  # absolute
+    (bus / "0000:99:00.0").symlink_to("../../../devices/platform/0000:99:00.0")
+    (bus / "0000:aa:00.0").mkdir()  # not a link
+    ids = ["0000:17:00.0", "0000:81:00.0", "0000:99:00.0", "0000:aa:00.0", "0000:bb:00.0"]
+    assert pcie_roots(str(tmp_path), ids) == {
+        "0000:17:00.0": "pci0000:16",
+        "0000:81:00.0": "pci0000:80",
+    }

@@ -852,3 +852,17 @@ def test_fake_resource_claims_and_device_classes() -> None:
     assert kube.device_classes["gpu.nvidia.com"] == device_class
     assert device_class["kind"] == "DeviceClass"
     assert body == {"metadata": {"name": "c", "namespace": "ns"}, "spec": {"devices": {}}}
+
+
+def test_fake_stamps_new_device_taints_as_the_api_server_does() -> None:
+    kube = FakeKube(clock=lambda: "2026-02-03T04:05:06Z")
+    body = resource_slice("s")
+    taint = {"key": "gpu.nvidia.com/xid", "value": "79", "effect": "NoSchedule"}
+    kept = taint | {"key": "gpu.nvidia.com/gpu-lost", "timeAdded": "2026-01-01T00:00:00Z"}
+    body["spec"]["devices"][0]["taints"] = [taint, kept]
+    stored = kube.create_resource_slice(body)
+    assert stored["spec"]["devices"][0]["taints"] == [
+        taint | {"timeAdded": "2026-02-03T04:05:06Z"},
+        kept,
+    ]
+    assert "timeAdded" not in taint  # the caller's body is not changed

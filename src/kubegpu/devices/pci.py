@@ -1,4 +1,5 @@
-"""NVIDIA's functions on the PCI bus, read from sysfs (`<root>/sys/bus/pci/devices`).
+"""NVIDIA's functions on the PCI bus, read from sysfs (`<root>/sys/bus/pci/devices`),
+and the PCIe root complex a GPU hangs off (for DRA's `resource.kubernetes.io/pcieRoot`).
 
 The bus answers without a driver, which is why GFD reads it: `gpu.present` marks a
 node whose driver is broken, `gpu.mode` comes from each GPU's PCI class, and the
@@ -9,6 +10,8 @@ against fixture trees (tests/fixtures/pci-*).
 
 from __future__ import annotations
 
+import os
+from collections.abc import Iterable
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -71,3 +74,34 @@ def _configs(nvidia: list[Path]) -> list[bytes] | None:
             return None
         out.append(config)
     return out
+
+
+def pcie_roots(root: str, bus_ids: Iterable[str]) -> dict[str, str]:
+    """PCI bus ID -> its PCIe root complex (`pci0000:16`), as Kubernetes reads it.
+
+    `/sys/bus/pci/devices/<id>` links to `/sys/devices/pci<domain>:<bus>/.../<id>`; the
+    first directory under `/sys/devices` is the root (k8s.io/dynamic-resource-allocation
+    deviceattribute's reading). A bus ID without such a link (not a PCI device here, a
+    tree that does not nest) is left out: no attribute rather than a wrong one.
+    """
+    devices = Path(root, "sys/devices")
+    found: dict[str, str] = {}
+    for bus_id in bus_ids:
+        link = Path(root, DEVICES, bus_id)
+        try:
+            pointed = link.readlink()
+        except OSError:
+            continue
+        # A relative link (the kernel's) resolves beside it; an absolute one under `root`.
+        base = (
+            Path(root) / pointed.relative_to("/")
+            if pointed.is_absolute()
+            else link.parent / pointed
+        )
+        target = Path(os.path.normpath(base))
+        if target.name != bus_id or not target.is_relative_to(devices):
+            continue
+        first = target.relative_to(devices).parts[0]
+        if first.startswith("pci") and first != bus_id:
+            found[bus_id] = first
+    return found

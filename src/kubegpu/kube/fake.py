@@ -9,10 +9,11 @@ from __future__ import annotations
 
 import asyncio
 import copy
+import datetime
 import itertools
 import threading
 import uuid
-from collections.abc import AsyncIterator, Mapping
+from collections.abc import AsyncIterator, Callable, Mapping
 from dataclasses import dataclass, field
 from typing import Any, Final
 
@@ -64,6 +65,9 @@ class FakeKube:
     resource_claims: dict[tuple[str, str], dict[str, Any]] = field(default_factory=dict)
     #: DeviceClasses by name, as stored; set up with `put_device_class`.
     device_classes: dict[str, dict[str, Any]] = field(default_factory=dict)
+    #: The time the fake stamps on a device taint written without one, as the API server
+    #: does on create and update (RFC 3339, whole seconds).
+    clock: Callable[[], str] = field(default=lambda: _now(), repr=False)
     _versions: itertools.count[int] = field(default_factory=lambda: itertools.count(1), repr=False)
     _pending: list[tuple[str, BaseException]] = field(default_factory=list, repr=False)
     _watchers: list[_Watcher] = field(default_factory=list, repr=False)
@@ -228,7 +232,7 @@ class FakeKube:
                 )
             named = copy.deepcopy(body)
             named.setdefault("metadata", {})["name"] = name
-            stored = self._stamped(named, None, kind="ResourceSlice")
+            stored = self._stamped(_taints_stamped(named, self.clock), None, kind="ResourceSlice")
             self.resource_slices[name] = stored
             return copy.deepcopy(stored)
 
@@ -249,7 +253,8 @@ class FakeKube:
                     "Conflict",
                     detail=_MODIFIED.format(name=name),
                 )
-            stored = self._stamped(body, current, kind="ResourceSlice")
+            stamped = _taints_stamped(copy.deepcopy(body), self.clock)
+            stored = self._stamped(stamped, current, kind="ResourceSlice")
             self.resource_slices[name] = stored
             return copy.deepcopy(stored)
 
@@ -335,6 +340,22 @@ class FakeKube:
             due = [(w, self._label(node, w.label)) for w in self._watchers if w.node == node]
         for watcher, value in due:
             watcher.loop.call_soon_threadsafe(watcher.queue.put_nowait, value)
+
+
+def _taints_stamped(body: dict[str, Any], clock: Callable[[], str]) -> dict[str, Any]:
+    """`body` (a ResourceSlice) with `timeAdded` set on every device taint that has none;
+    one reading of `clock` per write that needs it."""
+    now: str | None = None
+    for device in body.get("spec", {}).get("devices") or []:
+        for taint in device.get("taints") or []:
+            if "timeAdded" not in taint:
+                now = now or clock()
+                taint["timeAdded"] = now
+    return body
+
+
+def _now() -> str:
+    return datetime.datetime.now(datetime.UTC).strftime("%Y-%m-%dT%H:%M:%SZ")
 
 
 @dataclass(frozen=True)

@@ -1,0 +1,213 @@
+"""Keeps the node's ResourceSlices in the API in step with the node-state store.
+
+`SlicePublisher.run` follows the store as the labeller does (`NodeStore.subscribe`): on
+every change of what the slices show (inventory: a MIG layout; config: a reload that
+changes replicas or names; health) it builds the bodies (`kubegpu.dra.slices`), lists what
+the API holds for this node and driver, and writes the difference:
+
+- nothing when the API already shows the same devices (a restart rewrites nothing);
+- otherwise the pool's next generation: the stored slices replaced, missing ones created,
+  surplus ones deleted, so a scheduler that reads a half-written pool sees the old
+  generation's slices as outdated and waits for the new ones (the API's pool rule);
+- a 409 (someone wrote in between) reads the slices again and recomputes, at once;
+- any other failure is logged and retried with `Backoff`; a store change cuts the wait
+  short, and every `resync_s` the API is compared again (a slice deleted by hand comes
+  back).
+
+Blocking API calls run in a worker thread; the loop itself never blocks.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import json
+import logging
+from collections.abc import Callable, Mapping, Sequence
+from typing import Any, Final
+
+from kubegpu.dra.slices import (
+    DRIVERS,
+    Fault,
+    build_slices,
+    carry_taint_times,
+    device_body,
+    dra_devices,
+)
+from kubegpu.kube import Kube, KubeError
+from kubegpu.state import NodeState, NodeStore
+from kubegpu.watch.backoff import Backoff
+
+log = logging.getLogger("kubegpu.dra.publisher")
+
+#: Re-reads after a 409 before the failure counts as one (then: backoff).
+CONFLICT_RETRIES: Final = 3
+#: Seconds between comparisons with the API when nothing changed here.
+RESYNC_S: Final = 600.0
+
+
+class SlicePublisher:
+    """Publishes the store's devices for each of `drivers` as the node's pool.
+
+    `faults` says why unhealthy devices are (their Xid), which names their taint; none
+    known, an unhealthy device is a lost GPU. `pcie_roots` reads the root complex of PCI
+    bus IDs (`kubegpu.devices.pci.pcie_roots` over the host's sysfs), for
+    `resource.kubernetes.io/pcieRoot`; read on each sync, as GPUs may come and go.
+    """
+
+    def __init__(
+        self,
+        kube: Kube,
+        store: NodeStore,
+        node: str,
+        *,
+        drivers: Sequence[str] = tuple(DRIVERS.values()),
+        faults: Callable[[], Mapping[str, Fault]] = dict,
+        pcie_roots: Callable[[Sequence[str]], Mapping[str, str]] | None = None,
+        backoff: Backoff | None = None,
+        resync_s: float = RESYNC_S,
+    ) -> None:
+        self.kube = kube
+        self.store = store
+        self.node = node
+        self.drivers = tuple(drivers)
+        self.faults = faults
+        self.pcie_roots = pcie_roots
+        self.backoff = backoff or Backoff(1.0, 30.0)
+        self.resync_s = resync_s
+        #: Written slices by driver after the last sync (for tests and `kubegpu status`).
+        self.published: dict[str, list[dict[str, Any]]] = {}
+
+    # -- the loop -------------------------------------------------------------------------
+
+    async def run(self) -> None:
+        """Publish now, then on every relevant change; runs until cancelled."""
+        while True:
+            state = self.store.state
+            try:
+                await asyncio.to_thread(self.sync, state)
+            except KubeError as exc:
+                delay = self.backoff.advance()
+                log.warning(
+                    "node %s: cannot publish ResourceSlices: %s; retrying in %.1fs",
+                    self.node,
+                    exc,
+                    delay,
+                )
+                await self._changed(state, delay)
+                continue
+            self.backoff.reset()
+            await self._changed(state, self.resync_s)
+
+    async def _changed(self, synced: NodeState, timeout: float) -> None:
+        """Until the slices may differ from those of `synced`, or `timeout` seconds."""
+        with contextlib.suppress(TimeoutError):
+            await asyncio.wait_for(self._stale(synced), timeout)
+
+    async def _stale(self, synced: NodeState) -> None:
+        # MPS readiness and version bumps alone change nothing the slices show.
+        async for state in self.store.subscribe(synced.version):
+            if (state.inventory, state.config, state.health) != (
+                synced.inventory,
+                synced.config,
+                synced.health,
+            ):
+                return
+
+    # -- one reconciliation (blocking) ----------------------------------------------------
+
+    def sync(self, state: NodeState) -> bool:
+        """Make the API show `state` for every driver; True when anything was written.
+
+        Raises `KubeError` when the API cannot be read or written (after re-reading on
+        `CONFLICT_RETRIES` conflicts).
+        """
+        wrote = False
+        for driver in self.drivers:
+            for attempt in range(CONFLICT_RETRIES + 1):
+                try:
+                    wrote = self._sync_driver(driver, state) or wrote
+                    break
+                except KubeError as exc:
+                    if exc.status != 409 or attempt == CONFLICT_RETRIES:
+                        raise
+                    log.info("node %s: %s; reading the slices again", self.node, exc)
+        return wrote
+
+    def desired_devices(self, driver: str, state: NodeState) -> list[dict[str, Any]]:
+        """The device bodies `driver` publishes for `state` (health and faults applied)."""
+        faults = self.faults()
+        buses = sorted({g.pci_bus_id for g in state.inventory.gpus})
+        roots = self.pcie_roots(buses) if self.pcie_roots is not None and buses else {}
+        return [
+            device_body(
+                device,
+                state.inventory,
+                driver,
+                fault=faults.get(device.unit.uuid) or faults.get(device.unit.gpu.uuid),
+                pcie_roots=roots,
+            )
+            for device in dra_devices(driver, state.planned)
+        ]
+
+    def _sync_driver(self, driver: str, state: NodeState) -> bool:
+        stored = sorted(
+            self.kube.list_resource_slices(driver, self.node),
+            key=lambda s: s["metadata"]["name"],
+        )
+        devices = carry_taint_times(self.desired_devices(driver, state), stored)
+        current = max((s["spec"]["pool"]["generation"] for s in stored), default=0)
+        if _same(build_slices(self.node, driver, devices, generation=current), stored):
+            self.published[driver] = stored
+            return False
+        wanted = build_slices(self.node, driver, devices, generation=current + 1)
+        written = []
+        for old, new in zip(stored, wanted, strict=False):
+            meta = old["metadata"]
+            new["metadata"] = {"name": meta["name"], "resourceVersion": meta["resourceVersion"]}
+            written.append(self.kube.replace_resource_slice(new))
+        for new in wanted[len(stored) :]:
+            written.append(self.kube.create_resource_slice(new))
+        # Surplus slices go last: until then they are an older generation, which the
+        # scheduler already ignores.
+        for old in stored[len(wanted) :]:
+            self.kube.delete_resource_slice(old["metadata"]["name"])
+        self.published[driver] = written
+        log.info(
+            "node %s: %s pool generation %d: %d devices in %d ResourceSlice(s)",
+            self.node,
+            driver,
+            current + 1,
+            len(devices),
+            len(wanted),
+        )
+        return True
+
+    def clear(self) -> int:
+        """Delete this node's slices of every driver (uninstall); how many were deleted."""
+        deleted = 0
+        for driver in self.drivers:
+            for obj in self.kube.list_resource_slices(driver, self.node):
+                deleted += self.kube.delete_resource_slice(obj["metadata"]["name"])
+            self.published.pop(driver, None)
+        return deleted
+
+
+def faults_of(xids: Mapping[str, int | None]) -> dict[str, Fault]:
+    """`HealthTracker.xids()` as the publisher's `faults`:
+    `SlicePublisher(..., faults=lambda: faults_of(tracker.xids()))`."""
+    return {uuid: Fault(xid=xid) for uuid, xid in xids.items()}
+
+
+def _same(wanted: Sequence[Mapping[str, Any]], stored: Sequence[Mapping[str, Any]]) -> bool:
+    """Whether the stored slices show exactly the wanted specs (any order, same count)."""
+    if len(wanted) != len(stored):
+        return False
+
+    def key(obj: Mapping[str, Any]) -> str:
+        return json.dumps(obj.get("spec"), sort_keys=True)
+
+    return sorted(map(key, wanted)) == sorted(map(key, stored))
+
+
+__all__ = ["CONFLICT_RETRIES", "RESYNC_S", "SlicePublisher", "faults_of"]

@@ -1,0 +1,300 @@
+"""The ResourceSlice publisher on FakeKube: it follows the node-state store (MIG layout,
+config reload, health) into the API, with pool generations, 409 re-reads and retries."""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+from collections.abc import AsyncIterator
+from typing import Any
+
+import pytest
+
+from kubegpu.config import Config, parse_config
+from kubegpu.devices import Health, HealthEvent, HealthEventKind
+from kubegpu.devices.model import Inventory
+from kubegpu.dra.publisher import CONFLICT_RETRIES, SlicePublisher, faults_of
+from kubegpu.dra.slices import AMD_DRIVER, NVIDIA_DRIVER, Fault
+from kubegpu.health import HealthTracker
+from kubegpu.kube import FakeKube, KubeError
+from kubegpu.kube.errors import status_error
+from kubegpu.state import NodeState, NodeStore
+from kubegpu.watch.backoff import Backoff
+from tests.builders import gpu, inventory
+from tests.waiting import eventually
+
+NODE = "node-1"
+MIXED = parse_config("version: v1\nflags:\n  migStrategy: mixed\n")
+
+
+def sliced(replicas: int) -> Config:
+    return parse_config(
+        "version: v1\nsharing:\n  timeSlicing:\n    resources:\n"
+        f"    - name: nvidia.com/gpu\n      replicas: {replicas}\n"
+    )
+
+
+def stored(kube: FakeKube, driver: str = NVIDIA_DRIVER) -> list[dict[str, Any]]:
+    return [
+        s
+        for s in kube.resource_slices.values()
+        if s["spec"]["driver"] == driver and s["spec"]["nodeName"] == NODE
+    ]
+
+
+def devices(kube: FakeKube) -> dict[str, dict[str, Any]]:
+    return {d["name"]: d for s in stored(kube) for d in s["spec"]["devices"]}
+
+
+def generations(kube: FakeKube) -> set[int]:
+    return {s["spec"]["pool"]["generation"] for s in stored(kube)}
+
+
+def writes(kube: FakeKube) -> list[str]:
+    return [c for c in kube.calls if not c.startswith("list ")]
+
+
+@pytest.fixture
+def kube() -> FakeKube:
+    times = iter(f"2026-01-01T00:00:{s:02d}Z" for s in range(60))
+    return FakeKube(clock=lambda: next(times))
+
+
+def publisher(kube: FakeKube, store: NodeStore, **options: Any) -> SlicePublisher:
+    return SlicePublisher(kube, store, NODE, drivers=(NVIDIA_DRIVER,), **options)
+
+
+def store_of(inv: Inventory, config: Config | None = None) -> NodeStore:
+    return NodeStore(NodeState(inventory=inv, config=config or Config(), version=1))
+
+
+def test_first_sync_creates_the_pool_and_an_unchanged_one_writes_nothing(kube: FakeKube) -> None:
+    store = store_of(inventory(gpu(0), gpu(1)))
+    pub = publisher(kube, store)
+    assert pub.sync(store.state) is True
+    (obj,) = stored(kube)
+    assert obj["metadata"]["name"].startswith(f"{NODE}-gpu.nvidia.com-")
+    assert obj["spec"]["pool"] == {"name": NODE, "generation": 1, "resourceSliceCount": 1}
+    assert list(devices(kube)) == ["gpu-0", "gpu-1"]
+    before = list(kube.calls)
+    assert pub.sync(store.state) is False
+    assert kube.calls[len(before) :] == [f"list resourceslices/{NVIDIA_DRIVER}/{NODE}"]
+    assert pub.published[NVIDIA_DRIVER] == stored(kube)
+
+
+def test_a_mig_layout_change_replaces_the_slice_with_the_next_generation(kube: FakeKube) -> None:
+    store = store_of(inventory(gpu(0), gpu(1)), MIXED)
+    pub = publisher(kube, store)
+    pub.sync(store.state)
+    (name,) = kube.resource_slices
+    store.update(inventory=inventory(gpu(0, migs=("3g.40gb", "3g.40gb")), gpu(1)))
+    assert pub.sync(store.state) is True
+    assert list(kube.resource_slices) == [name]  # replaced in place, not re-created
+    assert generations(kube) == {2}
+    assert list(devices(kube)) == ["gpu-0-mig-3g40gb-1-0", "gpu-0-mig-3g40gb-2-0", "gpu-1"]
+    assert writes(kube)[-1] == f"replace resourceslice/{name}"
+
+
+def test_a_config_reload_changing_replicas_changes_the_shares(kube: FakeKube) -> None:
+    store = store_of(inventory(gpu(0)), sliced(4))
+    pub = publisher(kube, store)
+    pub.sync(store.state)
+    assert devices(kube)["gpu-0"]["capacity"]["shares"]["value"] == "4"
+    store.update(config=sliced(8))
+    pub.sync(store.state)
+    shared = devices(kube)["gpu-0"]
+    assert shared["capacity"]["shares"]["value"] == "8"
+    assert generations(kube) == {2}
+    store.update(config=Config())  # sharing switched off: an exclusive device again
+    pub.sync(store.state)
+    assert "allowMultipleAllocations" not in devices(kube)["gpu-0"]
+    assert generations(kube) == {3}
+
+
+def test_health_taints_a_device_keeps_its_time_and_recovery_lifts_it(kube: FakeKube) -> None:
+    faults: dict[str, Fault] = {}
+    store = store_of(inventory(gpu(0), gpu(1)))
+    pub = publisher(kube, store, faults=lambda: faults)
+    pub.sync(store.state)
+    faults[gpu(0).uuid] = Fault(xid=79)
+    store.update(health={gpu(0).uuid: Health.UNHEALTHY})
+    pub.sync(store.state)
+    (taint,) = devices(kube)["gpu-0"]["taints"]
+    assert taint == {
+        "key": "gpu.nvidia.com/xid",
+        "value": "79",
+        "effect": "NoSchedule",
+        "timeAdded": "2026-01-01T00:00:00Z",  # stamped by the (fake) API server
+    }
+    # Another device goes bad: the first taint keeps its time, the new one gets its own.
+    store.update(health={gpu(0).uuid: Health.UNHEALTHY, gpu(1).uuid: Health.UNHEALTHY})
+    pub.sync(store.state)
+    assert devices(kube)["gpu-0"]["taints"] == [taint]
+    assert devices(kube)["gpu-1"]["taints"] == [
+        {
+            "key": "gpu.nvidia.com/gpu-lost",
+            "effect": "NoSchedule",
+            "timeAdded": "2026-01-01T00:00:01Z",
+        }
+    ]
+    del faults[gpu(0).uuid]
+    store.update(health={})
+    pub.sync(store.state)
+    assert all("taints" not in d for d in devices(kube).values())
+    assert generations(kube) == {4}
+
+
+def test_a_conflict_reads_the_slices_again_and_writes_once(kube: FakeKube) -> None:
+    store = store_of(inventory(gpu(0)))
+    pub = publisher(kube, store)
+    pub.sync(store.state)
+    (name,) = kube.resource_slices
+    kube.fail_next(
+        "replace resourceslice/", status_error(f"update ResourceSlice {name}", 409, "Conflict")
+    )
+    store.update(health={gpu(0).uuid: Health.UNHEALTHY})
+    assert pub.sync(store.state) is True
+    listing = f"list resourceslices/{NVIDIA_DRIVER}/{NODE}"
+    assert kube.calls[-4:] == [
+        listing,
+        f"replace resourceslice/{name}",  # refused with 409
+        listing,
+        f"replace resourceslice/{name}",
+    ]
+    assert "taints" in devices(kube)["gpu-0"]
+
+
+def test_conflicts_that_persist_become_the_failure(kube: FakeKube) -> None:
+    store = store_of(inventory(gpu(0)))
+    pub = publisher(kube, store)
+    conflict = status_error("create ResourceSlice x", 409, "Conflict")
+    for _ in range(CONFLICT_RETRIES + 1):
+        kube.fail_next("create resourceslice/", conflict)
+    with pytest.raises(KubeError) as info:
+        pub.sync(store.state)
+    assert info.value is conflict
+    assert kube.calls.count(f"list resourceslices/{NVIDIA_DRIVER}/{NODE}") == CONFLICT_RETRIES + 1
+
+
+def test_stale_and_surplus_slices_are_deleted(kube: FakeKube) -> None:
+    store = store_of(inventory(gpu(0)))
+    pub = publisher(kube, store)
+
+    def stray(name: str, node: str) -> dict[str, Any]:
+        pool = {"name": node, "generation": 5, "resourceSliceCount": 2}
+        spec = {"driver": NVIDIA_DRIVER, "nodeName": node, "pool": pool}
+        return {"metadata": {"name": name}, "spec": spec | {"devices": [{"name": "gpu-7"}]}}
+
+    kube.create_resource_slice(stray("left-over", NODE))
+    kube.create_resource_slice(stray("left-over-2", NODE))
+    kube.create_resource_slice(stray("other", "n2"))
+    pub.sync(store.state)
+    (mine,) = stored(kube)
+    assert mine["metadata"]["name"] == "left-over"  # reused, its devices replaced
+    assert mine["spec"]["pool"] == {"name": NODE, "generation": 6, "resourceSliceCount": 1}
+    assert "left-over-2" not in kube.resource_slices  # surplus: deleted after the write
+    assert writes(kube)[-2:] == [
+        "replace resourceslice/left-over",
+        "delete resourceslice/left-over-2",
+    ]
+    assert "other" in kube.resource_slices  # another node's pool is not ours to touch
+    store.update(inventory=inventory())  # every GPU gone: no pool at all
+    pub.sync(store.state)
+    assert [s["metadata"]["name"] for s in kube.resource_slices.values()] == ["other"]
+    assert writes(kube)[-1] == "delete resourceslice/left-over"
+
+
+def test_every_driver_publishes_its_own_vendors_devices(kube: FakeKube) -> None:
+    store = store_of(inventory(gpu(0)))
+    pub = SlicePublisher(kube, store, NODE)
+    pub.sync(store.state)
+    assert len(stored(kube)) == 1 and stored(kube, AMD_DRIVER) == []
+    assert f"list resourceslices/{AMD_DRIVER}/{NODE}" in kube.calls
+    assert pub.clear() == 1
+    assert kube.resource_slices == {}
+
+
+def test_mig_slices_take_their_parents_xid(kube: FakeKube) -> None:
+    parent = gpu(0, migs=("1g.10gb",))
+    store = store_of(inventory(parent), MIXED)
+    pub = publisher(kube, store, faults=lambda: {parent.uuid: Fault(xid=48)})
+    store.update(health={parent.uuid: Health.UNHEALTHY})
+    pub.sync(store.state)
+    (device,) = devices(kube).values()
+    assert device["taints"][0]["value"] == "48"
+
+
+def test_pcie_roots_are_read_for_the_inventorys_buses(kube: FakeKube) -> None:
+    store = store_of(inventory(gpu(0), gpu(1)))
+    asked: list[list[str]] = []
+
+    def roots(buses: Any) -> dict[str, str]:
+        asked.append(list(buses))
+        return {"0000:10:00.0": "pci0000:0f"}
+
+    publisher(kube, store, pcie_roots=roots).sync(store.state)
+    assert asked == [["0000:10:00.0", "0000:11:00.0"]]
+    published = devices(kube)
+    assert published["gpu-0"]["attributes"]["resource.kubernetes.io/pcieRoot"] == {
+        "string": "pci0000:0f"
+    }
+    assert "resource.kubernetes.io/pcieRoot" not in published["gpu-1"]["attributes"]
+
+
+def test_the_health_tracker_says_which_xid_made_a_device_unhealthy() -> None:
+    tracker = HealthTracker(Config().flags.health, clock=lambda: 0.0)
+    tracker.observe(HealthEvent(gpu(0).uuid, HealthEventKind.XID, xid=79))
+    tracker.observe(HealthEvent(gpu(1).uuid, HealthEventKind.PROBE_FAILED, detail="lost"))
+    assert tracker.xids() == {gpu(0).uuid: 79, gpu(1).uuid: None}
+    assert faults_of(tracker.xids()) == {gpu(0).uuid: Fault(79), gpu(1).uuid: Fault(None)}
+
+
+# -- the loop ---------------------------------------------------------------------------------
+
+
+@pytest.fixture
+async def running(kube: FakeKube) -> AsyncIterator[tuple[NodeStore, SlicePublisher]]:
+    store = store_of(inventory(gpu(0), gpu(1)))
+    pub = publisher(kube, store, backoff=Backoff(0.01, 0.02))
+    task = asyncio.ensure_future(pub.run())
+    try:
+        yield store, pub
+    finally:
+        task.cancel()
+        with pytest.raises(asyncio.CancelledError):
+            await task
+
+
+async def test_the_loop_follows_the_store(
+    kube: FakeKube, running: tuple[NodeStore, SlicePublisher]
+) -> None:
+    store, _ = running
+    await eventually(lambda: list(devices(kube)) == ["gpu-0", "gpu-1"])
+    store.update(health={gpu(1).uuid: Health.UNHEALTHY})
+    await eventually(lambda: "taints" in devices(kube).get("gpu-1", {}))
+    store.update(inventory=inventory(gpu(0)))
+    await eventually(lambda: list(devices(kube)) == ["gpu-0"])
+    assert generations(kube) == {3}
+
+
+async def test_the_loop_retries_an_api_failure(
+    kube: FakeKube, caplog: pytest.LogCaptureFixture
+) -> None:
+    caplog.set_level(logging.WARNING, logger="kubegpu.dra.publisher")
+    down = KubeError(
+        "list ResourceSlices of gpu.nvidia.com on node-1: HTTP 503 Service Unavailable"
+    )
+    kube.fail_next("list resourceslices/", down)
+    store = store_of(inventory(gpu(0)))
+    pub = publisher(kube, store, backoff=Backoff(0.01, 0.02))
+    task = asyncio.ensure_future(pub.run())
+    try:
+        await eventually(lambda: bool(stored(kube)))
+    finally:
+        task.cancel()
+        with pytest.raises(asyncio.CancelledError):
+            await task
+    assert [r.getMessage() for r in caplog.records] == [
+        f"node {NODE}: cannot publish ResourceSlices: {down}; retrying in 0.0s"
+    ]
+    assert pub.backoff.delay == 0.01  # a success starts the pacing over
