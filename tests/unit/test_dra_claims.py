@@ -14,7 +14,6 @@ from kubegpu.dra.claims import (
     ClaimError,
     allocation_results,
     claim_uid_of,
-    device_name,
     node_devices,
     plan_claim,
     spec_file_name,
@@ -49,12 +48,20 @@ def plan(body: dict[str, Any], config: Config | None = None, *, migs: bool = Fal
     inv = inventory(gpu(0, migs=("1g.10gb",) if migs else ()), gpu(1))
     specs = build_resources(inv, config)
     node_spec = cdi.generate_spec(inv)
-    return plan_claim(UID, body, "gpu.nvidia.com", "node-a", node_devices(specs), node_spec, config)
+    return plan_claim(
+        UID,
+        body,
+        "gpu.nvidia.com",
+        "node-a",
+        node_devices("gpu.nvidia.com", specs),
+        node_spec,
+        config,
+    )
 
 
 def test_devices_are_named_as_nvidia_names_them() -> None:
     inv = inventory(gpu(0), gpu(3))
-    names = sorted(node_devices(build_resources(inv, Config())))
+    names = sorted(node_devices("gpu.nvidia.com", build_resources(inv, Config())))
     assert names == ["gpu-0", "gpu-3"]
 
 
@@ -63,9 +70,9 @@ def test_time_sliced_replicas_are_one_device() -> None:
         "version: v1\nsharing:\n  timeSlicing:\n    resources:\n"
         "    - name: nvidia.com/gpu\n      replicas: 4\n"
     )
-    devices = node_devices(build_resources(inventory(gpu(0), gpu(1)), config))
+    devices = node_devices("gpu.nvidia.com", build_resources(inventory(gpu(0), gpu(1)), config))
     assert sorted(devices) == ["gpu-0", "gpu-1"]
-    assert devices["gpu-1"].spec.replicas == 4
+    assert devices["gpu-1"].shares == 4
 
 
 def test_a_claim_gets_its_gpu_nodes_and_the_drivers_common_edits() -> None:
@@ -136,9 +143,8 @@ def test_gds_adds_its_env_as_allocate_does() -> None:
 def test_a_mig_slice_is_a_device_with_its_parent_and_its_own_nodes() -> None:
     config = parse_config("version: v1\nflags:\n  migStrategy: mixed\n")
     inv = inventory(gpu(0, migs=("1g.10gb",)), gpu(1))
-    devices = node_devices(build_resources(inv, config))
+    devices = node_devices("gpu.nvidia.com", build_resources(inv, config))
     mig = next(n for n in devices if "mig" in n)
-    assert mig == device_name(devices[mig].unit)
     got = plan(claim(("gpu", mig)), config, migs=True)
     nodes = [n["path"] for n in got.spec["devices"][0]["containerEdits"]["deviceNodes"]]
     assert nodes == ["/dev/nvidia0", "/dev/nvidia-caps/nvidia-cap100"]

@@ -2,8 +2,9 @@
 
 Pure: plain functions over the claim (a dict as the API returns it) and the node's state.
 The device model is the device plugin's (`ResourceSpec` units, whole GPUs and MIG
-slices); a DRA device is named after its unit (`gpu-0`, as NVIDIA's DRA driver names
-them), and a GPU shared by time-slicing or MPS is one device that several claims get.
+slices); a DRA device is the one `kubegpu.dra.slices` publishes under that name (`gpu-0`,
+as NVIDIA's DRA driver names them), and a GPU shared by time-slicing or MPS is one device
+that several claims get.
 
 The CDI spec of a claim is built from the same pieces as the device plugin's answer: each
 device's entry holds its device nodes from `cdi.generate_spec` (the spec the device plugin
@@ -26,12 +27,10 @@ from kubegpu import cdi, mps
 from kubegpu.allocation import ContainerEdits, build_response, merge
 from kubegpu.config import Config, DeviceListStrategy
 from kubegpu.devices import Vendor
+from kubegpu.dra.slices import AMD_DRIVER, NVIDIA_DRIVER, DraDevice, dra_devices
 from kubegpu.errors import PreconditionError
-from kubegpu.resources import AdvertisedDevice, ResourceSpec, Unit
+from kubegpu.resources import ResourceSpec
 
-#: The DRA driver names, as NVIDIA's and AMD's DRA drivers register them.
-NVIDIA_DRIVER = "gpu.nvidia.com"
-AMD_DRIVER = "gpu.amd.com"
 #: The CDI vendor and class of the per-claim specs (NVIDIA's DRA driver's).
 CLAIM_CDI_VENDOR = "k8s.gpu.nvidia.com"
 CLAIM_CDI_CLASS = "claim"
@@ -42,34 +41,9 @@ class ClaimError(PreconditionError):
     """This claim cannot be prepared on this node (not allocated, unknown device...)."""
 
 
-def device_name(unit: Unit) -> str:
-    """The DRA device name of a unit: `gpu-<index>`, a MIG slice `gpu-<index>-mig-<n>`."""
-    if unit.mig is None:
-        return f"gpu-{unit.gpu.index}"
-    return f"gpu-{unit.gpu.index}-mig-{unit.index.rsplit(':', 1)[-1]}"
-
-
-@dataclass(frozen=True)
-class NodeDevice:
-    """One DRA device of this node: a whole GPU or a MIG slice, with the resource (its
-    sharing, its MPS daemon) the device plugin would serve it under."""
-
-    name: str
-    unit: Unit
-    spec: ResourceSpec
-    #: One of the resource's advertised devices for the unit (replica 0 when shared).
-    advertised: AdvertisedDevice
-
-
-def node_devices(specs: Iterable[ResourceSpec]) -> dict[str, NodeDevice]:
-    """Every device of the node by DRA name; a shared GPU's replicas are one device."""
-    out: dict[str, NodeDevice] = {}
-    for spec in specs:
-        for adv in spec.devices:
-            name = device_name(adv.unit)
-            if name not in out:
-                out[name] = NodeDevice(name, adv.unit, spec, adv)
-    return out
+def node_devices(driver: str, specs: Iterable[ResourceSpec]) -> dict[str, DraDevice]:
+    """Every device `driver` publishes for these resources, by its name in the slices."""
+    return {d.name: d for d in dra_devices(driver, specs)}
 
 
 @dataclass(frozen=True)
@@ -179,7 +153,7 @@ def plan_claim(
     claim: Mapping[str, Any],
     driver: str,
     pool: str,
-    devices: Mapping[str, NodeDevice],
+    devices: Mapping[str, DraDevice],
     node_spec: Mapping[str, Any],
     config: Config,
 ) -> ClaimPlan:
@@ -190,7 +164,7 @@ def plan_claim(
     """
     results = allocation_results(claim, driver)
     label = claim_label(claim)
-    picked: list[tuple[Result, NodeDevice]] = []
+    picked: list[tuple[Result, DraDevice]] = []
     for r in results:
         if r.pool != pool:
             raise ClaimError(
@@ -216,18 +190,19 @@ def plan_claim(
         answers.append(PreparedDevice((r.request,), r.pool, r.device, (cdi_id(uid, r.device),)))
         if r.device in entries:
             continue  # several requests sharing one device: one CDI device
+        advertised = next(d for d in nd.resource.devices if d.unit.uuid == nd.unit.uuid)
         own = build_response(
-            nd.spec,
-            [nd.advertised],
+            nd.resource,
+            [advertised],
             cdi_config,
             response_id=uid,
-            extra=mps.resource_edits(nd.spec, config),
+            extra=mps.resource_edits(nd.resource, config),
             cdi_classes=frozenset(),
         )
         edits = own if edits is None else merge(edits, own)
         entries[r.device] = _device_entry(uid, nd, by_uuid, config)
     assert edits is not None
-    common = _common_edits(node_spec, edits, vendor=picked[0][1].spec.vendor)
+    common = _common_edits(node_spec, edits, vendor=picked[0][1].resource.vendor)
     spec: dict[str, Any] = {
         "cdiVersion": cdi.CDI_VERSION,
         "kind": CLAIM_CDI_KIND,
@@ -239,7 +214,7 @@ def plan_claim(
 
 
 def _device_entry(
-    uid: str, nd: NodeDevice, node_devices: Mapping[str, Mapping[str, Any]], config: Config
+    uid: str, nd: DraDevice, node_devices: Mapping[str, Mapping[str, Any]], config: Config
 ) -> dict[str, Any]:
     """The claim's CDI device for `nd`: its device nodes, as the node spec has them."""
     strategy = config.flags.plugin.device_id_strategy.value
@@ -302,12 +277,10 @@ __all__ = [
     "NVIDIA_DRIVER",
     "ClaimError",
     "ClaimPlan",
-    "NodeDevice",
     "PreparedDevice",
     "Result",
     "allocation_results",
     "claim_uid_of",
-    "device_name",
     "node_devices",
     "plan_claim",
     "spec_file_name",

@@ -44,12 +44,12 @@ from kubegpu.dra.claims import (
     NVIDIA_DRIVER,
     ClaimError,
     ClaimPlan,
-    NodeDevice,
     PreparedDevice,
     node_devices,
     plan_claim,
     spec_file_name,
 )
+from kubegpu.dra.slices import DraDevice
 from kubegpu.errors import AllocationError
 from kubegpu.state import NodeState, NodeStore
 
@@ -110,7 +110,7 @@ class ClaimPreparer:
         self._turn = asyncio.Lock()
         self._checkpoint: Checkpoint | None = None
         #: (inventory, config) -> (devices by name, node CDI spec), rebuilt on a change.
-        self._node: tuple[Inventory, Config, Mapping[str, NodeDevice], dict[str, Any]] | None = None
+        self._node: tuple[Inventory, Config, Mapping[str, DraDevice], dict[str, Any]] | None = None
 
     @property
     def checkpoint(self) -> Checkpoint:
@@ -195,12 +195,12 @@ class ClaimPreparer:
             claim.uid, body, self.driver, self.pool or "", devices, node_spec, state.config
         )
 
-    def _node_view(self, state: NodeState) -> tuple[Mapping[str, NodeDevice], dict[str, Any]]:
+    def _node_view(self, state: NodeState) -> tuple[Mapping[str, DraDevice], dict[str, Any]]:
         cached = self._node
         if cached is not None and cached[0] is state.inventory and cached[1] is state.config:
             return cached[2], cached[3]
         flags = state.config.flags
-        devices = node_devices(state.specs)
+        devices = node_devices(self.driver, state.specs)
         node_spec = cdi.generate_spec(
             state.inventory,
             driver_root=flags.nvidia_driver_root,
