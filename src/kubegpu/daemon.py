@@ -41,15 +41,17 @@ from kubegpu.devices import (
     NullBackend,
     Vendor,
     open_backend,
+    pci,
 )
 from kubegpu.dra.claims import AMD_DRIVER, NVIDIA_DRIVER
 from kubegpu.dra.driver import PLUGINS_DIRECTORY, REGISTRAR_DIRECTORY, DraDriver
-from kubegpu.dra.service import ClaimPreparer, ClaimSource
+from kubegpu.dra.publisher import SlicePublisher, faults_of
+from kubegpu.dra.service import ClaimPreparer
 from kubegpu.errors import ConfigError, InitError, KubegpuError
 from kubegpu.events import NodeEvents, Reason
 from kubegpu.health import HealthMonitor, health_flags_from_env
 from kubegpu.httpserver import HttpServer
-from kubegpu.kube import KubeClient
+from kubegpu.kube import Kube, KubeClient
 from kubegpu.metrics import Metrics
 from kubegpu.mps import MpsReconciler
 from kubegpu.nvidia_paths import MPS_CONTROL_BINARY
@@ -122,11 +124,12 @@ class Daemon:
         metrics: Metrics | None = None,
         events: NodeEvents | None = None,
         on_registered: Callable[[str, float], None] | None = None,
-        kube: ClaimSource | None = None,
+        kube: Kube | None = None,
     ) -> None:
         self.settings = settings
-        #: Where DRA mode reads ResourceClaims (a client configured on its first call).
-        self.kube: ClaimSource = kube if kube is not None else KubeClient()
+        #: DRA mode's API: ResourceSlices written, ResourceClaims read (a client that is
+        #: configured on its first call).
+        self.kube: Kube = kube if kube is not None else KubeClient()
         #: The DRA kubelet plugin, once start-up knows the node's vendor (DRA mode only).
         self.dra: DraDriver | None = None
         self.metrics = metrics or Metrics()
@@ -208,7 +211,9 @@ class Daemon:
                 since = self.store.state.version
                 # Subscribers first (they miss nothing), then the writers.
                 if self.dra is not None:
+                    publisher = self._publisher(self.dra.driver, monitor)
                     tasks.start("dra sockets", self.dra.run(), root=True)
+                    tasks.start("resource slices", publisher.run(), root=True)
                 else:
                     tasks.start("plugins", self.manager.follow(self.store, since), root=True)
                 tasks.start("mps", self.mps.follow(since), root=True)
@@ -277,6 +282,11 @@ class Daemon:
 
     def _dra_driver(self, inventory: Inventory) -> DraDriver:
         """The DRA plugin for this node's vendor (`gpu.nvidia.com`, or AMD's name)."""
+        if not self.settings.node_name:
+            raise StartupError(
+                "DRA mode needs this node's name (--node-name, NODE_NAME): its ResourceSlices "
+                "and pool are named after it"
+            )
         amd = bool(inventory.gpus) and all(g.vendor is Vendor.AMD for g in inventory.gpus)
         driver = AMD_DRIVER if amd else NVIDIA_DRIVER
         s = self.settings
@@ -293,6 +303,21 @@ class Daemon:
             driver=driver,
             registrar_dir=s.registrar_dir,
             plugins_dir=s.kubelet_plugins_dir,
+        )
+
+    def _publisher(self, driver: str, monitor: HealthMonitor) -> SlicePublisher:
+        """The node's ResourceSlices for `driver`, following the store; an unhealthy
+        device's taint names the Xid the health monitor saw."""
+        simulated = self.settings.simulate is not None
+        return SlicePublisher(
+            self.kube,
+            self.store,
+            self.settings.node_name,
+            drivers=(driver,),
+            faults=lambda: faults_of(monitor.tracker.xids()),
+            # A simulated node's bus IDs are not this host's: no pcieRoot rather than a
+            # wrong one.
+            pcie_roots=None if simulated else (lambda buses: pci.pcie_roots("/", buses)),
         )
 
     def _check_dra_socket_paths(self, dra: DraDriver) -> None:

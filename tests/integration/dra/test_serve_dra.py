@@ -131,3 +131,13 @@ async def test_claims_are_answered_over_the_socket(
         )
         answer = await call(dra_pb2.NodePrepareResourcesRequest(claims=[claim]))
     assert answer.claims[claim.uid].devices[0].device_name == "gpu-7"
+
+
+async def test_dra_mode_needs_the_node_name() -> None:
+    from kubegpu.cli.options import UsageError
+    from kubegpu.cli.serve import check_serve
+
+    values = parse(serve, ["--mode", "dra"], {})
+    with pytest.raises(UsageError, match=r"--mode dra \(KUBEGPU_MODE\) needs --node-name"):
+        check_serve(values, {})
+    check_serve(parse(serve, ["--mode", "dra", "--node-name", "n1"], {}), {})
