@@ -59,7 +59,7 @@ from kubegpu.plugin import PluginManager
 from kubegpu.plugin.manager import socket_path_too_long
 from kubegpu.resources import ResourceSpec
 from kubegpu.state import NodeStore
-from kubegpu.supervisor import Supervisor, until_stopped
+from kubegpu.supervisor import Supervisor, spawn, until_stopped
 
 log = logging.getLogger("kubegpu.daemon")
 
@@ -212,6 +212,7 @@ class Daemon:
                 # Subscribers first (they miss nothing), then the writers.
                 if self.dra is not None:
                     publisher = self._publisher(self.dra.driver, monitor)
+                    self.dra.registration.on_registered = lambda: self._republish(publisher)
                     tasks.start("dra sockets", self.dra.run(), root=True)
                     tasks.start("resource slices", publisher.run(), root=True)
                 else:
@@ -319,6 +320,19 @@ class Daemon:
             # wrong one.
             pcie_roots=None if simulated else (lambda buses: pci.pcie_roots("/", buses)),
         )
+
+    def _republish(self, publisher: SlicePublisher) -> None:
+        """The kubelet (re)registered us: a starting kubelet has just deleted the node's
+        slices (and one that lost us a while deletes ours), so write them again now
+        rather than at the publisher's next periodic comparison."""
+
+        async def sync() -> None:
+            try:
+                await asyncio.to_thread(publisher.sync, self.store.state)
+            except KubegpuError as exc:  # the publisher's own loop retries with backoff
+                log.warning("cannot publish ResourceSlices after registration: %s", exc)
+
+        spawn("republish slices", sync())
 
     def _check_dra_socket_paths(self, dra: DraDriver) -> None:
         for path in (dra.service.path, dra.registrar.path):

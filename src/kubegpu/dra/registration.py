@@ -14,12 +14,16 @@ What follows from the kubelet's code (pkg/kubelet/pluginmanager):
   registration. So `DraDriver` serves the socket again whenever it disappears.
 - The kubelet uses the first entry of `supported_versions` it knows, so the newest
   service comes first.
+- A starting kubelet deletes every ResourceSlice of its node, and one whose driver stays
+  away too long deletes that driver's: `on_registered` runs on every registration the
+  kubelet confirms, so the daemon publishes the slices again at once.
 """
 
 from __future__ import annotations
 
 import asyncio
 import logging
+from collections.abc import Callable
 from typing import Any
 
 import grpc
@@ -52,6 +56,9 @@ class RegistrationServicer(reg_grpc.RegistrationServicer):
         self.error = ""
         #: Set on every verdict the kubelet reports (tests, readiness).
         self.notified = asyncio.Event()
+        #: Called on each registration the kubelet confirms (a new kubelet, or the
+        #: socket served again).
+        self.on_registered: Callable[[], None] | None = None
 
     async def GetInfo(
         self, request: reg_pb.InfoRequest, context: grpc.aio.ServicerContext[Any, Any]
@@ -70,6 +77,8 @@ class RegistrationServicer(reg_grpc.RegistrationServicer):
         self.error = request.error
         if request.plugin_registered:
             log.info("the kubelet registered DRA driver %s (%s)", self.driver, self.endpoint)
+            if self.on_registered is not None:
+                self.on_registered()
         else:
             log.error(
                 "the kubelet refused to register DRA driver %s: %s",

@@ -12,7 +12,7 @@ from __future__ import annotations
 
 import asyncio
 import json
-from collections.abc import AsyncIterator, Iterator
+from collections.abc import AsyncIterator, Callable, Iterator
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, cast
@@ -170,10 +170,23 @@ def time_sliced(socket_dir: Path) -> Iterator[Path]:
     yield path
 
 
+def wiper(kube: FakeKube) -> Callable[[str | None], None]:
+    """What the kubelet does to the node's slices at its start (all drivers) and when a
+    driver is gone too long (one driver)."""
+
+    def wipe(driver: str | None) -> None:
+        for name, body in list(kube.resource_slices.items()):
+            spec = body["spec"]
+            if spec.get("nodeName") == NODE and driver in (None, spec["driver"]):
+                kube.delete_resource_slice(name)
+
+    return wipe
+
+
 async def make_world(root: Path, config: Path | None = None) -> tuple[World, Serve]:
     kube = FakeKube()
     device_classes(kube)
-    dra = DRAKubelet(root / "kubelet", kube, retry_initial=0.05)
+    dra = DRAKubelet(root / "kubelet", kube, retry_initial=0.05, wipe=wiper(kube))
     kubelet = Kubelet(root / "dp-kubelet", dra=dra)
     await kubelet.start()
     daemon = Daemon(settings(root, dra.registry_dir, dra.plugins_dir, config), kube=kube)
@@ -345,3 +358,15 @@ async def test_a_plugin_restart_mid_prepare_leaves_nothing_behind(socket_dir: Pa
         slow.release.set()
         await serve.close()
         await made.kubelet.stop()
+
+
+async def test_a_kubelet_restart_finds_the_plugin_again(world: World) -> None:
+    attempts = len(world.dra.attempts)
+    await world.dra.restart()
+    await world.kubelet.wait_for(
+        lambda: DRIVER in world.dra.drivers and len(world.dra.attempts) > attempts, WAIT
+    )
+    # The restarted kubelet wiped the node's slices; the plugin publishes them again.
+    await eventually(lambda: len(world.devices()) == 8)
+    _, devices = await world.run(gpu_pod("after-restart", 1))
+    assert len(devices["ctr"]) == 1
