@@ -17,8 +17,10 @@
     ├── UsageError           a bad flag or env var value; exit 2 (kubegpu.cli)
     ├── StartupError         the node cannot host `serve` as asked: plugin directory taken,
     │                        port in use, address not this host's; exit 1 (kubegpu.daemon)
-    └── AdmissionError, ContainerStartError, CheckpointError
-                             the kubelet emulator's own failures (kubegpu.kubelet)
+    └── AdmissionError, ContainerStartError, CheckpointError, PrepareError,
+        UnprepareError, UnschedulableError
+                             the kubelet emulator's own failures (kubegpu.kubelet,
+                             its DRA side and scheduler stand-in: kubegpu.kubelet.dra)
 
 The subclasses outside this module live beside the only code that raises them.
 

@@ -15,7 +15,7 @@ from kubegpu.kube.fake import FakeKube
 from kubegpu.kubelet.dra.scheduler import (
     EXTENDED_CLAIM_ANNOTATION,
     SchedulerStandIn,
-    Unschedulable,
+    UnschedulableError,
     format_quantity,
     parse_quantity,
 )
@@ -106,7 +106,7 @@ def test_exact_count_with_a_product_name_selector_from_the_class() -> None:
     ]
     # Allocated devices are not given twice.
     assert devices_of(stand_in.allocate(claim("b", request(cls="h100")))) == ["gpu-3"]
-    with pytest.raises(Unschedulable, match="ResourceClaim default/c: cannot allocate"):
+    with pytest.raises(UnschedulableError, match="ResourceClaim default/c: cannot allocate"):
         stand_in.allocate(claim("c", request(cls="h100")))
 
 
@@ -123,7 +123,7 @@ def test_request_selectors_all_mode_and_quantities_in_cel() -> None:
 def test_a_missing_attribute_is_a_cel_runtime_error() -> None:
     kube = cluster(gpu(0))
     bad = {"cel": {"expression": 'device.attributes["gpu.nvidia.com"].nosuch == "x"'}}
-    with pytest.raises(Unschedulable, match="CEL runtime error"):
+    with pytest.raises(UnschedulableError, match="CEL runtime error"):
         SchedulerStandIn(kube, NODE).allocate(claim("a", request(selectors=[bad])))
 
 
@@ -148,7 +148,7 @@ def test_a_shared_device_serves_claims_up_to_its_capacity() -> None:
     assert {r["device"] for r in results} == {"gpu-0"}
     assert [r["consumedCapacity"] for r in results] == [{"memory": "20Gi"}] * 4
     assert len({r["shareID"] for r in results}) == 4
-    with pytest.raises(Unschedulable):
+    with pytest.raises(UnschedulableError):
         stand_in.allocate(claim("c4", request()))
     stand_in.release({"metadata": {"uid": "nobody"}})  # reserves nothing: changes nothing
     assert len([c for c in kube.resource_claims.values() if c["status"].get("allocation")]) == 4

@@ -9,7 +9,8 @@ async with KubeletEmulator(tmp_dir, grace_period=0.2) as kubelet:
 
 The modules follow the kubelet's devicemanager: `emulator` (the manager, `KubeletEmulator`),
 `registration`, `endpoint`, `admission`, `pod_devices`, `checkpoint`; `changes` is how
-callers wait on it.
+callers wait on it. `kubegpu.kubelet.dra` is the kubelet's DRA side (plugin watcher, DRA
+manager, and a scheduler stand-in); `KubeletEmulator(dra=DRAKubelet(...))` runs both.
 """
 
 from kubegpu.kubelet.checkpoint import CHECKPOINT_FILE

@@ -16,7 +16,7 @@ import pytest
 from kubegpu.kube.fake import FakeKube
 from kubegpu.kubelet import KubeletEmulator
 from kubegpu.kubelet.dra import DRAKubelet
-from kubegpu.kubelet.dra.scheduler import SchedulerStandIn, Unschedulable
+from kubegpu.kubelet.dra.scheduler import SchedulerStandIn, UnschedulableError
 from tests.integration.kubelet.dra_fakes import DRIVER, FakeDriver
 from tests.waiting import WAIT, Kubelet
 
@@ -111,7 +111,7 @@ async def test_eight_pods_share_two_gpus_by_capacity(
         for r in c["status"]["allocation"]["devices"]["results"]
     ]
     assert sorted(used) == ["gpu-0"] * 4 + ["gpu-1"] * 4
-    with pytest.raises(Unschedulable, match="cannot allocate"):
+    with pytest.raises(UnschedulableError, match="cannot allocate"):
         scheduler.schedule(gpu_pod("ninth", 1))
     for pod in pods:
         await kubelet.delete_pod(pod)

@@ -205,3 +205,18 @@ async def test_the_extended_resource_claim_in_the_pod_status_is_prepared(
     }
     await node.prepare(p)
     assert node.cdi_devices(p, "ctr") == [f"k8s.{DRIVER}/claim={claim['metadata']['uid']}-gpu-3"]
+
+
+async def test_the_reconcile_loop_unprepares_claims_of_pods_no_longer_active(
+    node: DRAKubelet, kube: FakeKube, drivers: dict[str, FakeDriver]
+) -> None:
+    p1, p2 = pod("p1", claims={"a": "claim-a"}), pod("p2", claims={"b": "claim-b"})
+    allocated_claim(kube, "claim-a", [(DRIVER, "gpu-0")], reserved_for=[p1])
+    allocated_claim(kube, "claim-b", [(DRIVER, "gpu-1")], reserved_for=[p2])
+    await node.prepare(p1)
+    await node.prepare(p2)
+    assert node.manager.might_need_unprepare("uid-p1")
+    await node.manager.reconcile({"uid-p2"})
+    assert [[c[1] for c in call] for call in drivers[DRIVER].unprepares] == [["claim-a"]]
+    assert node.prepared_claims() == {("default", "claim-b"): {"uid-p2"}}
+    assert not node.manager.might_need_unprepare("uid-p1")

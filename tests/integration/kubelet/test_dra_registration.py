@@ -11,6 +11,7 @@ from collections.abc import AsyncIterator, Awaitable, Callable
 from pathlib import Path
 from typing import Any
 
+import grpc
 import pytest
 
 from kubegpu.kube.fake import FakeKube
@@ -162,3 +163,22 @@ async def test_files_and_hidden_sockets_are_not_plugins(
     await node.wait_for(lambda: len(node.attempts) == 1, WAIT)
     assert hidden.statuses == []
     assert [a.socket for a in node.attempts] == [str(visible.reg_path)]
+
+
+async def test_a_socket_without_registration_service_fails_get_info_and_is_retried(
+    node: DRAKubelet,
+) -> None:
+    path = node.registry_dir / "mute.sock"
+    server = grpc.aio.server()
+    server.add_insecure_port(f"unix://{path}")
+    await server.start()
+    try:
+        await node.wait_for(lambda: len(node.attempts) >= 2, WAIT)
+    finally:
+        await server.stop(0)
+    prefix = (
+        f"RegisterPlugin error -- failed to get plugin info using RPC GetInfo at socket {path}, "
+        "err: rpc error: code = Unimplemented"
+    )
+    assert all(a.error is not None and a.error.startswith(prefix) for a in node.attempts)
+    assert node.drivers == []

@@ -81,7 +81,7 @@ class Cluster(Protocol):
     def put_resource_claim(self, body: dict[str, Any]) -> dict[str, Any]: ...
 
 
-class Unschedulable(KubegpuError):
+class UnschedulableError(KubegpuError):
     """The pod cannot be scheduled on the node; the message says which claim and why."""
 
 
@@ -149,17 +149,19 @@ class Selector:
         try:
             self._program = self._env.program(self._env.compile(expression), functions=_FUNCTIONS)
         except CELParseError as exc:
-            raise Unschedulable(f"CEL selector {expression!r} does not compile: {exc}") from None
+            raise UnschedulableError(
+                f"CEL selector {expression!r} does not compile: {exc}"
+            ) from None
 
     def matches(self, device: Device) -> bool:
         try:
             result = self._program.evaluate({"device": device.cel()})
         except CELEvalError as exc:
-            raise Unschedulable(
+            raise UnschedulableError(
                 f"CEL runtime error in {self.expression!r}: {exc.args[0]}"
             ) from None
         if isinstance(result, CELEvalError):
-            raise Unschedulable(f"CEL runtime error in {self.expression!r}: {result.args[0]}")
+            raise UnschedulableError(f"CEL runtime error in {self.expression!r}: {result.args[0]}")
         return bool(result)
 
 
@@ -267,13 +269,13 @@ class SchedulerStandIn:
         for pod_claim in (pod.get("spec") or {}).get("resourceClaims") or []:
             name = pod_claim.get("resourceClaimName")
             if not name:
-                raise Unschedulable(
+                raise UnschedulableError(
                     f"pod claim {pod_claim.get('name')}: the stand-in needs resourceClaimName "
                     "(ResourceClaimTemplates are not supported)"
                 )
             claim = self.cluster.resource_claims.get((namespace, name))
             if claim is None:
-                raise Unschedulable(f'resourceclaim.resource.k8s.io "{name}" not found')
+                raise UnschedulableError(f'resourceclaim.resource.k8s.io "{name}" not found')
             self._allocate_and_reserve(copy.deepcopy(claim), pod)
         extended = self._extended_claim(pod)
         if extended is not None:
@@ -370,7 +372,7 @@ class SchedulerStandIn:
             picked = {r["name"]: c for r, c in zip(requests, combo, strict=True)}
             if _constraints_hold(constraints, picked) and _no_overlap(picked, consumed):
                 return self._result(claim, requests, picked)
-        raise Unschedulable(f"{what}: cannot allocate all claims on node {self.node}")
+        raise UnschedulableError(f"{what}: cannot allocate all claims on node {self.node}")
 
     def _choices(
         self,
@@ -382,14 +384,14 @@ class SchedulerStandIn:
     ) -> Iterator[tuple[tuple[Device, ...], dict[str, Fraction]]]:
         exactly = request.get("exactly")
         if exactly is None:
-            raise Unschedulable(
+            raise UnschedulableError(
                 f"{what}: request {request.get('name')}: only 'exactly' requests are supported "
                 "by the scheduler stand-in"
             )
         class_name = exactly.get("deviceClassName")
         device_class = self.cluster.device_classes.get(class_name)
         if device_class is None:
-            raise Unschedulable(
+            raise UnschedulableError(
                 f"{what}: request {request['name']}: device class {class_name} does not exist"
             )
         selectors = [

@@ -7,6 +7,8 @@ byte-for-byte the kubelet's layout: `{"Data": "<JSON of CheckpointData>", "Check
 IEEE of Data>}`, where `CheckpointData` is `{"kind": "DRACheckpoint", "apiVersion":
 "checkpoint.dra.kubelet.k8s.io/v1", "Entries": [...]}` and each entry spells its fields as
 Go's encoding/json does (a `sets.Set` is an object of empty objects, nil slices are `null`).
+Devices carry `ShareID` as kubelets with consumable capacity (1.34+) write it; an older
+kubelet's file, without the field, reads the same.
 
 What survives a restart is only this state: a claim read back from the checkpoint is *not*
 prepared (`newClaimInfoFromState` sets `prepared: false`), so the next PrepareResources for a
