@@ -19,6 +19,11 @@ REPO = Path(__file__).resolve().parents[2]
 CHART = REPO / "deployments" / "helm" / "kubegpu"
 SCENARIOS = sorted(p.name for p in (CHART / "ci").glob("*-values.yaml"))
 KUBE_VERSION = "1.33.0"
+#: resource.k8s.io/v1 (DRA) objects: GA in 1.34; DeviceClass.extendedResourceName is beta in
+#: 1.36, the first release the chart's DRA mode is made for.
+DRA_KUBE_VERSION = "1.36.0"
+#: The variables of `kubegpu serve`'s DRA flags (NVIDIA's DRA driver's names for the last two).
+DRA_FLAGS = {"KUBEGPU_MODE", "KUBELET_REGISTRAR_DIRECTORY_PATH", "KUBELET_PLUGINS_DIRECTORY_PATH"}
 HUP_IGNORED = ("env", "--ignore-signal=HUP")  # the image entrypoint and the chart start so
 #: Custom resources: not in the core schemas, checked for shape instead.
 CRD_KINDS = {"ServiceMonitor", "NodeFeature"}
@@ -95,7 +100,8 @@ def test_scenario_passes_schema_and_renders_valid_objects(chart: Any, scenario: 
             assert doc["metadata"]["name"] and doc["metadata"]["namespace"]
             assert isinstance(doc["spec"], dict)
             continue
-        kubernetes_validate.validate(doc, KUBE_VERSION, strict=True)
+        dra = doc["apiVersion"].startswith("resource.k8s.io/")
+        kubernetes_validate.validate(doc, DRA_KUBE_VERSION if dra else KUBE_VERSION, strict=True)
 
 
 @pytest.mark.parametrize("scenario", SCENARIOS)
@@ -119,6 +125,8 @@ def test_every_daemonset_is_least_privilege_and_tolerates_gpu_taints(
             if "hostPath" in volume:
                 assert volume["hostPath"]["path"] in {
                     "/var/lib/kubelet/device-plugins",
+                    "/var/lib/kubelet/plugins_registry",
+                    "/var/lib/kubelet/plugins",
                     "/",
                     "/run/nvidia/driver",
                     "/var/run/cdi",
@@ -690,6 +698,11 @@ def test_plugin_env_names_and_values_are_ones_kubegpu_serve_accepts(chart: Any) 
         for e in container(one(render(chart, vals), "DaemonSet", "kubegpu"))["env"]:
             if e["name"] in outside or "valueFrom" in e:
                 continue
+            if e["name"] in DRA_FLAGS and e["name"] not in flags:
+                # `serve --mode` and the kubelet directories come with the DRA kubelet
+                # plugin; a build without them still gets a mode or an absolute path.
+                assert e["value"] in ("plugin", "dra") or e["value"].startswith("/"), e
+                continue
             assert e["name"] in flags, e
             option = flags[e["name"]]
             option.type.convert(e["value"], option, None)
@@ -728,3 +741,101 @@ def test_resource_naming_strategy_reaches_the_plugin_and_only_when_set(chart: An
     ds = one(render(chart, {"resourceNamingStrategy": "mixed"}), "DaemonSet", "kubegpu")
     assert env(ds)["RESOURCE_NAMING_STRATEGY"] == "mixed"
     assert "RESOURCE_NAMING_STRATEGY" not in env(one(render(chart, {}), "DaemonSet", "kubegpu"))
+
+
+# --- mode: dra ---------------------------------------------------------------------------
+
+#: NVIDIA's DeviceClass selectors, verbatim: kubernetes-sigs/dra-driver-nvidia-gpu @ 95932046
+#: (main), deployments/helm/dra-driver-nvidia-gpu/templates/deviceclass-gpu.yaml (with
+#: `extendedResourceName: nvidia.com/gpu` on resource.k8s.io/v1) and deviceclass-mig.yaml.
+NVIDIA_GPU_CEL = (
+    "device.driver == 'gpu.nvidia.com' && device.attributes['gpu.nvidia.com'].type == 'gpu'"
+)
+NVIDIA_MIG_CEL = (
+    "device.driver == 'gpu.nvidia.com' && device.attributes['gpu.nvidia.com'].type == 'mig'"
+)
+
+
+def test_dra_mode_installs_nvidias_device_classes(chart: Any) -> None:
+    docs = render(chart, values("dra-values.yaml"))
+    gpu = one(docs, "DeviceClass", "gpu.nvidia.com")
+    mig = one(docs, "DeviceClass", "mig.nvidia.com")
+    assert gpu["spec"] == {
+        "selectors": [{"cel": {"expression": NVIDIA_GPU_CEL}}],
+        "extendedResourceName": "nvidia.com/gpu",
+    }
+    assert mig["spec"] == {"selectors": [{"cel": {"expression": NVIDIA_MIG_CEL}}]}
+    assert gpu["apiVersion"] == mig["apiVersion"] == "resource.k8s.io/v1"
+
+
+def test_dra_mode_mounts_the_kubelet_plugin_dirs_and_cdi_not_device_plugins(chart: Any) -> None:
+    ds = one(render(chart, values("dra-values.yaml")), "DaemonSet", "kubegpu")
+    assert env(ds)["KUBEGPU_MODE"] == "dra"
+    assert env(ds)["KUBELET_REGISTRAR_DIRECTORY_PATH"] == "/var/lib/kubelet/plugins_registry"
+    assert env(ds)["KUBELET_PLUGINS_DIRECTORY_PATH"] == "/var/lib/kubelet/plugins"
+    assert "DEVICE_PLUGIN_PATH" not in env(ds)
+    paths = {
+        v["hostPath"]["path"]: v["hostPath"]["type"]
+        for v in volumes(ds).values()
+        if "hostPath" in v
+    }
+    assert paths["/var/lib/kubelet/plugins_registry"] == "Directory"
+    assert paths["/var/lib/kubelet/plugins"] == "Directory"
+    assert "/var/lib/kubelet/device-plugins" not in paths
+    assert "/var/run/cdi" in paths  # every claim's devices reach it through a CDI spec
+    assert set(mounts(ds)) >= {
+        "/var/lib/kubelet/plugins_registry",
+        "/var/lib/kubelet/plugins",
+        "/var/run/cdi",
+    }
+
+
+def test_dra_mode_may_write_resourceslices_and_read_claims_only(chart: Any) -> None:
+    docs = render(chart, values("dra-values.yaml"))
+    granted = rules(docs, "ClusterRole", "kubegpu")
+    assert granted["resourceslices"] == {"get", "list", "watch", "create", "update", "delete"}
+    assert granted["resourceclaims"] == {"get"}
+    plain = rules(render(chart), "ClusterRole", "kubegpu")
+    assert "resourceslices" not in plain and "resourceclaims" not in plain
+
+
+def test_plugin_mode_is_the_default_and_installs_no_dra_objects(chart: Any) -> None:
+    docs = render(chart)
+    assert env(one(docs, "DaemonSet", "kubegpu"))["KUBEGPU_MODE"] == "plugin"
+    assert not [d for d in docs if d["apiVersion"].startswith("resource.k8s.io/")]
+    assert yaml.safe_load((CHART / "values.yaml").read_text())["mode"] == "plugin"
+
+
+def test_dra_classes_can_leave_out_extended_resource_names_and_serve_amd(chart: Any) -> None:
+    base = values("dra-values.yaml")
+    plain = render(chart, base | {"dra": {"extendedResourceNames": False}})
+    assert "extendedResourceName" not in one(plain, "DeviceClass", "gpu.nvidia.com")["spec"]
+    amd = render(chart, {"mode": "dra", "backend": "amd"})
+    (only,) = [d for d in amd if d["kind"] == "DeviceClass"]
+    assert only["metadata"]["name"] == "gpu.amd.com"
+    assert only["spec"]["extendedResourceName"] == "amd.com/gpu"
+    for doc in amd:
+        if doc["kind"] == "DeviceClass":
+            kubernetes_validate.validate(doc, DRA_KUBE_VERSION, strict=True)
+    none = render(chart, {"mode": "dra", "dra": {"deviceClasses": False}})
+    assert not [d for d in none if d["kind"] == "DeviceClass"]
+
+
+def test_schema_rejects_an_unknown_mode(chart: Any) -> None:
+    for bad in (
+        {"mode": "both"},
+        {"dra": {"kubeletPluginsDirectoryPath": "relative/path"}},
+        {"dra": {"x": 1}},
+    ):
+        with pytest.raises(helm_python.HelmValuesError):
+            chart.validate_schema(bad)
+
+
+def test_dra_notes_warn_about_cdi_and_the_checkpoint(chart: Any) -> None:
+    out = chart.render(
+        values("dra-values.yaml"), name="kubegpu", namespace="kube-system", is_install=True
+    )
+    notes = next(text for name, text in out.items() if name.endswith("NOTES.txt"))
+    assert "containerd 1.6" in notes and "checkpoint" in notes
+    plain = chart.render({}, name="kubegpu", namespace="kube-system", is_install=True)
+    assert "mode=dra" not in next(t for n, t in plain.items() if n.endswith("NOTES.txt"))
