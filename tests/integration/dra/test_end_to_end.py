@@ -11,14 +11,18 @@ CDI spec files behind them are read back from disk.
 from __future__ import annotations
 
 import asyncio
+import functools
 import json
-from collections.abc import AsyncIterator, Callable, Iterator
+from collections.abc import AsyncIterator, Iterator
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, cast
 
 import pytest
+import yaml
 
+from kubegpu.cli.options import parse
+from kubegpu.cli.serve import serve
 from kubegpu.daemon import Daemon, DaemonSettings
 from kubegpu.devices.simulated import SimulatedBackend
 from kubegpu.dra.claims import CLAIM_CDI_KIND, spec_file_name
@@ -26,9 +30,11 @@ from kubegpu.kube import FakeKube, Kube
 from kubegpu.kubelet import KubeletEmulator
 from kubegpu.kubelet.dra import DRAKubelet
 from kubegpu.kubelet.dra.manager import PrepareError
-from kubegpu.kubelet.dra.scheduler import SchedulerStandIn, Unschedulable
+from kubegpu.kubelet.dra.plugins import SliceWiper
+from kubegpu.kubelet.dra.scheduler import SchedulerStandIn, UnschedulableError
 from tests.waiting import WAIT, Kubelet, eventually
 
+CHART = Path(__file__).resolve().parents[3] / "deployments" / "helm" / "kubegpu"
 NODE = "node-1"
 DRIVER = "gpu.nvidia.com"
 H100 = "NVIDIA H100 80GB HBM3"
@@ -71,24 +77,31 @@ class World:
         return sorted(p.name for p in self.cdi_dir.iterdir()) if self.cdi_dir.exists() else []
 
 
+@functools.cache
+def chart() -> tuple[dict[str, Any], ...]:
+    """The chart's objects in `mode: dra` (its `ci/dra-values.yaml`: a simulated 8×H100
+    node, time-slicing from the config map), rendered by the real Helm engine."""
+    helm_python = pytest.importorskip("helm_python")
+    values = yaml.safe_load((CHART / "ci" / "dra-values.yaml").read_text())
+    with helm_python.Chart.load(str(CHART)) as loaded:
+        out = loaded.render(values, name="kubegpu", namespace="kube-system", is_install=True)
+    return tuple(
+        doc
+        for name, text in sorted(out.items())
+        if name.endswith(".yaml")
+        for doc in yaml.safe_load_all(text)
+        if doc
+    )
+
+
+def chart_objects(kind: str) -> list[dict[str, Any]]:
+    return [d for d in chart() if d["kind"] == kind]
+
+
 def device_classes(kube: FakeKube) -> None:
     """The DeviceClasses the chart installs in `mode: dra`."""
-    kube.put_device_class(
-        {
-            "metadata": {"name": "gpu.nvidia.com"},
-            "spec": {
-                "extendedResourceName": "nvidia.com/gpu",
-                "selectors": [
-                    {
-                        "cel": {
-                            "expression": 'device.driver == "gpu.nvidia.com" && '
-                            'device.attributes["gpu.nvidia.com"].type == "gpu"'
-                        }
-                    }
-                ],
-            },
-        }
-    )
+    for body in chart_objects("DeviceClass"):
+        kube.put_device_class(body)
 
 
 def settings(root: Path, registry: Path, plugins: Path, config: Path | None) -> DaemonSettings:
@@ -162,15 +175,14 @@ def put_claim(kube: FakeKube, name: str, selector: str | None = None) -> None:
 
 @pytest.fixture
 def time_sliced(socket_dir: Path) -> Iterator[Path]:
+    """The chart's default config in `ci/dra-values.yaml`: every GPU time-sliced by 4."""
+    [config_map] = [c for c in chart_objects("ConfigMap") if "default" in c.get("data", {})]
     path = socket_dir / "config.yaml"
-    path.write_text(
-        "version: v1\nsharing:\n  timeSlicing:\n    resources:\n"
-        "    - name: nvidia.com/gpu\n      replicas: 4\n"
-    )
+    path.write_text(config_map["data"]["default"])
     yield path
 
 
-def wiper(kube: FakeKube) -> Callable[[str | None], None]:
+def wiper(kube: FakeKube) -> SliceWiper:
     """What the kubelet does to the node's slices at its start (all drivers) and when a
     driver is gone too long (one driver)."""
 
@@ -295,7 +307,7 @@ async def test_an_xid_taints_the_device_and_recovery_lifts_the_taint(world: Worl
     assert all(not taints(f"gpu-{i}") for i in range(8) if i != 2)
     # The scheduler no longer gives it to a claim that asks for that very GPU...
     put_claim(world.kube, "two", 'device.attributes["kubegpu.io"].index == "2"')
-    with pytest.raises(Unschedulable):
+    with pytest.raises(UnschedulableError):
         world.scheduler.schedule(claim_pod("wants-2", "two"))
     world.backend.heal(2)
     await eventually(lambda: not taints("gpu-2"))
@@ -370,3 +382,18 @@ async def test_a_kubelet_restart_finds_the_plugin_again(world: World) -> None:
     await eventually(lambda: len(world.devices()) == 8)
     _, devices = await world.run(gpu_pod("after-restart", 1))
     assert len(devices["ctr"]) == 1
+
+
+def test_the_chart_runs_serve_in_dra_mode_with_the_kubelets_directories() -> None:
+    [daemonset] = chart_objects("DaemonSet")
+    [ctr] = daemonset["spec"]["template"]["spec"]["containers"]
+    env = {e["name"]: e.get("value") for e in ctr.get("env", [])}
+    args = [a for a in ctr.get("args", []) if a.startswith("--")]
+    values = parse(serve, args, {k: v for k, v in env.items() if v is not None})
+    assert values["mode"] == "dra"
+    assert values["kubelet_registrar_directory_path"] == "/var/lib/kubelet/plugins_registry"
+    assert values["kubelet_plugins_directory_path"] == "/var/lib/kubelet/plugins"
+    assert [c["metadata"]["name"] for c in chart_objects("DeviceClass")] == [
+        "gpu.nvidia.com",
+        "mig.nvidia.com",
+    ]
