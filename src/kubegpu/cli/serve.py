@@ -390,7 +390,7 @@ def plugin_dir(values: Mapping[str, Any]) -> Path:
 def check_serve(values: Mapping[str, Any], env: Mapping[str, str]) -> None:
     """Combinations that cannot mean anything; `UsageError` names both sides."""
     plugin_dir(values)
-    if values["mode"] == "dra" and not values.get("node_name"):
+    if values.get("mode") == "dra" and not values.get("node_name"):
         raise UsageError(
             "--mode dra (KUBEGPU_MODE) needs --node-name (NODE_NAME): the node's "
             "ResourceSlices and DRA pool are named after it; set it from the downward API "
