@@ -56,18 +56,21 @@ def test_damage_is_detected(tmp_path: Path, damage: object) -> None:
         Checkpoint.load(tmp_path)
 
 
-def test_recover_rolls_back_a_claim_being_prepared(tmp_path: Path) -> None:
+def test_recover_rolls_back_a_claim_cut_off_mid_prepare(tmp_path: Path) -> None:
+    """Its spec was written (or half written), its record not: both files go, the
+    prepared claim stays."""
     cdi_dir = tmp_path / "cdi"
     saved = Checkpoint(tmp_path / "data")
-    saved.claims["u1"] = ClaimRecord("u1", ClaimState.PREPARING, "ns", "c", (DEVICE,))
     saved.claims["u2"] = ClaimRecord("u2", ClaimState.PREPARED, "ns", "d", (DEVICE,))
     saved.save()
-    half = spec(cdi_dir, "u1")
+    unrecorded = spec(cdi_dir, "u1")
+    half = cdi_dir / f".{spec_file_name('u3')}.k2j4x"
+    half.write_text("{")
     kept = spec(cdi_dir, "u2")
     got = recover(tmp_path / "data", cdi_dir)
     assert set(got.claims) == {"u2"}
-    assert not half.exists() and kept.exists()
-    assert set(Checkpoint.load(tmp_path / "data").claims) == {"u2"}
+    assert sorted(p.name for p in cdi_dir.iterdir()) == [kept.name]
+    assert not unrecorded.exists() and not half.exists()
 
 
 def test_recover_removes_specs_no_claim_accounts_for(tmp_path: Path) -> None:

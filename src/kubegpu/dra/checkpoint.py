@@ -6,17 +6,13 @@ lives in the plugin's data directory (`<plugins dir>/<driver>/checkpoint.json`, 
 `dra.sock`), written atomically (temp file, fsync, rename, fsync of the directory) with a
 checksum of its content, so a crash leaves the old or the new file, never half of one.
 
-Each claim goes through states, written before the step they guard:
-
-    preparing   the CDI spec may be on disk or not (the process died while writing it)
-    prepared    the CDI spec is on disk and the answer is recorded
-    adopted     a CDI spec found on disk while the checkpoint was unreadable (see below)
-
-`recover` runs at start, before the kubelet can call: a claim still `preparing` is rolled
-back (its spec removed, its entry dropped; the kubelet never got an answer, so it asks
-again and the claim is prepared afresh), and a claim spec of ours that no entry accounts
-for is removed (a crash between writing the spec and recording it, or between dropping
-the entry and removing the spec on unprepare).
+A claim's CDI spec is written (atomically, fsync'd) before its record, and its record is
+dropped before its spec is removed, so the one thing a crash can leave is a spec no
+record accounts for, or the temp file of a spec being written. `recover` runs at start,
+before the kubelet can call, and removes both: the claim being prepared when the process
+died is rolled back, the kubelet (which never got an answer) asks again, and the claim is
+prepared afresh. Recording first instead would cost a second fsync'd checkpoint write on
+every prepare and tell recovery nothing the directory does not.
 
 A corrupt checkpoint cannot say which specs are still wanted. Removing them all would
 break the running pods' containers on their next restart: the runtime reads a CDI spec
@@ -28,7 +24,6 @@ the kubelet never asks about again stays until it is removed by hand, which cost
 
 from __future__ import annotations
 
-import contextlib
 import hashlib
 import json
 import logging
@@ -51,8 +46,9 @@ VERSION = 1
 
 
 class ClaimState(StrEnum):
-    PREPARING = "preparing"
+    #: The CDI spec is on disk and the answer is recorded.
     PREPARED = "prepared"
+    #: A CDI spec found on disk while the checkpoint was unreadable (see the module doc).
     ADOPTED = "adopted"
 
 
@@ -163,14 +159,23 @@ def _fsync_dir(directory: Path) -> None:
 
 def claim_specs(cdi_dir: Path) -> Iterator[tuple[str, Path]]:
     """(claim UID, path) of every per-claim CDI spec of ours in `cdi_dir`."""
-    try:
-        entries = list(cdi_dir.iterdir())
-    except FileNotFoundError:
-        return
-    for path in entries:
+    for path in _entries(cdi_dir):
         uid = claim_uid_of(path.name)
         if uid is not None:
             yield uid, path
+
+
+def _entries(directory: Path) -> list[Path]:
+    try:
+        return list(directory.iterdir())
+    except FileNotFoundError:
+        return []
+
+
+def _half_written(path: Path) -> bool:
+    """A temp file `cdi.write_spec` left when the process died mid-write (`.<name>.<rnd>`)."""
+    name = path.name
+    return name.startswith(".") and claim_uid_of(name[1:].rsplit(".", 1)[0]) is not None
 
 
 def remove_spec(cdi_dir: Path, uid: str) -> bool:
@@ -199,26 +204,19 @@ def recover(data_dir: Path, cdi_dir: Path) -> Checkpoint:
         checkpoint = Checkpoint(data_dir, adopted)
         checkpoint.save()
         return checkpoint
-    changed = False
-    for uid, record in list(checkpoint.claims.items()):
-        if record.state is ClaimState.PREPARING:
-            remove_spec(cdi_dir, uid)
-            del checkpoint.claims[uid]
-            changed = True
-            log.warning(
-                "claim %s/%s (%s) was being prepared when the plugin stopped; rolled back, "
-                "the kubelet prepares it again",
-                record.namespace,
-                record.name,
-                uid,
-            )
+    for path in _entries(cdi_dir):
+        if _half_written(path):
+            path.unlink(missing_ok=True)
+            log.info("removed %s: a CDI spec cut off mid-write", path)
     for uid, path in claim_specs(cdi_dir):
         if uid not in checkpoint.claims:
-            with contextlib.suppress(FileNotFoundError):
-                path.unlink()
-            log.info("removed CDI spec %s: no prepared claim %s in the checkpoint", path, uid)
-    if changed:
-        checkpoint.save()
+            path.unlink(missing_ok=True)
+            log.warning(
+                "removed CDI spec %s: claim %s was being prepared or unprepared when the "
+                "plugin stopped; the kubelet asks again",
+                path,
+                uid,
+            )
     return checkpoint
 
 

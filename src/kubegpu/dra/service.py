@@ -188,6 +188,12 @@ class ClaimPreparer:
         log.warning("NodePrepareResources: %s", message)
         return message
 
+    def _unsaved(self, exc: OSError) -> str:
+        return (
+            f"cannot write the checkpoint in {self.data_dir} ({exc.strerror or exc}); "
+            f"the plugin's data directory must be writable, with room to write"
+        )
+
     def _plan(self, claim: dra_pb2.Claim, body: Mapping[str, Any]) -> ClaimPlan:
         state = self.store.state
         devices, node_spec = self._node_view(state)
@@ -214,26 +220,19 @@ class ClaimPreparer:
     def _commit(
         self, plans: Sequence[tuple[dra_pb2.Claim, ClaimPlan]]
     ) -> dict[str, tuple[tuple[PreparedDevice, ...], str]]:
-        """Record, write the CDI specs, record again (blocking; holds the turn).
-
-        The `preparing` record goes to disk before any spec, so a crash in between is
-        rolled back at the next start (`checkpoint.recover`).
-        """
+        """Write the CDI specs, then record them in one checkpoint write (blocking; holds
+        the turn). A crash in between leaves specs without records, which the next start
+        removes (`checkpoint.recover`)."""
         checkpoint = self.checkpoint
-        for claim, plan in plans:
-            checkpoint.claims[claim.uid] = ClaimRecord(
-                claim.uid, ClaimState.PREPARING, claim.namespace, claim.name, plan.devices
-            )
-        checkpoint.save()
         answers: dict[str, tuple[tuple[PreparedDevice, ...], str]] = {}
         for claim, plan in plans:
             try:
                 if plan.spec is not None:
                     cdi.write_spec(plan.spec, str(self.cdi_dir), spec_file_name(claim.uid))
             except OSError as exc:
-                del checkpoint.claims[claim.uid]
-                with contextlib.suppress(OSError):  # a half-written spec, if any
+                with contextlib.suppress(OSError):  # a spec of an earlier attempt, if any
                     remove_spec(self.cdi_dir, claim.uid)
+                checkpoint.claims.pop(claim.uid, None)
                 answers[claim.uid] = (
                     (),
                     self._refuse(
@@ -247,14 +246,28 @@ class ClaimPreparer:
                 claim.uid, ClaimState.PREPARED, claim.namespace, claim.name, plan.devices
             )
             answers[claim.uid] = (plan.devices, "")
-            log.info(
-                "prepared claim %s/%s (%s): %s",
-                claim.namespace,
-                claim.name,
-                claim.uid,
-                ", ".join(d.device for d in plan.devices) or "no device of ours",
-            )
-        checkpoint.save()
+        try:
+            checkpoint.save()
+        except OSError as exc:
+            # Unrecorded specs would be removed at the next start under a running pod:
+            # take them back now and let the kubelet ask again.
+            for claim, _ in plans:
+                if answers[claim.uid][1]:
+                    continue
+                checkpoint.claims.pop(claim.uid, None)
+                with contextlib.suppress(OSError):
+                    remove_spec(self.cdi_dir, claim.uid)
+                answers[claim.uid] = ((), self._refuse(claim, self._unsaved(exc)))
+            return answers
+        for claim, plan in plans:
+            if not answers[claim.uid][1]:
+                log.info(
+                    "prepared claim %s/%s (%s): %s",
+                    claim.namespace,
+                    claim.name,
+                    claim.uid,
+                    ", ".join(d.device for d in plan.devices) or "no device of ours",
+                )
         return answers
 
     # -- unprepare ------------------------------------------------------------------------
@@ -271,7 +284,15 @@ class ClaimPreparer:
         checkpoint = self.checkpoint
         dropped = [checkpoint.claims.pop(c.uid, None) for c in claims]
         if any(r is not None for r in dropped):
-            checkpoint.save()
+            try:
+                checkpoint.save()
+            except OSError as exc:
+                for record in dropped:
+                    if record is not None:
+                        checkpoint.claims[record.uid] = record
+                line = self._unsaved(exc)
+                log.warning("NodeUnprepareResources: %s", line)
+                return {c.uid: rpc.bounded(f"claim {c.namespace}/{c.name}: {line}") for c in claims}
         answers = {}
         for claim, record in zip(claims, dropped, strict=True):
             try:

@@ -18,7 +18,7 @@ from kubegpu.api import pluginregistration_pb2 as reg_pb
 from kubegpu.api import pluginregistration_pb2_grpc as reg_grpc
 from kubegpu.config import Config
 from kubegpu.config.loader import parse_config
-from kubegpu.dra.checkpoint import CHECKPOINT_FILE, Checkpoint, ClaimRecord, ClaimState
+from kubegpu.dra.checkpoint import CHECKPOINT_FILE, ClaimState
 from kubegpu.dra.claims import spec_file_name
 from kubegpu.dra.driver import DraDriver
 from kubegpu.dra.service import MAX_REQUEST_BYTES, SERVICES, ClaimPreparer
@@ -61,6 +61,9 @@ class Plugin:
 
     def put_claim(self, name: str, *devices: str) -> dra_pb2.Claim:
         return put_claim(self.kube, name, *devices)
+
+    def specs(self) -> list[str]:
+        return sorted(p.name for p in self.cdi_dir.iterdir()) if self.cdi_dir.is_dir() else []
 
 
 def put_claim(kube: FakeKube, name: str, *devices: str) -> dra_pb2.Claim:
@@ -269,26 +272,55 @@ async def test_stop_removes_both_sockets_and_keeps_prepared_claims(socket_dir: P
 
 
 async def test_a_restart_mid_prepare_leaves_nothing_behind(socket_dir: Path) -> None:
-    """The process died after recording `preparing` and writing the spec, before `prepared`:
-    the next start rolls the claim back, and the kubelet's retry prepares it afresh."""
+    """The process died after writing a claim's spec (or while writing another's), before
+    recording them: the next start removes both, and the kubelet's retry prepares the
+    claim afresh."""
     store = NodeStore()
     store.update(inventory=inventory(gpu(0)), config=Config())
-    data = socket_dir / "plugins" / DRIVER
+    kube = FakeKube()
+    claim = put_claim(kube, "c", "gpu-0")
     cdi_dir = socket_dir / "cdi"
-    half = Checkpoint(data)
-    half.claims["u-1"] = ClaimRecord("u-1", ClaimState.PREPARING, "ns", "c")
-    half.save()
     cdi_dir.mkdir()
-    (cdi_dir / spec_file_name("u-1")).write_text("{}")
-    (cdi_dir / spec_file_name("u-orphan")).write_text("{}")
-    driver = make_driver(socket_dir, store, FakeKube())
+    (cdi_dir / spec_file_name(claim.uid)).write_text("{}")
+    (cdi_dir / f".{spec_file_name('u-other')}.x1y2").write_text("{")
+    driver = make_driver(socket_dir, store, kube)
     task = await running(driver)
     try:
         assert list(cdi_dir.iterdir()) == []
         assert driver.preparer.checkpoint.claims == {}
-        assert json.loads((data / CHECKPOINT_FILE).read_text())["claims"] == {}
+        data = socket_dir / "plugins" / DRIVER
+        assert not (data / CHECKPOINT_FILE).exists()
+        answer = await driver.preparer.prepare([claim])
+        assert answer[claim.uid][1] == ""
+        assert [p.name for p in cdi_dir.iterdir()] == [spec_file_name(claim.uid)]
+        assert json.loads((data / CHECKPOINT_FILE).read_text())["claims"].keys() == {claim.uid}
     finally:
         await stop(driver, task)
+
+
+async def test_a_checkpoint_that_cannot_be_written_fails_the_claims_and_keeps_no_spec(
+    plugin: Plugin,
+) -> None:
+    claim = plugin.put_claim("one", "gpu-0")
+    # A directory where the checkpoint file goes: renaming the new file over it fails.
+    blocker = plugin.driver.preparer.data_dir / CHECKPOINT_FILE
+    blocker.unlink(missing_ok=True)
+    blocker.mkdir()
+    answer = (await plugin.prepare(claim)).claims[claim.uid]
+    assert "cannot write the checkpoint" in answer.error
+    assert plugin.specs() == []  # an unrecorded spec would be removed under the pod later
+    blocker.rmdir()
+    answer = (await plugin.prepare(claim)).claims[claim.uid]
+    assert answer.error == "" and plugin.specs() == [spec_file_name(claim.uid)]
+    blocker.unlink()
+    blocker.mkdir()
+    refused = (await plugin.unprepare(claim)).claims[claim.uid]
+    assert "cannot write the checkpoint" in refused.error
+    assert plugin.specs() == [spec_file_name(claim.uid)]  # kept for the kubelet's retry
+    assert claim.uid in plugin.driver.preparer.checkpoint.claims
+    blocker.rmdir()
+    assert (await plugin.unprepare(claim)).claims[claim.uid].error == ""
+    assert plugin.specs() == []
 
 
 async def test_concurrent_prepares_of_one_claim_write_once(plugin: Plugin) -> None:
@@ -297,7 +329,7 @@ async def test_concurrent_prepares_of_one_claim_write_once(plugin: Plugin) -> No
     before = writes()
     answers = await asyncio.gather(*(plugin.prepare(claim) for _ in range(5)))
     assert all(a == answers[0] for a in answers)
-    assert writes() - before == 2  # one `preparing`, one `prepared`
+    assert writes() - before == 1  # the claim prepared once
 
 
 async def test_time_sliced_gpu_is_prepared_for_several_claims(socket_dir: Path) -> None:
