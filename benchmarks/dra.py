@@ -2,10 +2,10 @@
 
 The DRA kubelet plugin (`kubegpu.dra.DraDriver`) serves a simulated 8×H100 node; a grpc
 client calls NodePrepareResources for one claim of one GPU, then NodeUnprepareResources,
-CLAIMS times, each claim new (a fresh CDI spec file and two checkpoint writes with fsync
-on prepare, one on unprepare). The claims are read from an in-memory API (`FakeKube`, in
-a worker thread as a real client's GET would be), so the figures are the plugin's own
-work plus the socket, without the API server's round trip.
+CLAIMS times, each claim new (a fresh CDI spec file and one checkpoint write, each with
+fsync, on prepare; one checkpoint write on unprepare). The claims are read from an
+in-memory API (`FakeKube`, in a worker thread as a real client's GET would be), so the
+figures are the plugin's own work plus the socket, without the API server's round trip.
 """
 
 from __future__ import annotations
