@@ -102,14 +102,13 @@ class DraDriver:
         driver: str,
         registrar_dir: Path = Path(REGISTRAR_DIRECTORY),
         plugins_dir: Path = Path(PLUGINS_DIRECTORY),
-        on_call: Callable[[str, float], None] | None = None,
         inotify: InotifyFactory = default_inotify,
     ) -> None:
         self.preparer = preparer
         self.driver = driver
         self.data_dir = plugins_dir / driver
         endpoint = self.data_dir / SERVICE_SOCKET
-        self.servicer = DraServicer(preparer, on_call=on_call)
+        self.servicer = DraServicer(preparer)
         self.registration = RegistrationServicer(driver, str(endpoint))
         self.service = SocketServer(endpoint, lambda: dra_server(self.servicer), "DRA service")
         self.registrar = SocketServer(

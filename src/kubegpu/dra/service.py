@@ -22,8 +22,7 @@ import asyncio
 import contextlib
 import logging
 import re
-import time
-from collections.abc import Callable, Mapping, Sequence
+from collections.abc import Mapping, Sequence
 from pathlib import Path
 from typing import Any, Protocol
 
@@ -317,19 +316,14 @@ def _status(exc: Exception, rpc_name: str) -> tuple[grpc.StatusCode, str]:
 class DraServicer:
     """The two DRAPlugin RPCs over a `ClaimPreparer`."""
 
-    def __init__(
-        self, preparer: ClaimPreparer, *, on_call: Callable[[str, float], None] | None = None
-    ) -> None:
+    def __init__(self, preparer: ClaimPreparer) -> None:
         self.preparer = preparer
-        #: Called with (rpc, seconds) after each call (metrics, benchmarks).
-        self._on_call = on_call
 
     async def NodePrepareResources(
         self,
         request: dra_pb2.NodePrepareResourcesRequest,
         context: grpc.aio.ServicerContext[Any, Any],
     ) -> dra_pb2.NodePrepareResourcesResponse:
-        started = time.perf_counter()
         answers = await self.preparer.prepare(request.claims)
         response = dra_pb2.NodePrepareResourcesResponse()
         for uid, (devices, error) in answers.items():
@@ -344,7 +338,6 @@ class DraServicer:
                     device_name=d.device,
                     cdi_device_ids=d.cdi_ids,
                 )
-        self._observe("NodePrepareResources", started)
         return response
 
     async def NodeUnprepareResources(
@@ -352,17 +345,11 @@ class DraServicer:
         request: dra_pb2.NodeUnprepareResourcesRequest,
         context: grpc.aio.ServicerContext[Any, Any],
     ) -> dra_pb2.NodeUnprepareResourcesResponse:
-        started = time.perf_counter()
         answers = await self.preparer.unprepare(request.claims)
         response = dra_pb2.NodeUnprepareResourcesResponse()
         for uid, error in answers.items():
             response.claims[uid].error = error
-        self._observe("NodeUnprepareResources", started)
         return response
-
-    def _observe(self, name: str, started: float) -> None:
-        if self._on_call is not None:
-            self._on_call(name, time.perf_counter() - started)
 
 
 def dra_server(servicer: DraServicer) -> grpc.aio.Server:
