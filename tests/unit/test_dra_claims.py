@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import dataclasses
 from typing import Any
 
 import pytest
@@ -9,6 +10,7 @@ import pytest
 from kubegpu import cdi
 from kubegpu.config import Config
 from kubegpu.config.loader import parse_config
+from kubegpu.devices import Vendor
 from kubegpu.dra.claims import (
     CLAIM_CDI_KIND,
     ClaimError,
@@ -154,3 +156,21 @@ def test_spec_file_names_round_trip_and_foreign_files_are_not_ours() -> None:
     assert claim_uid_of(spec_file_name(UID)) == UID
     assert claim_uid_of("k8s.device-plugin.nvidia.com-gpu.json") is None
     assert claim_uid_of("k8s.gpu.nvidia.com-claim_x.yaml") is None
+
+
+def test_an_amd_gpu_gets_its_nodes_once_and_rocms_env() -> None:
+    g = dataclasses.replace(
+        gpu(0), vendor=Vendor.AMD, uuid="AMD-1", device_paths=("/dev/dri/renderD128",)
+    )
+    inv = dataclasses.replace(inventory(g), control_device_paths=("/dev/kfd",))
+    config = Config()
+    devices = node_devices("gpu.amd.com", build_resources(inv, config))
+    [name] = devices
+    body = claim(("gpu", name), driver="gpu.amd.com")
+    got = plan_claim(UID, body, "gpu.amd.com", "node-a", devices, cdi.generate_spec(inv), config)
+    assert got.spec is not None
+    [entry] = got.spec["devices"]
+    assert entry["containerEdits"]["deviceNodes"] == [{"path": "/dev/dri/renderD128"}]
+    common = got.spec["containerEdits"]
+    assert common["env"] == ["AMD_VISIBLE_DEVICES=AMD-1"]
+    assert [n["path"] for n in common["deviceNodes"]] == ["/dev/kfd"]

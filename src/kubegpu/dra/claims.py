@@ -19,7 +19,7 @@ never reused for another claim, so a runtime's cached spec can never name the wr
 from __future__ import annotations
 
 import dataclasses
-from collections.abc import Iterable, Mapping
+from collections.abc import Collection, Iterable, Mapping
 from dataclasses import dataclass
 from typing import Any
 
@@ -202,7 +202,9 @@ def plan_claim(
         edits = own if edits is None else merge(edits, own)
         entries[r.device] = _device_entry(uid, nd, by_uuid, config)
     assert edits is not None
-    common = _common_edits(node_spec, edits, vendor=picked[0][1].resource.vendor)
+    nodes = [n for e in entries.values() for n in e["containerEdits"].get("deviceNodes", [])]
+    vendor = picked[0][1].resource.vendor
+    common = _common_edits(node_spec, edits, {n["path"] for n in nodes}, vendor=vendor)
     spec: dict[str, Any] = {
         "cdiVersion": cdi.CDI_VERSION,
         "kind": CLAIM_CDI_KIND,
@@ -238,14 +240,19 @@ def _node(path: str, dev_root: str, permissions: str | None = None) -> dict[str,
 
 
 def _common_edits(
-    node_spec: Mapping[str, Any], edits: ContainerEdits, *, vendor: Vendor
+    node_spec: Mapping[str, Any],
+    edits: ContainerEdits,
+    own_nodes: Collection[str],
+    *,
+    vendor: Vendor,
 ) -> dict[str, Any]:
-    """The node spec's common edits (NVIDIA) plus the answer's env, mounts and nodes."""
+    """The node spec's common edits (NVIDIA) plus the answer's env, mounts and nodes; a
+    device node one of the claim's devices already carries is not named twice."""
     base: Mapping[str, Any] = node_spec.get("containerEdits", {}) if vendor is Vendor.NVIDIA else {}
     env = list(base.get("env", []))
     env += [f"{k}={v}" for k, v in edits.envs.items()]
     nodes = list(base.get("deviceNodes", []))
-    seen = {n["path"] for n in nodes}
+    seen = {n["path"] for n in nodes} | set(own_nodes)
     for d in edits.device_specs:
         if d.container_path not in seen:
             seen.add(d.container_path)
