@@ -18,6 +18,7 @@ from kubegpu.cli.serve import serve
 from kubegpu.daemon import Daemon, DaemonSettings, StartupError
 from kubegpu.dra.claims import spec_file_name
 from kubegpu.kube import FakeKube
+from kubegpu.plugin.directory import PluginDirectoryError
 from tests.integration.dra.test_driver import put_claim
 
 NODE = "node-a"
@@ -106,7 +107,11 @@ async def test_two_dra_daemons_cannot_share_the_plugins_directory(
     daemon: tuple[Daemon, FakeKube], socket_dir: Path
 ) -> None:
     second = Daemon(settings(socket_dir), kube=FakeKube())
-    with pytest.raises(StartupError, match="in use by another kubegpu serve"):
+    with pytest.raises(
+        PluginDirectoryError,
+        match=r"kubelet plugins directory .* in use by another kubegpu serve; stop it first, "
+        r"give this one another --kubelet-plugins-directory-path$",
+    ):
         await second.run(asyncio.Event())
 
 
