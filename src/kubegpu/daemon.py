@@ -369,39 +369,25 @@ class Daemon:
 
     def _check_plugin_dir(self) -> None:
         if self.settings.mode == "dra":
-            self._check_dra_dirs()
-            return
-        path = self.settings.plugin_dir
-        try:
-            path.mkdir(parents=True, exist_ok=True)
-        except OSError as exc:
-            raise InitError(
-                f"device-plugin directory {path}: cannot create it ({exc.strerror}); "
-                f"mount the kubelet's device-plugins directory or set --device-plugin-path"
-            ) from exc
-        if not os.access(path, os.W_OK | os.X_OK):
-            raise InitError(
-                f"device-plugin directory {path} is not writable; run as root or mount it "
-                f"read-write (set --device-plugin-path to test elsewhere)"
+            _usable_dir(
+                self.settings.kubelet_plugins_dir,
+                "kubelet directory",
+                "the kubelet's directory",
+                "--kubelet-plugins-directory-path",
             )
-
-    def _check_dra_dirs(self) -> None:
-        for path, flag in (
-            (self.settings.kubelet_plugins_dir, "--kubelet-plugins-directory-path"),
-            (self.settings.registrar_dir, "--kubelet-registrar-directory-path"),
-        ):
-            try:
-                path.mkdir(parents=True, exist_ok=True)
-            except OSError as exc:
-                raise InitError(
-                    f"kubelet directory {path}: cannot create it ({exc.strerror}); mount the "
-                    f"kubelet's directory or set {flag}"
-                ) from exc
-            if not os.access(path, os.W_OK | os.X_OK):
-                raise InitError(
-                    f"kubelet directory {path} is not writable; run as root or mount it "
-                    f"read-write (set {flag} to test elsewhere)"
-                )
+            _usable_dir(
+                self.settings.registrar_dir,
+                "kubelet directory",
+                "the kubelet's directory",
+                "--kubelet-registrar-directory-path",
+            )
+            return
+        _usable_dir(
+            self.settings.plugin_dir,
+            "device-plugin directory",
+            "the kubelet's device-plugins directory",
+            "--device-plugin-path",
+        )
 
     def _check_socket_paths(self, specs: tuple[ResourceSpec, ...]) -> None:
         """A socket path over the unix limit can never be served: say so and stop, rather
@@ -536,3 +522,18 @@ class Daemon:
         """SIGHUP: re-read the config now."""
         log.info("SIGHUP: re-reading the config")
         self.source.poke()
+
+
+def _usable_dir(path: Path, what: str, mount: str, flag: str) -> None:
+    """Create `path` if needed; `InitError` naming `flag` when it cannot be used."""
+    try:
+        path.mkdir(parents=True, exist_ok=True)
+    except OSError as exc:
+        raise InitError(
+            f"{what} {path}: cannot create it ({exc.strerror}); mount {mount} or set {flag}"
+        ) from exc
+    if not os.access(path, os.W_OK | os.X_OK):
+        raise InitError(
+            f"{what} {path} is not writable; run as root or mount it read-write "
+            f"(set {flag} to test elsewhere)"
+        )

@@ -13,9 +13,11 @@ from typing import Any
 import pytest
 
 from kubegpu.api import pb
+from kubegpu.kube import FakeKube
 from kubegpu.kubelet import (
     KubeletEmulator,
 )
+from kubegpu.kubelet.dra import DRAKubelet
 from tests.integration.kubelet.fakes import FakePlugin, MakePlugin
 from tests.waiting import Kubelet
 
@@ -69,3 +71,20 @@ async def make_plugin(socket_dir: Path) -> AsyncIterator[MakePlugin]:
     finally:
         for plugin in made:
             await plugin.stop()
+
+
+@pytest.fixture
+def kube() -> FakeKube:
+    """The API server the DRA tests' emulator and drivers share."""
+    return FakeKube()
+
+
+@pytest.fixture
+async def node(socket_dir: Path, kube: FakeKube) -> AsyncIterator[DRAKubelet]:
+    """The kubelet emulator's DRA side alone, retrying registrations quickly."""
+    emulator = DRAKubelet(socket_dir, kube, retry_initial=0.05)
+    await emulator.start()
+    try:
+        yield emulator
+    finally:
+        await emulator.stop()

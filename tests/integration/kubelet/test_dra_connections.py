@@ -34,11 +34,6 @@ def emulator(socket_dir: Path, kube: FakeKube, **kwargs: Any) -> DRAKubelet:
 
 
 @pytest.fixture
-def kube() -> FakeKube:
-    return FakeKube()
-
-
-@pytest.fixture
 async def driver_stops(socket_dir: Path) -> AsyncIterator[list[FakeDriver]]:
     drivers: list[FakeDriver] = []
     try:

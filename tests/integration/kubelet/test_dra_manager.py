@@ -25,21 +25,6 @@ OTHER = "nic.example.com"
 
 
 @pytest.fixture
-def kube() -> FakeKube:
-    return FakeKube()
-
-
-@pytest.fixture
-async def node(socket_dir: Path, kube: FakeKube) -> AsyncIterator[DRAKubelet]:
-    emulator = DRAKubelet(socket_dir, kube, retry_initial=0.05)
-    await emulator.start()
-    try:
-        yield emulator
-    finally:
-        await emulator.stop()
-
-
-@pytest.fixture
 async def drivers(node: DRAKubelet, kube: FakeKube) -> AsyncIterator[dict[str, FakeDriver]]:
     made = {
         name: await FakeDriver(node.registry_dir, node.plugins_dir, name=name, kube=kube).start()

@@ -8,7 +8,6 @@ registration socket goes, re-registration after a kubelet restart.
 from __future__ import annotations
 
 from collections.abc import AsyncIterator, Awaitable, Callable
-from pathlib import Path
 from typing import Any
 
 import grpc
@@ -20,21 +19,6 @@ from tests.integration.kubelet.dra_fakes import DRIVER, FakeDriver
 from tests.waiting import WAIT
 
 MakeDriver = Callable[..., Awaitable[FakeDriver]]
-
-
-@pytest.fixture
-def kube() -> FakeKube:
-    return FakeKube()
-
-
-@pytest.fixture
-async def node(socket_dir: Path, kube: FakeKube) -> AsyncIterator[DRAKubelet]:
-    emulator = DRAKubelet(socket_dir, kube, retry_initial=0.05)
-    await emulator.start()
-    try:
-        yield emulator
-    finally:
-        await emulator.stop()
 
 
 @pytest.fixture
