@@ -11,8 +11,15 @@ the API holds for this node and driver, and writes the difference:
   generation's slices as outdated and waits for the new ones (the API's pool rule);
 - a 409 (someone wrote in between) reads the slices again and recomputes, at once;
 - any other failure is logged and retried with `Backoff`; a store change cuts the wait
-  short, and every `resync_s` the API is compared again (a slice deleted by hand comes
-  back).
+  short.
+
+The slices are watched too (`Kube.watch_resource_slices`, per driver): a slice deleted or
+changed by anyone else, or a watch that had to start again, makes the publisher read and
+compare at once. That matters most at a kubelet start: the kubelet deletes every
+ResourceSlice of its node when it starts (and a driver's slices when the driver has been
+gone a while), expecting the drivers to publish them again. `resync()` asks for the same
+comparison, for the driver to call when the kubelet registers it. Every `resync_s` the API
+is compared again regardless, should a watch be unavailable.
 
 Blocking API calls run in a worker thread; the loop itself never blocks.
 """
@@ -20,7 +27,6 @@ Blocking API calls run in a worker thread; the loop itself never blocks.
 from __future__ import annotations
 
 import asyncio
-import contextlib
 import json
 import logging
 from collections.abc import Callable, Mapping, Sequence
@@ -34,7 +40,7 @@ from kubegpu.dra.slices import (
     device_body,
     dra_devices,
 )
-from kubegpu.kube import Kube, KubeError
+from kubegpu.kube import RELIST, Kube, KubeError, SliceEvent
 from kubegpu.state import NodeState, NodeStore
 from kubegpu.watch.backoff import Backoff
 
@@ -77,13 +83,32 @@ class SlicePublisher:
         self.resync_s = resync_s
         #: Written slices by driver after the last sync (for tests and `kubegpu status`).
         self.published: dict[str, list[dict[str, Any]]] = {}
+        #: Set when the API may no longer show what was published: compare again.
+        self._poke = asyncio.Event()
+        #: How many times the slices were compared with the API (for tests and metrics).
+        self.syncs = 0
+
+    def resync(self) -> None:
+        """Compare with the API (and publish what is missing) now rather than at the next
+        change; call from the event loop, e.g. when the kubelet registers the driver."""
+        self._poke.set()
 
     # -- the loop -------------------------------------------------------------------------
 
     async def run(self) -> None:
         """Publish now, then on every relevant change; runs until cancelled."""
+        watches = [asyncio.ensure_future(self._watch(driver)) for driver in self.drivers]
+        try:
+            await self._publish()
+        finally:
+            for task in watches:
+                task.cancel()
+            await asyncio.gather(*watches, return_exceptions=True)
+
+    async def _publish(self) -> None:
         while True:
             state = self.store.state
+            self._poke.clear()  # what changes from here on is seen by this comparison or the next
             try:
                 await asyncio.to_thread(self.sync, state)
             except KubeError as exc:
@@ -99,10 +124,44 @@ class SlicePublisher:
             self.backoff.reset()
             await self._changed(state, self.resync_s)
 
+    async def _watch(self, driver: str) -> None:
+        """Poke the loop when the API's slices of `driver` may differ from ours."""
+        async for event in self.kube.watch_resource_slices(driver, self.node):
+            if self._ours(driver, event):
+                continue
+            if event.type == "DELETED":
+                log.info(
+                    "node %s: ResourceSlice %s of %s was deleted; publishing it again",
+                    self.node,
+                    event.slice.get("metadata", {}).get("name"),
+                    driver,
+                )
+            self._poke.set()
+
+    def _ours(self, driver: str, event: SliceEvent) -> bool:
+        """Whether `event` shows a slice exactly as the last sync left it (our own write)."""
+        if event.type == RELIST or event.type == "DELETED":
+            return False
+        meta = event.slice.get("metadata") or {}
+        return any(
+            (obj["metadata"]["name"], obj["metadata"].get("resourceVersion"))
+            == (meta.get("name"), meta.get("resourceVersion"))
+            for obj in self.published.get(driver, ())
+        )
+
     async def _changed(self, synced: NodeState, timeout: float) -> None:
-        """Until the slices may differ from those of `synced`, or `timeout` seconds."""
-        with contextlib.suppress(TimeoutError):
-            await asyncio.wait_for(self._stale(synced), timeout)
+        """Until the slices may differ from those of `synced` or from the API's, or
+        `timeout` seconds."""
+        waits = [
+            asyncio.ensure_future(self._stale(synced)),
+            asyncio.ensure_future(self._poke.wait()),
+        ]
+        try:
+            await asyncio.wait(waits, timeout=timeout, return_when=asyncio.FIRST_COMPLETED)
+        finally:
+            for task in waits:
+                task.cancel()
+            await asyncio.gather(*waits, return_exceptions=True)
 
     async def _stale(self, synced: NodeState) -> None:
         # MPS readiness and version bumps alone change nothing the slices show.
@@ -123,6 +182,7 @@ class SlicePublisher:
         `CONFLICT_RETRIES` conflicts).
         """
         wrote = False
+        self.syncs += 1
         for driver in self.drivers:
             for attempt in range(CONFLICT_RETRIES + 1):
                 try:
