@@ -1,7 +1,8 @@
 """The kubelet APIs kubegpu serves: the .proto files and their generated Python, nothing else.
 
 The device plugin API v1beta1 (`pb`), the plugin-watcher registration API
-(`pluginregistration_pb2`) and the DRA plugin API v1 (`dra_pb2`).
+(`pluginregistration_pb2`), the DRA plugin API v1 (`dra_pb2`) and the DRA device health API
+v1alpha1 (`dra_health_pb2`).
 
 Regenerate with `make proto`; tests/unit/test_proto.py proves the checked-in files match.
 """
