@@ -27,6 +27,7 @@ Blocking API calls run in a worker thread; the loop itself never blocks.
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import json
 import logging
 from collections.abc import Callable, Mapping, Sequence
@@ -42,6 +43,7 @@ from kubegpu.dra.slices import (
 )
 from kubegpu.kube import RELIST, Kube, KubeError, SliceEvent
 from kubegpu.state import NodeState, NodeStore
+from kubegpu.supervisor import spawn
 from kubegpu.watch.backoff import Backoff
 
 log = logging.getLogger("kubegpu.dra.publisher")
@@ -97,18 +99,24 @@ class SlicePublisher:
 
     async def run(self) -> None:
         """Publish now, then on every relevant change; runs until cancelled."""
-        watches = [asyncio.ensure_future(self._watch(driver)) for driver in self.drivers]
+        helpers = [
+            spawn(f"ResourceSlice watch of {driver}", self._watch(driver))
+            for driver in self.drivers
+        ]
+        helpers.append(spawn("ResourceSlice publisher's store follower", self._follow_store()))
         try:
             await self._publish()
         finally:
-            for task in watches:
+            for task in helpers:
                 task.cancel()
-            await asyncio.gather(*watches, return_exceptions=True)
+            await asyncio.gather(*helpers, return_exceptions=True)
 
     async def _publish(self) -> None:
         while True:
+            # Cleared before the state is read: whatever changes from here on, here or in
+            # the API, is in this comparison or pokes the next one.
+            self._poke.clear()
             state = self.store.state
-            self._poke.clear()  # what changes from here on is seen by this comparison or the next
             try:
                 await asyncio.to_thread(self.sync, state)
             except KubeError as exc:
@@ -119,10 +127,28 @@ class SlicePublisher:
                     exc,
                     delay,
                 )
-                await self._changed(state, delay)
+                await self._poked(delay)
                 continue
             self.backoff.reset()
-            await self._changed(state, self.resync_s)
+            await self._poked(self.resync_s)
+
+    async def _poked(self, timeout: float) -> None:
+        """Until the slices may differ from the API's, or `timeout` seconds."""
+        with contextlib.suppress(TimeoutError):
+            await asyncio.wait_for(self._poke.wait(), timeout)
+
+    async def _follow_store(self) -> None:
+        """Poke the loop on every change of what the slices show."""
+        last: NodeState | None = None
+        # MPS readiness and version bumps alone change nothing the slices show.
+        async for state in self.store.subscribe():
+            if last is None or (state.inventory, state.config, state.health) != (
+                last.inventory,
+                last.config,
+                last.health,
+            ):
+                self._poke.set()
+            last = state
 
     async def _watch(self, driver: str) -> None:
         """Poke the loop when the API's slices of `driver` may differ from ours."""
@@ -140,7 +166,7 @@ class SlicePublisher:
 
     def _ours(self, driver: str, event: SliceEvent) -> bool:
         """Whether `event` shows a slice exactly as the last sync left it (our own write)."""
-        if event.type == RELIST or event.type == "DELETED":
+        if event.type in (RELIST, "DELETED"):
             return False
         meta = event.slice.get("metadata") or {}
         return any(
@@ -148,30 +174,6 @@ class SlicePublisher:
             == (meta.get("name"), meta.get("resourceVersion"))
             for obj in self.published.get(driver, ())
         )
-
-    async def _changed(self, synced: NodeState, timeout: float) -> None:
-        """Until the slices may differ from those of `synced` or from the API's, or
-        `timeout` seconds."""
-        waits = [
-            asyncio.ensure_future(self._stale(synced)),
-            asyncio.ensure_future(self._poke.wait()),
-        ]
-        try:
-            await asyncio.wait(waits, timeout=timeout, return_when=asyncio.FIRST_COMPLETED)
-        finally:
-            for task in waits:
-                task.cancel()
-            await asyncio.gather(*waits, return_exceptions=True)
-
-    async def _stale(self, synced: NodeState) -> None:
-        # MPS readiness and version bumps alone change nothing the slices show.
-        async for state in self.store.subscribe(synced.version):
-            if (state.inventory, state.config, state.health) != (
-                synced.inventory,
-                synced.config,
-                synced.health,
-            ):
-                return
 
     # -- one reconciliation (blocking) ----------------------------------------------------
 
