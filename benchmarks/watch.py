@@ -11,6 +11,11 @@ Figures (the last line printed is one JSON object):
   own start, inside that; `..._seen_to_registered_*`: the plugin's log, restart seen ->
   Register answered). `..._rmdir_*`: the same with the whole device-plugin directory
   removed and re-created between stop and start.
+- `socket_deleted_*`: the plugin's own socket deleted while the kubelet runs; timed from
+  the unlink to the emulator holding all 8 devices healthy from a new registration.
+  `socket_deleted_busy_*`: the same while ALLOCATE_CLIENTS clients of this process call
+  Allocate on the plugin's socket without pause (reconnecting after each deletion), as a
+  busy kubelet would.
 - `reload_*`: 8 GPUs x 24 -> 48 (and back) time-slicing replicas, from the write to the
   kubelet holding the new capacity (a new ListAndWatch list); `write` rewrites config.yaml
   by rename, `configmap` swaps a ConfigMap volume's `..data` symlink as the kubelet's
@@ -30,6 +35,7 @@ from __future__ import annotations
 
 import argparse
 import asyncio
+import contextlib
 import gc
 import json
 import logging
@@ -40,11 +46,16 @@ import time
 from pathlib import Path
 from typing import Any
 
+import grpc
+
 from benchmarks import harness
 from benchmarks.harness import RESOURCE
+from kubegpu.api import device_plugin_stub, pb
 from kubegpu.kubelet import KubeletEmulator
 
 GPUS = 8
+#: Clients calling Allocate throughout the `socket_deleted_busy` runs.
+ALLOCATE_CLIENTS = 8
 #: `make bench`'s counts: kubelet restarts and config changes per kind, idle window (s).
 RESTARTS = 50
 RELOADS = 20
@@ -132,6 +143,62 @@ async def bench_reregister(restarts: int) -> Figures:
     return figures
 
 
+async def _allocate_forever(socket: Path, ids: list[str], stop: asyncio.Event) -> None:
+    """Call Allocate on `socket` until `stop`; a new connection after each failure (the
+    socket was deleted), and a moment's pause while it is missing."""
+    request = pb.AllocateRequest(container_requests=[pb.ContainerAllocateRequest()])
+    request.container_requests[0].devices_ids.append(ids[0])
+    while not stop.is_set():
+        async with grpc.aio.insecure_channel(f"unix://{socket}") as channel:
+            stub = device_plugin_stub(channel)
+            with contextlib.suppress(grpc.aio.AioRpcError):
+                while not stop.is_set():
+                    await stub.Allocate(request, timeout=30)
+        if not stop.is_set():
+            await asyncio.sleep(0.001)  # a client's retry pause, not a wait for state
+
+
+async def bench_socket_deleted(deletions: int) -> Figures:
+    """The plugin's own socket deleted, the kubelet running: idle, then busy."""
+    figures: Figures = {}
+    _freeze_heap()
+    with harness.temp_dir("kgw-") as work:
+        plugin_dir = work / "dp"
+        async with (
+            harness.emulator(plugin_dir) as kubelet,
+            harness.serve(plugin_dir, work / "serve.log") as plugin,
+        ):
+            await _wait(kubelet, GPUS, plugin)
+            (socket,) = [p for p in plugin_dir.iterdir() if p.name.startswith("kubegpu-")]
+            ids = list(kubelet.devices(RESOURCE))
+            for key, clients in (("socket_deleted", 0), ("socket_deleted_busy", ALLOCATE_CLIENTS)):
+                stop = asyncio.Event()
+                callers = [
+                    asyncio.ensure_future(_allocate_forever(socket, ids, stop))
+                    for _ in range(clients)
+                ]
+                runs = []
+                try:
+                    for _ in range(deletions):
+                        before = sum(r.ok for r in kubelet.registrations)
+
+                        def back(before: int = before) -> bool:
+                            return sum(r.ok for r in kubelet.registrations) > before
+
+                        with harness.Stamp(kubelet, GPUS) as held:
+                            start = time.perf_counter()
+                            socket.unlink()
+                            await kubelet.wait_for(
+                                lambda: held.at is not None and back(), timeout=30
+                            )
+                        runs.append(held.ms_since(start))
+                finally:
+                    stop.set()
+                    await asyncio.gather(*callers)
+                figures.update(_summary(key, runs))
+    return figures
+
+
 async def bench_reload_and_idle(reloads: int, idle_seconds: float) -> Figures:
     figures: Figures = {}
     _freeze_heap()
@@ -184,6 +251,7 @@ async def _idle_cpu(plugin: harness.Child, seconds: float) -> Figures:
 async def _main(args: argparse.Namespace) -> Figures:
     figures: Figures = {**harness.machine(), "loadavg_1m": os.getloadavg()[0]}
     figures.update(await bench_reregister(args.restarts))
+    figures.update(await bench_socket_deleted(args.restarts))
     figures.update(await bench_reload_and_idle(args.reloads, args.idle_seconds))
     figures["loadavg_1m_after"] = os.getloadavg()[0]
     return figures

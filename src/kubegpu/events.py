@@ -198,16 +198,21 @@ class NodeEvents:
         cls,
         env: Mapping[str, str] | None = None,
         *,
+        node: str | None = None,
         metrics: Metrics | None = None,
         connect: Callable[[], EventSink] = KubernetesEventSink.connect,
         lazy: bool = False,
     ) -> NodeEvents:
-        """Enabled when `NODE_NAME` is set (downward API) and a cluster is reachable.
+        """Enabled when the node's name is known and a cluster is reachable.
 
-        `lazy` defers connecting to the first event; a cluster that turns out
-        unreachable then shows as one logged delivery failure.
+        The name is `node` (the `--node-name` flag, which `NODE_NAME` also sets) when
+        given, else `NODE_NAME` (downward API). `lazy` defers connecting to the first
+        event; a cluster that turns out unreachable then shows as one logged delivery
+        failure.
         """
-        node = (os.environ if env is None else env).get("NODE_NAME", "").strip()
+        if node is None:
+            node = (os.environ if env is None else env).get("NODE_NAME", "")
+        node = node.strip()
         if not node:
             log.info("NODE_NAME is not set: not recording Kubernetes events")
             return cls.disabled()

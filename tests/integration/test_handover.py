@@ -3,24 +3,50 @@
 As a DaemonSet rolled with `maxSurge: 1, maxUnavailable: 0` does it: the new process starts
 beside the old one, registers its own sockets, the old one hands over, and the old one gets
 SIGTERM once the new one is ready. Throughout, a client calls Allocate as the kubelet does
-(each new call on the newest endpoint the kubelet holds); no call may fail, the node's
-allocatable never leaves 4, and the old process exits 0.
+(each new call on the newest endpoint the kubelet registered); no call may fail and the
+old process exits 0.
+
+Under each kubelet the emulator models:
+
+- 1.37+: the node's allocatable never leaves 4 and each process registers once.
+- 1.36: the old process's stream ending makes the kubelet disconnect the successor (its
+  stale `runClient`), so the devices read unhealthy until the successor registers again,
+  which it does at once: the history holds exactly one unhealthy step, (4, 0), between
+  (4, 4) and (4, 4), and the successor registers twice. How long that step lasts is
+  measured by `make bench` (benchmarks/handover.py), never asserted here.
 """
 
 from __future__ import annotations
 
+from collections.abc import AsyncIterator
+from pathlib import Path
+
+import pytest
+
 from kubegpu.kubelet import KubeletEmulator
 from tests.integration.hammer import Hammer
 from tests.integration.test_serve import GPU, error_lines, run_to_end, serve_cmd, start
-from tests.waiting import eventually
+from tests.waiting import Kubelet, eventually
 
 OLD = "kubegpu-nvidia.com-gpu.sock"
 NEW = "kubegpu-nvidia.com-gpu+1.sock"
 
 
+@pytest.fixture(params=["1.36", "1.37"])
+async def each_kubelet(socket_dir: Path, request: pytest.FixtureRequest) -> AsyncIterator[Kubelet]:
+    """The emulator as each kubelet it models (a short grace period, for `serve` tests)."""
+    emulator = Kubelet(socket_dir / "dp", grace_period=0.5, version=request.param)
+    await emulator.start()
+    try:
+        yield emulator
+    finally:
+        await emulator.stop()
+
+
 async def test_a_successor_takes_over_registration_without_a_gap(
-    kubelet: KubeletEmulator,
+    each_kubelet: KubeletEmulator,
 ) -> None:
+    kubelet = each_kubelet
     plugin_dir = kubelet.plugin_dir
     old = await start(serve_cmd(plugin_dir, "--simulate", "a10g-4"))
     new = None
@@ -30,9 +56,9 @@ async def test_a_successor_takes_over_registration_without_a_gap(
         await kubelet.wait_for_resource(GPU, capacity=4, allocatable=4)
 
         def newest() -> str:
-            # The kubelet allocates through the newest live registration.
-            live = [name for name, alive in kubelet.endpoints(GPU).items() if alive]
-            return live[-1] if live else OLD
+            # The kubelet allocates through the newest registration (in registration order).
+            registered = list(kubelet.endpoints(GPU))
+            return registered[-1] if registered else OLD
 
         hammer = Hammer(lambda: plugin_dir / newest(), sorted(kubelet.devices(GPU)))
         await eventually(lambda: hammer is not None and hammer.ok >= 100)
@@ -55,6 +81,7 @@ async def test_a_successor_takes_over_registration_without_a_gap(
         assert code == 0, out
         assert "stopped cleanly" in out
         await kubelet.wait_for(lambda: kubelet.endpoints(GPU) == {NEW: True})
+        await kubelet.wait_for_resource(GPU, capacity=4, allocatable=4)
         assert not (plugin_dir / OLD).exists()
         before = hammer.ok
         await eventually(lambda: hammer is not None and hammer.ok >= before + 100)
@@ -70,10 +97,16 @@ async def test_a_successor_takes_over_registration_without_a_gap(
     assert hammer is not None
     assert hammer.failures() == []
     assert {o.socket for o in hammer.outcomes} == {OLD, NEW}
-    # Capacity and allocatable never moved: 4/4 from the first list to the last.
-    assert history == [(4, 4)]
-    # The old process registered once and never again after handing over.
-    assert [r.endpoint for r in kubelet.registrations] == [OLD, NEW]
+    if kubelet.endpoint_store:
+        # Capacity and allocatable never moved: 4/4 from the first list to the last.
+        assert history == [(4, 4)]
+        # The old process registered once and never again after handing over.
+        assert [r.endpoint for r in kubelet.registrations] == [OLD, NEW]
+    else:
+        # The kubelet's stale disconnect made everything unhealthy once; the successor's
+        # one registration more made it healthy again.
+        assert history == [(4, 4), (4, 0), (4, 4)]
+        assert [r.endpoint for r in kubelet.registrations] == [OLD, NEW, NEW]
 
 
 async def test_without_handover_a_second_serve_is_still_refused_and_a_successor_is_not(

@@ -4,8 +4,10 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import logging
 import os
 import shutil
+import socket
 import stat
 import tempfile
 import threading
@@ -26,7 +28,8 @@ from kubegpu.daemon import Daemon, DaemonSettings, StartupError
 from kubegpu.devices.simulated import SimulatedBackend
 from kubegpu.events import FakeEventSink, NodeEvents
 from kubegpu.kubelet import KubeletEmulator
-from kubegpu.plugin.manager import socket_path_too_long
+from kubegpu.plugin import server as server_module
+from kubegpu.plugin.manager import REDIAL_START, socket_path_too_long
 from kubegpu.plugin.server import DevicePluginServicer, ResourceServer, request_limit, undecodable
 from kubegpu.resources import ResourceSpec, build_resources, socket_name
 from tests import builders
@@ -240,6 +243,58 @@ async def test_kubelet_restart_triggers_reregistration(socket_dir: Path) -> None
         assert again.cached and len(k.calls("Allocate")) == before
 
 
+async def test_a_kubelet_restart_is_one_registration_per_kubelet(socket_dir: Path) -> None:
+    """The restart ends every stream too: only the kubelet watch registers again, not the
+    re-registration of a stream the kubelet dropped while it ran."""
+    async with running_node(socket_dir, "a10g-4") as node:
+        k = node.kubelet
+        await k.wait_for_resource(GPU, allocatable=4)
+        await k.restart()
+        await k.wait_for_resource(GPU, capacity=4, allocatable=4)
+        await eventually(lambda: node.daemon.ready() == (True, "ok"))
+        assert [r.resource for r in k.registrations if r.ok] == [GPU, GPU]
+
+
+async def test_a_stream_the_kubelet_ends_while_it_runs_is_registered_again(
+    socket_dir: Path, caplog: pytest.LogCaptureFixture
+) -> None:
+    """The kubelet ends ListAndWatch and runs on (a 1.36 kubelet does so to a handover's
+    successor): the plugin registers again, at once the first time, then after growing
+    delays while the kubelet keeps dropping it."""
+    async with running_node(socket_dir, "a10g-4") as node:
+        k = node.kubelet
+        await k.wait_for_resource(GPU, capacity=4, allocatable=4)
+        with caplog.at_level(logging.INFO, logger="kubegpu.plugin"):
+            for drops in range(1, 4):
+                await k.disconnect(GPU)
+                await k.wait_for(lambda n=drops: len(k.registrations) == n + 1)  # type: ignore[misc]
+                await k.wait_for_resource(GPU, capacity=4, allocatable=4)
+        assert k.history(GPU) == [(4, 4), (4, 0)] * 3 + [(4, 4)]
+        assert node.daemon.manager.kubelet_restarts == 0
+        again = [r.getMessage() for r in caplog.records if "registering again" in r.getMessage()]
+        assert len(again) == 3
+        assert again[0].endswith("registering again")
+        assert again[1].endswith(f"registering again in {REDIAL_START:.1f} s")
+        assert again[2].endswith(f"registering again in {2 * REDIAL_START:.1f} s")
+        await eventually(lambda: node.daemon.ready() == (True, "ok"))
+
+
+async def test_an_owner_that_handed_over_does_not_register_again(
+    socket_dir: Path, caplog: pytest.LogCaptureFixture
+) -> None:
+    async with running_node(socket_dir, "t4-1") as node:
+        k = node.kubelet
+        await k.wait_for_resource(GPU, capacity=1, allocatable=1)
+        await node.daemon.manager.yield_registration()
+        with caplog.at_level(logging.INFO, logger="kubegpu.plugin"):
+            await k.disconnect(GPU)
+            await eventually(
+                lambda: any("the successor serves it" in r.getMessage() for r in caplog.records)
+            )
+        assert len(k.registrations) == 1
+        assert k.allocatable(GPU) == 0
+
+
 async def test_deleted_plugin_socket_is_served_again(socket_dir: Path) -> None:
     async with running_node(socket_dir, "t4-1") as node:
         await node.kubelet.wait_for_resource(GPU, allocatable=1)
@@ -247,6 +302,80 @@ async def test_deleted_plugin_socket_is_served_again(socket_dir: Path) -> None:
         await eventually(lambda: node.daemon.manager.kubelet_restarts == 1)
         await eventually(node.socket().exists)
         await node.kubelet.wait_for_resource(GPU, capacity=1, allocatable=1)
+
+
+def _registered(kubelet: KubeletEmulator) -> int:
+    """How many Register calls the kubelet has accepted so far."""
+    return sum(r.ok for r in kubelet.registrations)
+
+
+async def test_a_plugin_socket_replaced_by_a_file_is_served_again(socket_dir: Path) -> None:
+    """A file that is not our socket where the socket was (renamed over it) means the
+    kubelet can no longer reach the plugin, as much as a deleted socket does."""
+    async with running_node(socket_dir, "t4-1") as node:
+        k = node.kubelet
+        await k.wait_for_resource(GPU, capacity=1, allocatable=1)
+        before = _registered(k)
+        staged = node.plugin_dir / "not-a-socket"
+        staged.write_text("plain file\n")
+        staged.replace(node.socket())
+        await eventually(lambda: node.daemon.manager.kubelet_restarts == 1)
+        await k.wait_for(lambda: _registered(k) > before)
+        await k.wait_for_resource(GPU, capacity=1, allocatable=1)
+        assert node.socket().is_socket()
+
+
+async def test_a_plugin_socket_deleted_again_and_again_is_served_again(socket_dir: Path) -> None:
+    """Each deletion comes as soon as the socket is back, before the plugin registered it:
+    the last one is still noticed, and the kubelet ends up with the plugin registered."""
+    async with running_node(socket_dir, "t4-1") as node:
+        k = node.kubelet
+        await k.wait_for_resource(GPU, capacity=1, allocatable=1)
+        before = _registered(k)
+        for _ in range(5):
+            await eventually(node.socket().is_socket)
+            node.socket().unlink()
+        await eventually(lambda: node.daemon.manager.kubelet_restarts >= 1)
+        await k.wait_for(lambda: _registered(k) > before)
+        await k.wait_for_resource(GPU, capacity=1, allocatable=1)
+        await eventually(lambda: node.daemon.ready() == (True, "ok"))
+        assert node.socket().is_socket()
+
+
+async def test_re_registration_does_not_wait_for_calls_the_replaced_server_has(
+    socket_dir: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """The server a deleted socket leaves behind finishes its calls in the background:
+    the plugin is served and registered again while an Allocate on the old server is still
+    running, and that Allocate then reaches its caller."""
+    monkeypatch.setattr(server_module, "RESERVE_GRACE_S", WAIT)  # never cut short here
+    entered, release = asyncio.Event(), asyncio.Event()
+    real = DevicePluginServicer.Allocate
+
+    async def held(self: DevicePluginServicer, request: Any, context: Any) -> Any:
+        entered.set()
+        await release.wait()
+        return await real(self, request, context)
+
+    monkeypatch.setattr(DevicePluginServicer, "Allocate", held)
+    async with running_node(socket_dir, "t4-1") as node:
+        k = node.kubelet
+        await k.wait_for_resource(GPU, capacity=1, allocatable=1)
+        async with grpc.aio.insecure_channel(f"unix://{node.socket()}") as channel:
+            call = asyncio.ensure_future(
+                device_plugin_stub(channel).Allocate(_allocate(node.uuids[0]), timeout=WAIT)
+            )
+            await asyncio.wait_for(entered.wait(), WAIT)
+            before = _registered(k)
+            node.socket().unlink()
+            try:
+                await k.wait_for(lambda: _registered(k) > before)
+                await k.wait_for_resource(GPU, capacity=1, allocatable=1)
+                assert not call.done(), "the Allocate on the replaced server is still running"
+            finally:
+                release.set()
+            answer = await call
+        assert answer.container_responses[0].envs["NVIDIA_VISIBLE_DEVICES"] == node.uuids[0]
 
 
 async def test_plugin_stop_removes_socket_and_kubelet_marks_unhealthy(socket_dir: Path) -> None:
@@ -384,6 +513,26 @@ def _spec(count: int = 4, config: Config | None = None) -> ResourceSpec:
 
 def _allocate(*ids: str) -> pb.AllocateRequest:
     return pb.AllocateRequest(container_requests=[pb.ContainerAllocateRequest(devices_ids=ids)])
+
+
+async def test_a_served_socket_says_how_it_was_lost(socket_dir: Path) -> None:
+    """What the kubelet watch asks each plugin: is the name still the socket it listens on."""
+    async with serving(socket_dir, _spec()) as (server, stub):
+        assert server.socket_lost() is None
+        assert (await stub.GetDevicePluginOptions(pb.Empty())).get_preferred_allocation_available
+        staged = socket_dir / "staged"
+        with socket.socket(socket.AF_UNIX) as other:
+            other.bind(str(staged))
+            staged.replace(server.socket_path)
+            assert server.socket_lost() == "was replaced by another socket"
+        staged.write_text("")
+        staged.replace(server.socket_path)
+        assert server.socket_lost() == "was replaced by a file that is not a socket"
+        server.socket_path.unlink()
+        assert server.socket_lost() == "was deleted"
+        await server.serve()
+        assert server.socket_lost() is None
+    assert server.socket_lost() is None, "nothing served: nothing to lose"
 
 
 async def test_allocate_dedups_repeated_ids(socket_dir: Path) -> None:

@@ -6,6 +6,7 @@ server (with its `Boundary` interceptor) answers over a unix socket, as to the k
 
 from __future__ import annotations
 
+import asyncio
 import contextlib
 import logging
 from collections.abc import AsyncIterator, Callable
@@ -28,6 +29,7 @@ from kubegpu.plugin.server import DevicePluginServicer, ResourceServer, plugin_s
 from kubegpu.plugin.status import MAX_DETAILS, status_for
 from kubegpu.resources import ResourceSpec, build_resources
 from tests import builders
+from tests.waiting import WAIT
 
 RPCS = [
     "GetDevicePluginOptions",
@@ -176,3 +178,42 @@ def test_status_for_maps_by_class_and_never_unknown(
     got, message = status_for(error, "Allocate")
     assert got is code and got is not grpc.StatusCode.UNKNOWN
     assert "\n" not in message
+
+
+class LeftBehind(DevicePluginServicer):
+    """Allocate refuses its request only after the caller has gone: grpc's cancel reaches
+    the method as the plugin is already answering (a kubelet restarting mid-call)."""
+
+    def __init__(self) -> None:
+        super().__init__(_spec(), Config())
+        self.entered = asyncio.Event()
+        self.answered = asyncio.Event()
+
+    async def Allocate(self, request: Any, context: Any) -> Any:
+        self.entered.set()
+        try:
+            with contextlib.suppress(asyncio.CancelledError):
+                await asyncio.Event().wait()  # until grpc cancels the call
+            return await super().Allocate(request, context)
+        finally:
+            self.answered.set()
+
+
+async def test_a_refusal_to_a_caller_that_left_is_not_a_bug(
+    socket_dir: Path, caplog: pytest.LogCaptureFixture
+) -> None:
+    """The refusal's status cannot be sent to a caller that has gone; grpc says so from
+    `context.abort`. The boundary once took that for a bug in the method and aborted a
+    second time: "internal error" and an "Abort already called!" traceback in the log."""
+    servicer = LeftBehind()
+    with caplog.at_level(logging.DEBUG):
+        async with _serving(socket_dir, servicer) as stub:
+            call = stub.Allocate(REQUESTS["Allocate"])  # GPU-x: refused, INVALID_ARGUMENT
+            await asyncio.wait_for(servicer.entered.wait(), WAIT)
+            call.cancel()
+            await asyncio.wait_for(servicer.answered.wait(), WAIT)
+            with pytest.raises(asyncio.CancelledError):
+                await call
+    errors = [r.getMessage() for r in caplog.records if r.levelno >= logging.ERROR]
+    assert errors == []
+    assert "unknown device ID" in caplog.text, "the refusal itself is still logged"

@@ -5,10 +5,13 @@ from __future__ import annotations
 import dataclasses
 import json
 import os
+import tempfile
 from pathlib import Path
 from typing import Any
 
 import pytest
+from hypothesis import given, settings
+from hypothesis import strategies as st
 
 from kubegpu.config import (
     Config,
@@ -575,3 +578,49 @@ def test_durations_are_written_for_the_labeller(ns: int, text: str) -> None:
 
 def test_negative_sleep_interval_relabels_without_pause() -> None:
     assert parse_config("flags: {gfd: {sleepInterval: -1s}}").flags.gfd.sleep_interval == "0s"
+
+
+# Not None: an empty section (`flags:`) reads as an absent one.
+_NOT_A_MAPPING = st.one_of(
+    st.booleans(),
+    st.integers(),
+    st.text(alphabet="abc mps-0[]{}:", max_size=8),
+    st.lists(st.integers(), max_size=3),
+)
+_OVERRIDES = {
+    "flags.migStrategy": "none",
+    "flags.failOnInitError": False,
+    "flags.plugin.deviceListStrategy": "envvar",
+    "flags.plugin.passDeviceSpecs": True,
+    "flags.health.disabled": True,
+    "flags.gfd.oneshot": True,
+}
+
+
+@settings(max_examples=150, deadline=None)
+@given(
+    section=st.sampled_from(["flags", "flags.plugin", "flags.health", "flags.gfd"]),
+    value=_NOT_A_MAPPING,
+    overrides=st.dictionaries(st.sampled_from(sorted(_OVERRIDES)), st.just(None), min_size=1),
+)
+def test_no_flag_makes_a_wrongly_typed_section_acceptable(
+    section: str, value: Any, overrides: dict[str, None]
+) -> None:
+    """The fuzzed form of the case above: any non-mapping value of a flags section, with any
+    set of flags or env vars, is refused in the same words as without them."""
+    keys = section.split(".")
+    tree: dict[str, Any] = {"version": "v1"}
+    here = tree
+    for key in keys[:-1]:
+        here = here.setdefault(key, {})
+    here[keys[-1]] = value
+    text = json.dumps(tree)  # JSON is YAML: the value arrives with the type it has here
+    with tempfile.TemporaryDirectory() as tmp:
+        path = Path(tmp) / "config.yaml"
+        path.write_text(text)
+        with pytest.raises(ConfigError) as alone:
+            load_config(path, {})
+        with pytest.raises(ConfigError) as overridden:
+            load_config(path, {key: _OVERRIDES[key] for key in overrides})
+    assert str(overridden.value) == str(alone.value)
+    assert str(alone.value).startswith(f"{path}: {section}")

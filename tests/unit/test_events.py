@@ -139,6 +139,10 @@ def test_from_environment() -> None:
     assert not NodeEvents.from_environment({"NODE_NAME": " "}, connect=connect).enabled
     assert not NodeEvents.from_environment({"NODE_NAME": "n1"}, connect=unreachable).enabled
     events = NodeEvents.from_environment({"NODE_NAME": "n1"}, connect=connect)
+    # The --node-name flag's value wins over the environment, and an empty one disables.
+    assert NodeEvents.from_environment({}, node="n2", connect=connect).node == "n2"
+    assert NodeEvents.from_environment({"NODE_NAME": "n1"}, node="n2", connect=connect).node == "n2"
+    assert not NodeEvents.from_environment({"NODE_NAME": "n1"}, node="", connect=connect).enabled
     assert events.enabled
     assert events.node == "n1"
     assert events.sink is sink

@@ -119,6 +119,7 @@ def test_dra_field_numbers_are_the_kubelets() -> None:
         "pool_name": 2,
         "device_name": 3,
         "cdi_device_ids": 4,
+        "share_id": 5,
     }
     assert numbers(dra_pb2, "Claim") == {"namespace": 1, "uid": 2, "name": 3}
     assert numbers(dra_pb2, "NodePrepareResourceResponse") == {"devices": 1, "error": 2}

@@ -49,6 +49,7 @@ class Restarts:
 
 @contextlib.asynccontextmanager
 async def watching(plugin_dir: Path, own: list[Path], **options: Any) -> AsyncIterator[Restarts]:
+    """Watch with `own` as our sockets, each lost once its file is gone."""
     restarts = Restarts()
     ready = asyncio.Event()
 
@@ -57,7 +58,11 @@ async def watching(plugin_dir: Path, own: list[Path], **options: Any) -> AsyncIt
 
     task = asyncio.create_task(
         watch_kubelet(
-            plugin_dir / "kubelet.sock", lambda: own, restarts, on_change=on_change, **options
+            plugin_dir / "kubelet.sock",
+            lambda: [f"plugin socket {p.name} was deleted" for p in own if not p.exists()],
+            restarts,
+            on_change=on_change,
+            **options,
         )
     )
     await asyncio.sleep(0)  # let the watch arm before the test changes anything

@@ -310,7 +310,7 @@ def _daemon_main(
         # daemon abandons whatever it is doing when `stop` is set.
         for sig in (signal.SIGTERM, signal.SIGINT):
             loop.add_signal_handler(sig, stop.set)
-        events = NodeEvents.from_environment(env, lazy=True)
+        events = NodeEvents.from_environment(env, node=values["node_name"], lazy=True)
         daemon = Daemon(settings, events=events)
         loop.add_signal_handler(signal.SIGHUP, daemon.poke_config)
         await daemon.run(stop)

@@ -11,10 +11,13 @@ The modules follow the kubelet's devicemanager: `emulator` (the manager, `Kubele
 `registration`, `endpoint`, `admission`, `pod_devices`, `checkpoint`; `changes` is how
 callers wait on it. `kubegpu.kubelet.dra` is the kubelet's DRA side (plugin watcher, DRA
 manager, and a scheduler stand-in); `KubeletEmulator(dra=DRAKubelet(...))` runs both.
+`KubeletEmulator(version="1.37")` models the newer device manager (an endpoint per plugin
+socket) instead of 1.36's (one client per resource), the default.
 """
 
 from kubegpu.kubelet.checkpoint import CHECKPOINT_FILE
 from kubegpu.kubelet.emulator import (
+    DEFAULT_VERSION,
     DIAL_TIMEOUT,
     GRACE_PERIOD,
     PRE_START_TIMEOUT,
@@ -40,6 +43,7 @@ from kubegpu.kubelet.validation import (
 
 __all__ = [
     "CHECKPOINT_FILE",
+    "DEFAULT_VERSION",
     "DIAL_TIMEOUT",
     "GRACE_PERIOD",
     "PRE_START_TIMEOUT",

@@ -20,6 +20,12 @@ plugin watcher and DRA manager start, stop and restart with it, share its change
 notifications (so `wait_for` sees both), and `run_pod` / `delete_pod` take a whole v1 Pod
 through device-plugin admission and DRA prepare, as the kubelet does for one pod.
 
+Two kubelets are modelled, chosen with `version` (see `KubeletEmulator`): up to 1.36 the
+device manager holds one client per resource (`plugin/v1beta1/handler.go`), and the end of
+any client's ListAndWatch disconnects whichever client is registered then; from 1.37 it
+holds an endpoint per socket (`endpointStore`), and an ended endpoint with a live sibling
+just goes.
+
 Deliberate simplifications: one node, pods admitted one resource at a time
 (`allocate`), a topology manager reduced to "pick the narrowest NUMA node set that fits"
 (or the `numa_affinity` a test passes), and a checkpoint checksum of our own.
@@ -30,6 +36,7 @@ from __future__ import annotations
 import asyncio
 import itertools
 import logging
+import re
 import time
 from collections.abc import Awaitable, Callable, Collection, Sequence
 from dataclasses import replace
@@ -63,8 +70,16 @@ DIAL_TIMEOUT = 10.0
 PRE_START_TIMEOUT = 30.0
 GRACE_PERIOD = 300.0
 
+#: The kubelet modelled unless told otherwise: the release operators run (see
+#: `KubeletEmulator`).
+DEFAULT_VERSION = "1.36"
+#: The first release whose device manager keeps an endpoint per plugin socket.
+ENDPOINT_STORE_SINCE = (1, 37)
+
 __all__ = [
+    "DEFAULT_VERSION",
     "DIAL_TIMEOUT",
+    "ENDPOINT_STORE_SINCE",
     "GRACE_PERIOD",
     "PRE_START_TIMEOUT",
     "UNEXPECTED",
@@ -73,8 +88,45 @@ __all__ = [
 ]
 
 
+def parse_version(version: str) -> tuple[int, int]:
+    """`"1.36"` (or `"v1.36.2"`) as `(1, 36)`; ValueError naming the bad value."""
+    match = re.fullmatch(r"v?(\d+)\.(\d+)(?:\.\d+)?", version)
+    if match is None:
+        raise ValueError(
+            f"kubelet version {version!r} is not MAJOR.MINOR; give e.g. {DEFAULT_VERSION!r}"
+        )
+    return int(match[1]), int(match[2])
+
+
+def _newest(endpoints: dict[str, Endpoint]) -> Endpoint | None:
+    """Before 1.37, the resource's one endpoint (`m.endpoints[resource]`): the newest
+    registration, stopped or not."""
+    return max(endpoints.values(), key=lambda e: e.seq, default=None)
+
+
 class KubeletEmulator:
-    """The kubelet's device manager for one node, serving `plugin_dir/kubelet.sock`."""
+    """The kubelet's device manager for one node, serving `plugin_dir/kubelet.sock`.
+
+    `version` picks the device manager's behaviour when one of several plugin sockets of a
+    resource ends its ListAndWatch (a rolling update with surge, `serve --handover`):
+
+    - before 1.37 (`"1.36"`, the default): the device plugin server keeps one client per
+      resource (`server.clients`, `plugin/v1beta1/handler.go`). `runClient` runs the
+      client's ListAndWatch loop (`client.Run`, `client.go`) and, when it returns, looks up
+      whichever client is registered *now* (`getClient`) and disconnects it
+      (`disconnectClient`: `deregisterClient`, then `client.Disconnect`, which closes that
+      client's connection and calls `ManagerImpl.PluginDisconnected`, `manager.go`). So an
+      older plugin's stream ending disconnects its successor: `markResourceUnhealthy` makes
+      every device of the resource unhealthy, `endpointImpl.setStopTime` (`endpoint.go`)
+      starts the grace period, the successor's stream is cancelled by the kubelet, and
+      nothing in the kubelet registers it again.
+    - 1.37 and later: endpoints per socket (`endpointStore`); an ended endpoint with a live
+      sibling is dropped at once and the devices stay as they are.
+
+    The default is 1.36 because that is what the clusters operators run today: a plugin
+    tested only against the newer behaviour would pass here and leave a node's GPUs
+    unhealthy for the whole grace period on a real cluster.
+    """
 
     def __init__(
         self,
@@ -85,8 +137,11 @@ class KubeletEmulator:
         dial_timeout: float = DIAL_TIMEOUT,
         pre_start_timeout: float = PRE_START_TIMEOUT,
         dra: DRAKubelet | None = None,
+        version: str = DEFAULT_VERSION,
     ) -> None:
         self.plugin_dir = Path(plugin_dir)
+        #: The kubelet release modelled, as (major, minor).
+        self.version = parse_version(version)
         #: The kubelet's DRA side, when this node also serves DRA drivers.
         self.dra = dra
         self.grace_period = grace_period
@@ -103,6 +158,12 @@ class KubeletEmulator:
         #: Endpoints by resource and socket name (the kubelet's `endpointStore`): several
         #: while a rolling update with surge runs, and a dead one only while it was the last.
         self._endpoints: dict[str, dict[str, Endpoint]] = {}
+        #: Before 1.37, the plugin server's one client per resource (`server.clients`):
+        #: the newest registration until something disconnects it.
+        self._clients: dict[str, Endpoint] = {}
+        #: Before 1.37, replaced clients whose stream still runs (a plugin that registered
+        #: again on the same socket without ending it): in no map of the kubelet.
+        self._detached: set[Endpoint] = set()
         #: One device set per resource, whichever endpoint reported it last.
         self._devices: dict[str, dict[str, DeviceState]] = {}
         # Resources known only from the checkpoint after a restart: capacity 0 until their
@@ -116,6 +177,11 @@ class KubeletEmulator:
         self._seq = itertools.count(1)
 
     # ------------------------------------------------------------------ lifecycle
+
+    @property
+    def endpoint_store(self) -> bool:
+        """Whether this kubelet keeps an endpoint per plugin socket (1.37 and later)."""
+        return self.version >= ENDPOINT_STORE_SINCE
 
     @property
     def socket_path(self) -> Path:
@@ -164,7 +230,11 @@ class KubeletEmulator:
         for eps in self._endpoints.values():
             for ep in eps.values():
                 await ep.close()
+        for ep in self._detached:
+            await ep.close()
+        self._detached.clear()
         self._endpoints.clear()
+        self._clients.clear()
         self._devices.clear()
         pending = [*self._restored.values(), *self._tasks]
         for task in pending:
@@ -235,8 +305,15 @@ class KubeletEmulator:
         for name, old in list(eps.items()):
             if name == endpoint or not old.alive:
                 del eps[name]
-                await old.close()
+                if self.endpoint_store or not old.alive:
+                    await old.close()
+                else:
+                    # Before 1.37 `registerClient` only replaces the client: the old one's
+                    # loop runs on until its stream ends, and then disconnects whichever
+                    # client is registered, this one (`runClient`).
+                    self._detached.add(old)
         eps[endpoint] = ep
+        self._clients[resource] = ep
         restored = self._restored.pop(resource, None)
         if restored is not None:
             restored.cancel()
@@ -282,6 +359,9 @@ class KubeletEmulator:
         self._save()
 
     async def _on_disconnect(self, ep: Endpoint, reason: str) -> None:
+        if not self.endpoint_store:
+            await self._run_client_ended(ep, reason)
+            return
         eps = self._endpoints.get(ep.resource, {})
         if any(e.alive and e is not ep for e in eps.values()):
             # PluginDisconnected with a sibling left: only this endpoint goes, the sibling
@@ -311,6 +391,78 @@ class KubeletEmulator:
         ep.expiry = self._spawn(self._expire_endpoint(ep))
         self._save()
         await self._changed(ep.resource)
+
+    async def _run_client_ended(self, ep: Endpoint, reason: str) -> None:
+        """Before 1.37: `runClient` after `client.Run` returned (`plugin/v1beta1/handler.go`).
+
+        The client disconnected is not necessarily the one whose stream ended:
+        `getClient(name)` returns whichever client is registered for the resource now, the
+        successor's when an older plugin stopped. Its connection is closed, so its own
+        stream ends next and comes back here, finding no client (or a re-registration that
+        arrived in between, which is then disconnected in turn, as in the kubelet).
+        """
+        resource = ep.resource
+        # The kubelet's wording; it logs this as an error, here a warning, since every
+        # plugin that stops ends its stream (and benchmarks show only errors).
+        log.warning(
+            '"ListAndWatch ended unexpectedly for device plugin" err="%s" resource="%s"',
+            reason,
+            resource,
+        )
+        ep.alive = False
+        eps = self._endpoints.get(resource, {})
+        if ep in self._detached:
+            self._detached.discard(ep)
+            await ep.close()
+        elif eps.get(ep.name) is ep and ep is not _newest(eps):
+            # An older plugin's client: in no map of the kubelet any more, only its loop ran.
+            del eps[ep.name]
+            await ep.close()
+        await self._disconnect_client(resource, ended=ep)
+        await self._changed(resource)
+
+    async def _disconnect_client(self, resource: str, ended: Endpoint | None) -> None:
+        """Before 1.37: `disconnectClient` of the resource's current client, if any.
+
+        `ended` is the endpoint whose stream already ended: when it is the current client
+        (a lone plugin stopped), its connection stays for the grace period, as the
+        emulator keeps every ended endpoint's; any other client's connection is closed.
+        """
+        current = self._clients.pop(resource, None)
+        if current is None:
+            return
+        log.info('"Deregistered client" name="%s"', resource)
+        if current is not ended:
+            await current.disconnect()
+        # PluginDisconnected: the registered endpoint (`m.endpoints[resource]`) stops.
+        stopped = _newest(self._endpoints.get(resource, {}))
+        if stopped is not None:
+            stopped.alive = False
+            log.info('"Mark all resources Unhealthy for resource" resourceName="%s"', resource)
+            devices = self._devices.get(resource, {})
+            self._devices[resource] = {i: replace(d, health=UNHEALTHY) for i, d in devices.items()}
+            log.info('"Endpoint became unhealthy" resourceName="%s"', resource)
+            if stopped.expiry is None:
+                stopped.expiry = self._spawn(self._expire_endpoint(stopped))
+        log.info('"Device plugin disconnected" resource="%s"', resource)
+        self._save()
+
+    async def disconnect(self, resource: str) -> None:
+        """The kubelet disconnects the resource's current client while it runs on.
+
+        Before 1.37 this is `DeRegisterPlugin` (`plugin/v1beta1/handler.go`), and what an
+        older plugin's stream ending does to its successor: the connection closes, the
+        devices turn unhealthy and stay so until the plugin registers again. From 1.37 the
+        newest live endpoint's connection is closed and its end is handled as any other.
+        """
+        self._require_running()
+        if not self.endpoint_store:
+            await self._disconnect_client(resource, ended=None)
+            await self._changed(resource)
+            return
+        ep = endpoints_.primary(self._endpoints.get(resource, {}).values())
+        if ep is not None:
+            await ep.disconnect()
 
     async def _expire_endpoint(self, ep: Endpoint) -> None:
         await asyncio.sleep(self.grace_period)

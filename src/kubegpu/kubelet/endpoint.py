@@ -28,6 +28,9 @@ from kubegpu.kubelet.validation import device_id_error
 
 log = logging.getLogger("kubegpu.kubelet")
 
+#: What grpc-go's `Recv` returns on a stream whose connection the kubelet closed itself.
+CLIENT_CONN_CLOSING = "rpc error: code = Canceled desc = grpc: the client connection is closing"
+
 _GO_CODE_NAMES = {grpc.StatusCode.OK: "OK", grpc.StatusCode.CANCELLED: "Canceled"}
 
 
@@ -82,6 +85,14 @@ class PluginClient:
         )
 
 
+#: Every dial gets a grpc subchannel pool of its own, as each of the kubelet's grpc-go client
+#: connections has its own connection and reconnect backoff. With grpc-core's default, one
+#: pool per process, any other channel of this process to the same socket path (a test's or
+#: a benchmark's Allocate client that failed while the socket was gone) would lend the dial
+#: its connection attempt, and with it a reconnect backoff of about a second.
+DIAL_OPTIONS: tuple[tuple[str, int], ...] = (("grpc.use_local_subchannel_pool", 1),)
+
+
 async def dial(
     plugin_dir: Path, resource: str, endpoint: str, timeout: float, record: Recorder
 ) -> tuple[PluginClient, pb.DevicePluginOptions] | str:
@@ -90,7 +101,7 @@ async def dial(
     Returns the client and options, or the error text `Register` returns to the plugin
     (the channel is then closed).
     """
-    channel = grpc.aio.insecure_channel(f"unix://{plugin_dir / endpoint}")
+    channel = grpc.aio.insecure_channel(f"unix://{plugin_dir / endpoint}", options=DIAL_OPTIONS)
     client = PluginClient(channel)
     try:
         try:
@@ -125,8 +136,18 @@ class Endpoint:
     alive: bool = True
     #: Set when the kubelet itself dropped the endpoint (replaced, expired, kubelet stopped).
     closed: bool = False
+    #: Set when the kubelet closed the connection (`disconnect`): what the stream still
+    #: delivers is not read, and its end is reported as usual.
+    disconnected: bool = False
     task: asyncio.Task[None] | None = None
     expiry: asyncio.Task[None] | None = None
+
+    async def disconnect(self) -> None:
+        """Close the connection only, as `client.Disconnect` does (`plugin/v1beta1/client.go`):
+        the stream then ends on its own and `watch` reports it like any other end."""
+        self.alive = False
+        self.disconnected = True
+        await self.client.channel.close(None)
 
     async def close(self) -> None:
         """Drop the endpoint: stop its tasks (unless called from one) and its channel."""
@@ -143,16 +164,25 @@ class Endpoint:
         on_disconnect: Callable[[Endpoint, str], Awaitable[None]],
     ) -> None:
         """Follow ListAndWatch until it ends; the kubelet never reopens it."""
-        reason = "stream closed by the plugin"
+        # What grpc-go's Recv returns when the plugin ends the stream (io.EOF).
+        reason = "EOF"
         try:
             call = self.client.list_and_watch()
             record(self.resource, self.name, "ListAndWatch", None)
             async for response in call:
                 if self.closed:
                     return
-                await on_update(self, response)
+                if not self.disconnected:
+                    await on_update(self, response)
         except (grpc.RpcError, grpc.aio.BaseError) as exc:
             reason = go_error(exc) if isinstance(exc, grpc.RpcError) else repr(exc)
+        except asyncio.CancelledError:
+            task = asyncio.current_task()
+            if task is not None and task.cancelling():
+                raise  # the watch itself is being stopped
+            # grpc.aio ends the iteration of a call whose channel was closed with
+            # CancelledError; grpc-go's Recv says this.
+            reason = CLIENT_CONN_CLOSING
         if not self.closed:
             await on_disconnect(self, reason)
 

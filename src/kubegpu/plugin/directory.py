@@ -7,6 +7,8 @@ yield; the owner then stops registering and stops sending device lists, and drai
 exits when the DaemonSet sends it SIGTERM. The kubelet (1.37+) keeps both endpoints of a
 resource while both are connected, allocates through the newest, and drops the old one
 when its stream ends without touching the devices: the node's allocatable never drops.
+A 1.36 kubelet disconnects the successor instead when the old stream ends; the
+successor registers again at once (`PluginManager`, a stream the kubelet ended).
 
 The roles are kernel locks (`flock`), so a process that dies, even by SIGKILL, leaves
 nothing held:

@@ -5,8 +5,12 @@
 new names get a server and a registration, existing ones push a new device list down
 their ListAndWatch streams, vanished ones stop (the kubelet then marks them unhealthy and
 drops them after its grace period). `run` re-serves and re-registers everything when the
-kubelet restarts. After `yield_registration` (a successor took over, `plugin.handover`)
-nothing registers or sends a device list any more; the servers only answer calls.
+kubelet restarts. A stream the kubelet ends while it runs on (kubelet.sock unchanged) has
+its resource registered again at once, then on a `Redial` backoff should the kubelet keep
+dropping it: a kubelet before 1.37 does that to a successor when the plugin it replaced
+stops (`runClient` disconnects whichever client is registered). After
+`yield_registration` (a successor took over, `plugin.handover`) nothing registers or
+sends a device list any more; the servers only answer calls.
 """
 
 from __future__ import annotations
@@ -46,6 +50,13 @@ BACKOFF_CAP = 2.0
 DRAIN_QUIET_S = 0.5
 #: The most a stop waits for quiet: clients that never pause cannot hold the process.
 DRAIN_LIMIT_S = 5.0
+#: Registering again a resource whose stream the kubelet ended while it runs: the first
+#: time at once, then after these delays while it keeps ending it (a kubelet that drops
+#: every registration gets one every REDIAL_CAP seconds, not a storm); a resource that went
+#: REDIAL_STABLE_S without a drop starts over at once.
+REDIAL_START = 0.1
+REDIAL_CAP = 30.0
+REDIAL_STABLE_S = 60.0
 #: sun_path holds 108 bytes including the terminating NUL.
 MAX_SOCKET_PATH = 107
 
@@ -58,6 +69,38 @@ def socket_path_too_long(path: Path) -> str | None:
         f"socket path {path} is longer than {MAX_SOCKET_PATH} bytes (the unix limit); "
         f"use a shorter --device-plugin-path"
     )
+
+
+def _socket_identity(path: Path) -> tuple[int, int, int] | None:
+    """What tells one kubelet.sock from the next (a restarted kubelet makes a new one)."""
+    try:
+        st = path.stat()
+    except OSError:
+        return None
+    return (st.st_dev, st.st_ino, st.st_ctime_ns)
+
+
+class Redial:
+    """How soon to register again a resource whose ListAndWatch the kubelet ended.
+
+    At once the first time, and again once the last drop is `stable_for` seconds old;
+    within that, the backoff's next delay (`kubegpu.watch.Backoff`).
+    """
+
+    def __init__(self, backoff: Backoff, stable_for: float = REDIAL_STABLE_S) -> None:
+        self._backoff = backoff
+        self._stable_for = stable_for
+        self._first = True
+
+    def next_delay(self) -> float:
+        """The delay before registering again after a drop now."""
+        if self._first or self._backoff.reset_if_stable(self._stable_for):
+            delay = 0.0
+        else:
+            delay = self._backoff.advance()
+        self._first = False
+        self._backoff.mark()
+        return delay
 
 
 class PluginManager:
@@ -88,6 +131,9 @@ class PluginManager:
         self._registered = asyncio.Event()
         #: True once registration is handed to a successor.
         self.yielded = False
+        #: Per resource: the kubelet.sock it last registered with, and its `Redial`.
+        self._registered_with: dict[str, tuple[int, int, int] | None] = {}
+        self._redials: dict[str, Redial] = {}
 
     async def apply(self, specs: Sequence[ResourceSpec], config: Config) -> None:
         async with self._lock:
@@ -112,6 +158,7 @@ class PluginManager:
                     cdi_dir=self._cdi_dir,
                 )
                 self.servers[name] = server
+                server.servicer.on_dropped = lambda name=name: self._stream_dropped(name)
                 # A socket that cannot be served now (the kubelet is re-creating the
                 # directory) must not end the daemon: the others keep serving and this one
                 # is retried until it listens.
@@ -133,11 +180,12 @@ class PluginManager:
             for event in self._dir_changed:
                 event.set()
 
+        def lost_sockets() -> list[str]:
+            lost = ((s, s.socket_lost()) for s in self.servers.values())
+            return [f"plugin socket {s.socket_name} {why}" for s, why in lost if why]
+
         await watch_kubelet(
-            self.kubelet_socket,
-            lambda: [s.socket_path for s in self.servers.values() if s.serving],
-            self._kubelet_restarted,
-            on_change=wake_registrars,
+            self.kubelet_socket, lost_sockets, self._kubelet_restarted, on_change=wake_registrars
         )
 
     def ready(self) -> tuple[bool, str]:
@@ -230,6 +278,44 @@ class PluginManager:
                     log.error("%s; serving %s as soon as it can", problem, server.name)
                 self._start_registrar(server, since=started, serve=problem is not None)
 
+    def _stream_dropped(self, name: str) -> None:
+        """The kubelet ended a ListAndWatch stream of `name`: register it again, unless the
+        kubelet is restarting (its watch re-registers everything), another stream is still
+        open, or a successor serves the resource now."""
+        server = self.servers.get(name)
+        if server is None or not server.serving or server.servicer.streams:
+            return
+        if self.yielded:
+            log.info(
+                "the kubelet ended ListAndWatch of %s; the successor serves it, "
+                "so this process does not register again",
+                name,
+            )
+            return
+        kubelet = _socket_identity(self.kubelet_socket)
+        if (
+            kubelet is None
+            or kubelet != self._registered_with.get(name)
+            or not _listening(self.kubelet_socket)
+        ):
+            return
+        registrar = self._registrars.get(name)
+        if registrar is not None and not registrar.done():
+            return  # a registration is already on its way
+        server.registered = False
+        server.servicer.list_sent.clear()
+        redial = self._redials.get(name)
+        if redial is None:
+            redial = self._redials[name] = Redial(Backoff(REDIAL_START, REDIAL_CAP))
+        delay = redial.next_delay()
+        log.warning(
+            "the kubelet ended ListAndWatch of %s while it runs on (a kubelet before 1.37 "
+            "does so to a successor when the plugin it replaced stops); registering again%s",
+            name,
+            f" in {delay:.1f} s" if delay else "",
+        )
+        self._start_registrar(server, delay=delay)
+
     async def _try_serve(self, server: ResourceServer) -> str | None:
         """Listen on a fresh socket; None, or why it could not (one line)."""
         path = server.socket_path
@@ -245,18 +331,25 @@ class PluginManager:
         return None
 
     def _start_registrar(
-        self, server: ResourceServer, since: float | None = None, *, serve: bool = False
+        self,
+        server: ResourceServer,
+        since: float | None = None,
+        *,
+        serve: bool = False,
+        delay: float = 0.0,
     ) -> None:
         self._registrars[server.name] = spawn(
             f"register {server.name}",
             self._register_until_done(
-                server, since if since is not None else time.monotonic(), serve=serve
+                server, since if since is not None else time.monotonic(), serve=serve, delay=delay
             ),
         )
 
     async def _register_until_done(
-        self, server: ResourceServer, since: float, *, serve: bool = False
+        self, server: ResourceServer, since: float, *, serve: bool = False, delay: float = 0.0
     ) -> None:
+        if delay > 0:
+            await asyncio.sleep(delay)
         backoff = Backoff(BACKOFF_START, BACKOFF_CAP)
         wake = asyncio.Event()
         self._dir_changed.add(wake)
@@ -304,6 +397,7 @@ class PluginManager:
                 await backoff.wait(wake)
                 continue
             took = time.monotonic() - since
+            self._registered_with[server.name] = _socket_identity(self.kubelet_socket)
             self._registered.set()
             log.info(
                 "registered %s with the kubelet (socket %s) in %.3f s",

@@ -3,10 +3,11 @@
 A restarting kubelet deletes every socket in the device-plugin directory (often the
 directory itself) and serves a new `kubelet.sock`; it never calls plugins back. So the
 plugin watches the directory with inotify (`kubegpu.watch`): a new inode behind
-`kubelet.sock` means a new kubelet, one of our sockets gone means the directory was
-wiped. The watch re-arms itself when the directory is removed and re-created, costs
-nothing while the kubelet runs, and falls back to polling `stat` every `POLL_INTERVAL`
-only where inotify is unavailable.
+`kubelet.sock` means a new kubelet, one of our sockets lost (deleted, or another file
+renamed over it) means the kubelet can no longer reach that plugin. The watch re-arms
+itself when the directory is removed and re-created, costs nothing while the kubelet
+runs, and falls back to polling `stat` every `POLL_INTERVAL` only where inotify is
+unavailable.
 """
 
 from __future__ import annotations
@@ -84,15 +85,15 @@ def _identity(path: Path) -> tuple[int, int, int] | None:
 
 async def watch_kubelet(
     kubelet_socket: Path,
-    own_sockets: Callable[[], Iterable[Path]],
+    lost_sockets: Callable[[], Iterable[str]],
     on_restart: Callable[[str], Awaitable[None]],
     *,
     interval: float = POLL_INTERVAL,
     on_change: Callable[[], None] | None = None,
     inotify: InotifyFactory = default_inotify,
 ) -> None:
-    """Run forever; await `on_restart(reason)` when the kubelet socket is recreated or one
-    of our sockets disappears.
+    """Run forever; await `on_restart(reason)` when the kubelet socket is recreated or
+    `lost_sockets()` names some of our sockets (one line each: which, and what happened).
 
     `on_change` is called on every event in the directory (before the check), so a
     registrar waiting for the kubelet to listen can retry at once instead of backing off.
@@ -121,9 +122,7 @@ async def watch_kubelet(
             if current is not None and current != last:
                 reason = "kubelet.sock was recreated (kubelet restarted)"
             elif current is not None:
-                missing = [p.name for p in own_sockets() if not p.exists()]
-                if missing:
-                    reason = f"plugin socket {', '.join(missing)} was deleted"
+                reason = "; ".join(lost_sockets())
             last = current
             if reason:
                 await on_restart(reason)

@@ -11,6 +11,7 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import logging
+import secrets
 import stat
 import time
 import uuid
@@ -40,6 +41,7 @@ from kubegpu.placement import preferred_allocation
 from kubegpu.plugin.registration import register
 from kubegpu.plugin.status import status_for
 from kubegpu.resources import ResourceSpec, SharingKind
+from kubegpu.supervisor import spawn
 
 log = logging.getLogger("kubegpu.plugin")
 
@@ -115,11 +117,17 @@ class DevicePluginServicer(pb_grpc.DevicePluginServicer):
         #: IDs take ~13 ms to build in Python and <1 ms to send.
         self._list: tuple[int, pb.ListAndWatchResponse] | None = None
         self._changed = asyncio.Condition()
-        self._closed = False
+        #: The serving period, None while closed: a ListAndWatch stream ends with the
+        #: period it began in, so a replaced server's streams end while the new one's run.
+        self._period: object | None = object()
         #: No more device lists: a successor's are the kubelet's now (`freeze`).
         self._frozen = False
         #: Set once a ListAndWatch stream has sent a list (readiness).
         self.list_sent = asyncio.Event()
+        #: ListAndWatch streams open now.
+        self.streams = 0
+        #: Called when the kubelet, not this process, ended a stream (`ListAndWatch`).
+        self.on_dropped: Callable[[], None] | None = None
 
     async def update(self, spec: ResourceSpec, config: Config) -> None:
         """Swap in a new spec; open ListAndWatch streams send the new list at once.
@@ -138,7 +146,7 @@ class DevicePluginServicer(pb_grpc.DevicePluginServicer):
 
     def reopen(self) -> None:
         """Accept new ListAndWatch streams again after `close` (the socket is re-served)."""
-        self._closed = False
+        self._period = object()
         self.list_sent.clear()
 
     def freeze(self) -> None:
@@ -148,9 +156,9 @@ class DevicePluginServicer(pb_grpc.DevicePluginServicer):
         self._frozen = True
 
     async def close(self) -> None:
-        """End every ListAndWatch stream (the server is going away)."""
+        """End every ListAndWatch stream (the server is going away or being replaced)."""
         async with self._changed:
-            self._closed = True
+            self._period = None
             self._changed.notify_all()
 
     async def GetDevicePluginOptions(
@@ -164,22 +172,36 @@ class DevicePluginServicer(pb_grpc.DevicePluginServicer):
         context: grpc.aio.ServicerContext[pb.Empty, pb.ListAndWatchResponse],
     ) -> AsyncIterator[pb.ListAndWatchResponse]:
         seen = -1
+        period = self._period
 
         def changed() -> bool:
-            return self._closed or (self._version != seen and not self._frozen)
+            return self._period is not period or (self._version != seen and not self._frozen)
 
-        while True:
-            async with self._changed:
-                await self._changed.wait_for(changed)
-                if self._closed:
-                    return
-                seen, spec = self._version, self.spec
-            if self._list is None or self._list[0] != seen:
-                self._list = (seen, device_list(spec))
-            yield self._list[1]
-            self.list_sent.set()
-            if self._metrics is not None:
-                self._metrics.set_devices(spec.name, len(spec.devices), spec.healthy_count)
+        self.streams += 1
+        dropped = False
+        try:
+            while period is not None:
+                async with self._changed:
+                    await self._changed.wait_for(changed)
+                    if self._period is not period:
+                        return
+                    seen, spec = self._version, self.spec
+                if self._list is None or self._list[0] != seen:
+                    self._list = (seen, device_list(spec))
+                yield self._list[1]
+                self.list_sent.set()
+                if self._metrics is not None:
+                    self._metrics.set_devices(spec.name, len(spec.devices), spec.healthy_count)
+        except (asyncio.CancelledError, GeneratorExit):
+            # grpc cancels the method (or drops the generator at a yield) when the client
+            # goes: with the stream's serving period still current, the kubelet ended the
+            # stream, by closing its connection or by exiting.
+            dropped = period is not None and self._period is period
+            raise
+        finally:
+            self.streams -= 1
+            if dropped and self.on_dropped is not None:
+                self.on_dropped()
 
     async def GetPreferredAllocation(
         self,
@@ -408,6 +430,14 @@ class Boundary(grpc.aio.ServerInterceptor):  # type: ignore[type-arg]
         return guarded
 
 
+# The guards let grpc's own exceptions (`grpc.aio.BaseError`) through untouched: they come
+# from `context.abort` (the method chose its status: AbortError) or from grpc when a status
+# cannot be sent any more (the caller has gone, e.g. a kubelet restarting: abort raises
+# what sending failed with), and grpc handles each. Taking one for a bug and aborting again
+# logged "internal error" and a second abort's "Abort already called!". So a guard aborts
+# at most once, outside the handler that caught the method's error.
+
+
 def _guard(
     handler: Any,
     method: str,
@@ -448,11 +478,13 @@ def _guard(
             try:
                 if isinstance(request, _Undecodable):
                     await refuse(request, context)
-                return await unary(request, context)
-            except grpc.aio.AbortError:
-                raise  # the method already chose its status
-            except Exception as exc:
-                await context.abort(*status_for(exc, rpc))
+                try:
+                    return await unary(request, context)
+                except grpc.aio.BaseError:
+                    raise  # grpc's own: see the note above `_guard`
+                except Exception as exc:
+                    status = status_for(exc, rpc)
+                return await context.abort(*status)
             finally:
                 if calls is not None:
                     calls.end()
@@ -473,10 +505,13 @@ def _guard(
             try:
                 async for item in stream(request, context):
                     yield item
-            except grpc.aio.AbortError:
-                raise
+            except grpc.aio.BaseError:
+                raise  # grpc's own: see the note above `_guard`
             except Exception as exc:
-                await context.abort(*status_for(exc, rpc))
+                status = status_for(exc, rpc)
+            else:
+                return
+            await context.abort(*status)
 
         return grpc.unary_stream_rpc_method_handler(
             guarded_stream,
@@ -500,7 +535,8 @@ def plugin_server(
 #: How long a server being replaced (the kubelet restarted, the socket was deleted) may
 #: take to finish the calls it already has: grpc returns as soon as they are done, so an
 #: idle server costs nothing, and an Allocate it answered reaches the kubelet instead of
-#: being cut off as CANCELLED.
+#: being cut off as CANCELLED. It runs out in the background: the new server listens and
+#: registers at once.
 RESERVE_GRACE_S = 1.0
 
 
@@ -522,6 +558,10 @@ class ResourceServer:
         self.socket_name = socket_name or spec.socket_name
         self._metrics = metrics
         self._server: grpc.aio.Server | None = None
+        #: (st_dev, st_ino) of the socket file `_server` listens on.
+        self._bound: tuple[int, int] | None = None
+        #: Replaced servers finishing their calls (`RESERVE_GRACE_S`).
+        self._retiring: set[asyncio.Task[None]] = set()
         self.registered = False
         #: The unary calls being answered, for `drain`.
         self.calls = Calls()
@@ -539,21 +579,59 @@ class ResourceServer:
         return self.plugin_dir / self.socket_name
 
     async def serve(self) -> None:
-        """(Re)start the gRPC server on a fresh socket file."""
+        """(Re)start the gRPC server on a fresh socket file.
+
+        A server this one replaces finishes its calls in the background (`_retire`), so
+        re-registration never waits for them: an Allocate in flight, or a call grpc holds
+        until the grace runs out, once cost the kubelet up to a second of this resource.
+        """
         # Built before the old one stops: grpc tears its engine down (poller thread, core)
         # when its last server or channel goes, and starting it again costs ~1 ms.
         server = plugin_server(self.servicer, self.calls)
-        await self._stop_server(grace=RESERVE_GRACE_S)
+        old, self._server, self._bound = self._server, None, None
         self.registered = False
-        self.servicer.reopen()
-        with contextlib.suppress(FileNotFoundError):
-            self.socket_path.unlink()
-        if server.add_insecure_port(f"unix://{self.socket_path}") == 0:
+        await self.servicer.close()  # the old server's ListAndWatch streams end now
+        if old is not None:
+            self._retire(old)
+        # grpc unlinks the path a server bound when that server stops, by name: a server
+        # bound at the socket's own name and retired in the background would delete the
+        # new socket. So each binds a name of its own and is renamed into place once it
+        # listens; the kubelet never finds the socket bound but not yet listening either.
+        # The name is never longer than a socket name (kubegpu-*.sock): it fits wherever
+        # the socket does.
+        staged = self.plugin_dir / f".kg-{secrets.token_hex(4)}"
+        if server.add_insecure_port(f"unix://{staged}") == 0:
             raise OSError(f"cannot listen on {self.socket_path}")
-        # Bound, not yet listening: only root (the kubelet) may connect, whatever the umask.
-        self.socket_path.chmod(0o600)
-        await server.start()
-        self._server = server
+        try:
+            # Bound, not yet listening: only root (the kubelet) may connect, whatever the
+            # umask. The directory can be wiped meanwhile (a kubelet restart).
+            staged.chmod(0o600)
+            bound = staged.stat()  # a rename keeps the inode
+            await server.start()
+            staged.replace(self.socket_path)
+        except BaseException:
+            await server.stop(None)
+            with contextlib.suppress(OSError):
+                staged.unlink()
+            raise
+        # Streams reach the new server only once the kubelet hears of it (Register).
+        self.servicer.reopen()
+        self._server, self._bound = server, (bound.st_dev, bound.st_ino)
+
+    def socket_lost(self) -> str | None:
+        """Why the kubelet can no longer reach this server at its socket path (deleted, or
+        the name now holds another file), or None while it can or nothing is served."""
+        if self._bound is None:
+            return None
+        try:
+            st = self.socket_path.lstat()
+        except OSError:
+            return "was deleted"
+        if (st.st_dev, st.st_ino) == self._bound:
+            return None
+        if stat.S_ISSOCK(st.st_mode):
+            return "was replaced by another socket"
+        return "was replaced by a file that is not a socket"
 
     async def register(self, kubelet_socket: Path, timeout: float = 5.0) -> None:
         """One Register call; `RegistrationError` if the kubelet is absent or refuses."""
@@ -592,10 +670,19 @@ class ResourceServer:
         with contextlib.suppress(FileNotFoundError):
             self.socket_path.unlink()
         self.registered = False
+        if self._retiring:
+            # Each failure is logged by the supervisor; stopping goes on regardless.
+            await asyncio.gather(*self._retiring, return_exceptions=True)
+
+    def _retire(self, server: grpc.aio.Server) -> None:
+        """Stop a replaced server in the background, after the calls it has (or the grace)."""
+        task = spawn(f"retire {self.name} server", server.stop(RESERVE_GRACE_S))
+        self._retiring.add(task)
+        task.add_done_callback(self._retiring.discard)
 
     async def _stop_server(self, grace: float) -> None:
         if self._server is None:
             return
         await self.servicer.close()
         await self._server.stop(grace)
-        self._server = None
+        self._server, self._bound = None, None

@@ -68,6 +68,25 @@ def test_best_effort_allocation(
         assert sorted(got) == sorted(node.ids[n] for n in case["expected"])
 
 
+@cites("internal/pkg/allocator/besteffort_policy_test.go")
+def test_the_cpx_same_numa_cases_are_decided_by_numa(
+    tmp_path_factory: pytest.TempPathFactory,
+) -> None:
+    """The MI300X CPX "same NUMA" cases: every GPU there is an xGMI peer of every other, so
+    only the NUMA nodes tell test5-test7 from test3-test5. Reported on one NUMA node, the
+    same offers get the lowest-indexed GPUs; the cases above pass only by NUMA."""
+    tree = "topo-mi300-cpx"
+    node = build_node(tree, tmp_path_factory.mktemp("one-numa"), numa=lambda gpu: 0)
+    (spec,) = build_resources(AmdBackend(str(node.root)).discover(), parse_config("version: v1"))
+    cases = {c["name"]: c for c in DATA[tree]["cases"]}
+    for name in ("allocate 3 - same numa", "allocate 3 - with required and same numa"):
+        case = cases[name]
+        offered = [node.ids[n] for n in case["available"]]
+        required = [node.ids[n] for n in case.get("required") or []]
+        got = preferred_allocation(spec, offered, required, case["size"])
+        assert sorted(got) == sorted(node.ids[n] for n in ("test3", "test4", "test5")), name
+
+
 @cites("internal/pkg/allocator/device.go")
 def test_pair_weights_follow_kfd_link_types(tmp_path_factory: pytest.TempPathFactory) -> None:
     """calculatePairWeight on the MI210 tree: xGMI peers on one NUMA node are closest,

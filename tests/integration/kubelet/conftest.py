@@ -31,6 +31,30 @@ async def kubelet(socket_dir: Path) -> AsyncIterator[KubeletEmulator]:
 
 
 @pytest.fixture
+async def newest_kubelet(socket_dir: Path) -> AsyncIterator[KubeletEmulator]:
+    """The emulator as a 1.37+ kubelet (an endpoint per plugin socket)."""
+    emulator = Kubelet(socket_dir, grace_period=0.2, dial_timeout=2.0, version="1.37")
+    await emulator.start()
+    try:
+        yield emulator
+    finally:
+        await emulator.stop()
+
+
+@pytest.fixture(params=["1.36", "1.37"])
+async def each_kubelet(
+    socket_dir: Path, request: pytest.FixtureRequest
+) -> AsyncIterator[KubeletEmulator]:
+    """The emulator as each kubelet it models, one test run per version."""
+    emulator = Kubelet(socket_dir, grace_period=0.2, dial_timeout=2.0, version=request.param)
+    await emulator.start()
+    try:
+        yield emulator
+    finally:
+        await emulator.stop()
+
+
+@pytest.fixture
 async def make_plugin(socket_dir: Path) -> AsyncIterator[MakePlugin]:
     """Build plugins serving in `socket_dir`; every one is stopped at the end."""
     made: list[FakePlugin] = []

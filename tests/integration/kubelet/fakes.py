@@ -56,6 +56,9 @@ class FakePlugin(pb_grpc.DevicePluginServicer):
         self._cond = asyncio.Condition()
         self._generation = 0
         self._end_streams = False
+        #: Streams opened so far, and those told to end (by opening order, from 1).
+        self._streams = 0
+        self._ended: set[int] = set()
         self._server: grpc.aio.Server | None = None
 
     # -- control from the test
@@ -117,6 +120,12 @@ class FakePlugin(pb_grpc.DevicePluginServicer):
             self._end_streams = True
             self._cond.notify_all()
 
+    async def end_stream(self, n: int) -> None:
+        """End only the `n`th ListAndWatch stream opened (from 1)."""
+        async with self._cond:
+            self._ended.add(n)
+            self._cond.notify_all()
+
     # -- the DevicePlugin service
     async def _maybe_fail(self, method: str, context: Ctx) -> None:
         self.calls[method] += 1
@@ -134,14 +143,16 @@ class FakePlugin(pb_grpc.DevicePluginServicer):
     ) -> AsyncIterator[pb.ListAndWatchResponse]:
         await self._maybe_fail("ListAndWatch", context)
         sent = -1
+        self._streams += 1
+        me = self._streams
 
         def news() -> bool:
-            return self._end_streams or self._generation != sent
+            return self._end_streams or me in self._ended or self._generation != sent
 
         while True:
             async with self._cond:
                 await self._cond.wait_for(news)
-                if self._end_streams:
+                if self._end_streams or me in self._ended:
                     return
                 sent = self._generation
                 response = pb.ListAndWatchResponse(devices=self.devices)

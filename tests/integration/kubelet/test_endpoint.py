@@ -1,15 +1,20 @@
 """One connected plugin as the emulator sees it, over real unix sockets.
 
 ListAndWatch updates and health, stream end and grace period, rolling updates with two
-endpoints, and watching the emulator (kubelet/endpoint.py, the manager's observation).
+endpoints under each kubelet modelled (1.36: one client per resource; 1.37+: an endpoint
+per socket), and watching the emulator (kubelet/endpoint.py, the manager's observation).
 """
 
 from __future__ import annotations
+
+import logging
+from pathlib import Path
 
 import pytest
 
 from kubegpu.api import HEALTHY, UNHEALTHY
 from kubegpu.kubelet import (
+    AdmissionError,
     KubeletEmulator,
 )
 from tests.integration.kubelet.fakes import GPU, MakePlugin, dev, gpus
@@ -121,8 +126,9 @@ async def test_device_id_longer_than_63_is_rejected(
 
 
 async def test_two_endpoints_keep_capacity(
-    kubelet: KubeletEmulator, make_plugin: MakePlugin
+    newest_kubelet: KubeletEmulator, make_plugin: MakePlugin
 ) -> None:
+    kubelet = newest_kubelet
     old = make_plugin(gpus(2), socket="old.sock")
     await old.serve_and_register()
     await kubelet.wait_for_resource(GPU, capacity=2, allocatable=2)
@@ -146,11 +152,13 @@ async def test_two_endpoints_keep_capacity(
 
 
 async def test_the_newest_endpoint_allocates_the_last_update_wins(
-    kubelet: KubeletEmulator, make_plugin: MakePlugin
+    each_kubelet: KubeletEmulator, make_plugin: MakePlugin
 ) -> None:
     """The kubelet keeps one device set per resource and one primary endpoint: whichever
     endpoint sent the last ListAndWatch update defines the devices, even the older one, and
-    the newest registration answers Allocate, even for devices only the older advertised."""
+    the newest registration answers Allocate, even for devices only the older advertised.
+    Both kubelets agree on this; they differ in what an ending stream does."""
+    kubelet = each_kubelet
     old = make_plugin([dev("a-0")], socket="old.sock")
     new = make_plugin([dev("b-0")], socket="new.sock")
     await old.serve_and_register()
@@ -168,8 +176,9 @@ async def test_the_newest_endpoint_allocates_the_last_update_wins(
 
 
 async def test_the_primary_ending_promotes_the_sibling(
-    kubelet: KubeletEmulator, make_plugin: MakePlugin
+    newest_kubelet: KubeletEmulator, make_plugin: MakePlugin
 ) -> None:
+    kubelet = newest_kubelet
     old = make_plugin(gpus(2), socket="old.sock")
     new = make_plugin(gpus(2), socket="new.sock")
     await old.serve_and_register()
@@ -184,6 +193,126 @@ async def test_the_primary_ending_promotes_the_sibling(
     await old.stop()
     await kubelet.wait_for_resource(GPU, capacity=2, allocatable=0)
     await kubelet.wait_for(lambda: GPU not in kubelet.resources)
+
+
+async def test_before_1_37_an_older_plugin_ending_disconnects_its_successor(
+    kubelet: KubeletEmulator, make_plugin: MakePlugin, caplog: pytest.LogCaptureFixture
+) -> None:
+    """A 1.36 kubelet's `runClient` disconnects whichever client is registered when a
+    stream ends: the old plugin stopping closes the successor's connection and makes every
+    device unhealthy, though the successor runs on; only its registering again helps."""
+    assert kubelet.version == (1, 36)  # the default
+    old = make_plugin(gpus(2), socket="old.sock")
+    new = make_plugin(gpus(2), socket="new.sock")
+    await old.serve_and_register()
+    await kubelet.wait_for_resource(GPU, capacity=2, allocatable=2)
+    await new.serve_and_register()
+    await kubelet.wait_for(
+        lambda: (
+            kubelet.endpoints(GPU) == {"old.sock": True, "new.sock": True}
+            and all(d.endpoint == "new.sock" for d in kubelet.devices(GPU).values())
+        )
+    )
+    # The successor's own stream ends too: the kubelet closed its connection.
+    successor_ended = (
+        '"ListAndWatch ended unexpectedly for device plugin" err="rpc error: code = Canceled '
+        f'desc = grpc: the client connection is closing" resource="{GPU}"'
+    )
+
+    def said() -> list[str]:
+        return [r.getMessage() for r in caplog.records]
+
+    with caplog.at_level(logging.INFO, logger="kubegpu.kubelet"):
+        await old.stop()
+        await kubelet.wait_for(lambda: successor_ended in said())
+    assert kubelet.endpoints(GPU) == {"new.sock": False}
+    assert kubelet.history(GPU) == [(2, 2), (2, 0)]
+    with pytest.raises(AdmissionError):
+        await kubelet.allocate(GPU, 1)
+    assert f'"Deregistered client" name="{GPU}"' in said()
+    assert f'"Mark all resources Unhealthy for resource" resourceName="{GPU}"' in said()
+    assert f'"Endpoint became unhealthy" resourceName="{GPU}"' in said()
+    await new.register()
+    await kubelet.wait_for(lambda: kubelet.endpoints(GPU) == {"new.sock": True})
+    await kubelet.wait_for_resource(GPU, capacity=2, allocatable=2)
+    assert kubelet.history(GPU) == [(2, 2), (2, 0), (2, 2)]
+    assert new.calls["ListAndWatch"] == 2
+    allocation = await kubelet.allocate(GPU, 1)
+    assert allocation.envs["PLUGIN"] == "new.sock"
+
+
+async def test_before_1_37_a_disconnected_successor_is_dropped_after_the_grace_period(
+    kubelet: KubeletEmulator, make_plugin: MakePlugin
+) -> None:
+    old = make_plugin(gpus(2), socket="old.sock")
+    new = make_plugin(gpus(2), socket="new.sock")
+    await old.serve_and_register()
+    await new.serve_and_register()
+    await kubelet.wait_for(lambda: len(kubelet.endpoints(GPU)) == 2)
+    await old.stop()
+    # Nothing in the kubelet registers the successor again: its devices stay unhealthy
+    # until the grace period removes the resource, while its process still serves.
+    await kubelet.wait_for(lambda: GPU not in kubelet.resources)
+    assert kubelet.history(GPU)[-2:] == [(2, 0), (0, 0)]
+    assert (new.plugin_dir / new.socket).exists()
+
+
+async def test_before_1_37_a_stream_left_open_by_a_re_registration_disconnects_it(
+    kubelet: KubeletEmulator, make_plugin: MakePlugin
+) -> None:
+    """A plugin that registers again on its socket without ending its first stream: the
+    1.36 kubelet replaces the client but the old loop runs on, and its end disconnects the
+    new registration (the same `runClient`)."""
+    plugin = make_plugin(gpus(2))
+    await plugin.serve_and_register()
+    await kubelet.wait_for_resource(GPU, capacity=2, allocatable=2)
+    await plugin.register()
+    await kubelet.wait_for(lambda: plugin.calls["ListAndWatch"] == 2)
+    assert kubelet.endpoints(GPU) == {"fake.sock": True}
+    await plugin.end_stream(1)  # the first stream only: the second stays open
+    await kubelet.wait_for_resource(GPU, capacity=2, allocatable=0)
+    assert kubelet.endpoints(GPU) == {"fake.sock": False}
+    assert kubelet.history(GPU) == [(2, 2), (2, 0)]
+
+
+async def test_from_1_37_an_older_plugin_ending_leaves_the_successor_alone(
+    newest_kubelet: KubeletEmulator, make_plugin: MakePlugin
+) -> None:
+    kubelet = newest_kubelet
+    old = make_plugin(gpus(2), socket="old.sock")
+    new = make_plugin(gpus(2), socket="new.sock")
+    await old.serve_and_register()
+    await new.serve_and_register()
+    await kubelet.wait_for(lambda: len(kubelet.endpoints(GPU)) == 2)
+    await old.stop()
+    await kubelet.wait_for(lambda: kubelet.endpoints(GPU) == {"new.sock": True})
+    assert new.calls["ListAndWatch"] == 1
+    assert kubelet.allocatable(GPU) == 2
+
+
+async def test_disconnect_ends_the_current_plugins_stream(
+    each_kubelet: KubeletEmulator, make_plugin: MakePlugin
+) -> None:
+    """`disconnect` is the kubelet dropping a plugin while both run (1.36: DeRegisterPlugin):
+    the devices are unhealthy until the plugin registers again."""
+    kubelet = each_kubelet
+    plugin = make_plugin(gpus(2))
+    await plugin.serve_and_register()
+    await kubelet.wait_for_resource(GPU, capacity=2, allocatable=2)
+    await kubelet.disconnect(GPU)
+    await kubelet.wait_for(
+        lambda: kubelet.endpoints(GPU) == {"fake.sock": False} and kubelet.allocatable(GPU) == 0
+    )
+    assert plugin.calls["ListAndWatch"] == 1
+    await plugin.register()
+    await kubelet.wait_for_resource(GPU, capacity=2, allocatable=2)
+    assert kubelet.history(GPU) == [(2, 2), (2, 0), (2, 2)]
+
+
+def test_a_version_that_is_not_major_minor_is_refused(socket_dir: Path) -> None:
+    with pytest.raises(ValueError, match=r"'latest' is not MAJOR.MINOR; give e.g. '1.36'"):
+        KubeletEmulator(socket_dir, version="latest")
+    assert KubeletEmulator(socket_dir, version="v1.37.0").endpoint_store
 
 
 # ------------------------------------------------------------------------ observation

@@ -6,6 +6,7 @@ Validation, dialling inside Register, options from the plugin, re-registration
 
 from __future__ import annotations
 
+import asyncio
 from pathlib import Path
 
 import grpc
@@ -14,9 +15,10 @@ import pytest
 from kubegpu.api import VERSION, pb
 from kubegpu.kubelet import (
     KubeletEmulator,
+    endpoint,
 )
 from tests.integration.kubelet.fakes import GPU, MakePlugin, gpus
-from tests.waiting import Kubelet
+from tests.waiting import WAIT, Kubelet
 
 # ------------------------------------------------------------------------ registration
 
@@ -159,3 +161,30 @@ async def test_reregistration_replaces_the_endpoint(
     await kubelet.wait_for_resource(GPU, capacity=3, allocatable=3)
     assert kubelet.endpoints(GPU) == {"fake.sock": True}
     assert kubelet.history(GPU) == [(2, 2), (3, 3)]
+
+
+async def test_the_dial_shares_no_connection_with_other_channels_of_the_process(
+    socket_dir: Path, make_plugin: MakePlugin, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """The kubelet's dial gets a connection of its own, as a grpc-go client connection
+    does: a channel of the same process that failed to reach the socket (a client that
+    called while the plugin's socket was gone) must not hold the dial in its reconnect
+    backoff. Both sides get an hour of backoff, so sharing would fail the dial outright."""
+    backoff = (
+        ("grpc.initial_reconnect_backoff_ms", 3_600_000),
+        ("grpc.min_reconnect_backoff_ms", 3_600_000),
+    )
+    monkeypatch.setattr(endpoint, "DIAL_OPTIONS", (*endpoint.DIAL_OPTIONS, *backoff))
+    plugin = make_plugin(gpus(1))
+    async with grpc.aio.insecure_channel(
+        f"unix://{socket_dir / plugin.socket}", options=backoff
+    ) as failed:
+        state = failed.get_state(try_to_connect=True)
+        async with asyncio.timeout(WAIT):
+            while state is not grpc.ChannelConnectivity.TRANSIENT_FAILURE:
+                await failed.wait_for_state_change(state)
+                state = failed.get_state()
+        async with Kubelet(socket_dir, dial_timeout=WAIT) as kubelet:
+            await plugin.serve_and_register()
+            await kubelet.wait_for_resource(GPU, capacity=1, allocatable=1)
+            assert [r.ok for r in kubelet.registrations] == [True]
