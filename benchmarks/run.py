@@ -13,6 +13,8 @@ Sections (docs/performance.md has the figures and the method):
   a 1.36 and a 1.37 kubelet: the unhealthy gap 1.36's stale disconnect opens, and how many.
 - **placement** (`benchmarks/placement.py`, its own module): GetPreferredAllocation
   in-process, called through PLACEMENT_ENTRY.
+- **DRA** (`benchmarks/dra.py`): NodePrepareResources and NodeUnprepareResources of the
+  DRA kubelet plugin over its unix socket, one claim of one GPU each.
 
 Each target is printed as met or missed; nothing here fails on a missed target (timings
 are never asserted), only on a section that could not measure. The last line printed is
@@ -35,7 +37,7 @@ from collections.abc import Awaitable, Callable
 from dataclasses import dataclass
 from typing import Any
 
-from benchmarks import handover, harness, startup, watch
+from benchmarks import dra, handover, harness, startup, watch
 
 #: benchmarks/placement.py's `make bench` entry (a function returning a dict of figures,
 #: sync or async). That module is maintained on its own: if it renames the function,
@@ -55,6 +57,9 @@ RSS_MIB = 64.0
 #: The worst of the `watch.RESTARTS` socket deletions: no tail of a reconnect backoff or a
 #: server's grace (~1 s each).
 SOCKET_MAX_MS = 100.0
+#: NVIDIA's DRA driver on the same simulated node (issue's anchor): prepare, unprepare.
+DRA_PREPARE_MS = 6.4
+DRA_UNPREPARE_MS = 4.3
 
 #: "No worse than today": on the code these targets were set on, seven `make bench` runs
 #: on the reference machine (docs/performance.md, "Reference"): the median of their
@@ -271,6 +276,25 @@ def _handover_rows(figures: Figures) -> list[Row]:
     return rows
 
 
+def _dra_rows(figures: Figures) -> list[Row]:
+    found: Figures = figures.get("dra") or {}
+    rows = []
+    for key, title, target in (
+        ("prepare_ms", "DRA NodePrepareResources (1 claim, 1 GPU)", DRA_PREPARE_MS),
+        ("unprepare_ms", "DRA NodeUnprepareResources (1 claim)", DRA_UNPREPARE_MS),
+    ):
+        f = found.get(key)
+        if f is not None:
+            median, worst = f["median"], f["max"]
+            met = median <= target
+            rows.append(Row(title, _ms(median), _ms(worst), f"≤ {target:g} ms", met))
+    return rows
+
+
+async def bench_dra() -> Figures:
+    return await dra.bench_dra()
+
+
 def _placement_rows(figures: Figures) -> list[Row]:
     """benchmarks/placement.py judges its own targets; its scalar figures are shown."""
     found: Figures = figures.get("placement") or {}
@@ -286,6 +310,7 @@ def table(figures: Figures) -> str:
         *_node_rows(figures),
         *_watch_rows(figures),
         *_handover_rows(figures),
+        *_dra_rows(figures),
         *_placement_rows(figures),
     ]
     cells = [("figure", "median", "max", "target", "", "+ checkpoint")]
@@ -304,6 +329,7 @@ async def _sections() -> int:
         ("kubelet restarts, config changes, idle CPU (benchmarks/watch.py)", bench_watch),
         ("serve --handover, 1.36 and 1.37 kubelets (benchmarks/handover.py)", bench_handover),
         ("placement in-process (benchmarks/placement.py)", bench_placement),
+        ("DRA prepare and unprepare over the socket (benchmarks/dra.py)", bench_dra),
     ]
     for title, section in sections:
         print(f"... {title}", file=sys.stderr, flush=True)

@@ -4,7 +4,9 @@ Startup (config, backend, first device list, plugins) → run (root tasks under 
 `Supervisor`) → graceful shutdown (plugins stop, sockets removed). The first root task
 to fail stops all of them. State lives in one `NodeStore` (inventory, health, config,
 MPS readiness); writers (health monitor, config follower, MPS daemons) update it, and
-the plugins, metrics and Node events follow it as subscribers. Each room runs its own
+the plugins, metrics and Node events follow it as subscribers. In DRA mode
+(`--mode dra`) the DRA kubelet plugin (`kubegpu.dra.DraDriver`) takes the device plugin
+servers' place over the same store; everything else is shared. Each room runs its own
 loop over the store and the daemon only starts, supervises and stops it: the MPS control
 daemons (`mps.MpsReconciler`), the CDI spec files (`cdi.CdiWriter`) and, with
 `--with-labels`, the node labels (`labeller.follow_store`).
@@ -35,12 +37,19 @@ from kubegpu.devices import (
     Health,
     Inventory,
     NullBackend,
+    Vendor,
     open_backend,
+    pci,
 )
+from kubegpu.dra.claims import AMD_DRIVER, NVIDIA_DRIVER
+from kubegpu.dra.driver import PLUGINS_DIRECTORY, REGISTRAR_DIRECTORY, DraDriver
+from kubegpu.dra.publisher import SlicePublisher, faults_of
+from kubegpu.dra.service import ClaimPreparer
 from kubegpu.errors import ConfigError, InitError, KubegpuError
 from kubegpu.events import NodeEvents, Reason
 from kubegpu.health import HealthMonitor, health_flags_from_env
 from kubegpu.httpserver import HttpServer
+from kubegpu.kube import Kube, KubeClient
 from kubegpu.metrics import Metrics
 from kubegpu.mps import MpsReconciler
 from kubegpu.nvidia_paths import MPS_CONTROL_BINARY
@@ -49,7 +58,7 @@ from kubegpu.plugin.directory import PluginDirectory, Role
 from kubegpu.plugin.manager import socket_path_too_long
 from kubegpu.resources import ResourceSpec
 from kubegpu.state import NodeStore
-from kubegpu.supervisor import Supervisor, until_stopped
+from kubegpu.supervisor import Supervisor, spawn, until_stopped
 
 log = logging.getLogger("kubegpu.daemon")
 
@@ -77,6 +86,14 @@ class DaemonSettings:
     """What `serve` was asked to do; built from flags and env vars by the CLI."""
 
     plugin_dir: Path = Path(DEVICE_PLUGIN_PATH)
+    #: `plugin` (the device plugin API, the default) or `dra` (a DRA kubelet plugin).
+    mode: str = "plugin"
+    #: DRA: where the kubelet's plugin watcher looks for registration sockets.
+    registrar_dir: Path = Path(REGISTRAR_DIRECTORY)
+    #: DRA: the kubelet's plugins directory; ours is `<it>/<driver>` (dra.sock, checkpoint).
+    kubelet_plugins_dir: Path = Path(PLUGINS_DIRECTORY)
+    #: This node's name: the DRA pool the scheduler allocates from.
+    node_name: str = ""
     backend: str = "auto"
     simulate: str | None = None
     config_file: Path | None = None
@@ -108,13 +125,27 @@ class Daemon:
         metrics: Metrics | None = None,
         events: NodeEvents | None = None,
         on_registered: Callable[[str, float], None] | None = None,
+        kube: Kube | None = None,
     ) -> None:
         self.settings = settings
+        #: DRA mode's API: ResourceSlices written, ResourceClaims read (a client that is
+        #: configured on its first call).
+        self.kube: Kube = kube if kube is not None else KubeClient()
+        #: The DRA kubelet plugin, once start-up knows the node's vendor (DRA mode only).
+        self.dra: DraDriver | None = None
         self.metrics = metrics or Metrics()
         self.events = events or NodeEvents.disabled()
         self._backend = backend
         #: This process's role in the plugin directory and the socket slot it serves.
-        self.directory = PluginDirectory(settings.plugin_dir, handover=settings.handover)
+        self.directory = (
+            PluginDirectory(
+                settings.kubelet_plugins_dir,
+                what="kubelet plugins directory",
+                flag="--kubelet-plugins-directory-path",
+            )
+            if settings.mode == "dra"
+            else PluginDirectory(settings.plugin_dir, handover=settings.handover)
+        )
         self.manager = PluginManager(
             settings.plugin_dir,
             metrics=self.metrics,
@@ -197,12 +228,19 @@ class Daemon:
                 )
                 since = self.store.state.version
                 # Subscribers first (they miss nothing), then the writers.
-                tasks.start("plugins", self.manager.follow(self.store, since), root=True)
+                if self.dra is not None:
+                    publisher = self._publisher(self.dra.driver, monitor)
+                    self.dra.registration.on_registered = lambda: self._republish(publisher)
+                    tasks.start("dra sockets", self.dra.run(), root=True)
+                    tasks.start("resource slices", publisher.run(), root=True)
+                else:
+                    tasks.start("plugins", self.manager.follow(self.store, since), root=True)
                 tasks.start("mps", self.mps.follow(since), root=True)
                 tasks.start("cdi writer", self.cdi.follow(since), root=True)
                 tasks.start("health reporter", self._report_health(), root=True)
                 tasks.start("events", self.events.run(), root=True)
-                tasks.start("kubelet watcher", self.manager.run(), root=True)
+                if self.dra is None:
+                    tasks.start("kubelet watcher", self.manager.run(), root=True)
                 tasks.start("health monitor", monitor.run(), root=True)
                 tasks.start("config follower", self._follow_config(updates), root=True)
                 tasks.start("handover", handover.follow(self.directory, self.manager), root=True)
@@ -214,6 +252,8 @@ class Daemon:
                 finally:
                     log.info("stopping: removing plugin sockets")
         finally:
+            if self.dra is not None:
+                await self.dra.stop()
             await self.manager.stop()
             for server in http:
                 await server.stop()
@@ -235,23 +275,102 @@ class Daemon:
         inventory = await self._open_backend(config)
         # A config that cannot serve this node raises here and ends start-up.
         state = self.store.update(inventory=inventory, config=config)
-        self._check_socket_paths(state.planned)
+        if self.settings.mode == "dra":
+            self.dra = self._dra_driver(inventory)
+            self._check_dra_socket_paths(self.dra)
+        else:
+            self._check_socket_paths(state.planned)
         await self.cdi.write(state)
         # MPS daemons before the first list, so the kubelet's first view is the right one.
         await self.mps.reconcile(state)
         state = self.store.state
-        await self.manager.apply(state.specs, state.config)
+        if self.dra is not None:
+            await self.dra.start()
+        else:
+            await self.manager.apply(state.specs, state.config)
+        through = f" through DRA driver {self.dra.driver}" if self.dra is not None else ""
         for spec in state.specs:
             log.info(
-                "advertising %s: %d device(s), %d healthy",
+                "advertising %s%s: %d device(s), %d healthy",
                 spec.name,
+                through,
                 len(spec.devices),
                 spec.healthy_count,
             )
         if not state.specs:
             log.warning("no GPUs to advertise on this node")
 
+    def _dra_driver(self, inventory: Inventory) -> DraDriver:
+        """The DRA plugin for this node's vendor (`gpu.nvidia.com`, or AMD's name)."""
+        if not self.settings.node_name:
+            raise StartupError(
+                "DRA mode needs this node's name (--node-name, NODE_NAME): its ResourceSlices "
+                "and pool are named after it"
+            )
+        amd = bool(inventory.gpus) and all(g.vendor is Vendor.AMD for g in inventory.gpus)
+        driver = AMD_DRIVER if amd else NVIDIA_DRIVER
+        s = self.settings
+        preparer = ClaimPreparer(
+            self.store,
+            self.kube,
+            data_dir=s.kubelet_plugins_dir / driver,
+            cdi_dir=s.cdi_dir,
+            driver=driver,
+            pool=s.node_name,
+        )
+        return DraDriver(
+            preparer,
+            driver=driver,
+            registrar_dir=s.registrar_dir,
+            plugins_dir=s.kubelet_plugins_dir,
+        )
+
+    def _publisher(self, driver: str, monitor: HealthMonitor) -> SlicePublisher:
+        """The node's ResourceSlices for `driver`, following the store; an unhealthy
+        device's taint names the Xid the health monitor saw."""
+        simulated = self.settings.simulate is not None
+        return SlicePublisher(
+            self.kube,
+            self.store,
+            self.settings.node_name,
+            drivers=(driver,),
+            faults=lambda: faults_of(monitor.tracker.xids()),
+            # A simulated node's bus IDs are not this host's: no pcieRoot rather than a
+            # wrong one.
+            pcie_roots=None if simulated else (lambda buses: pci.pcie_roots("/", buses)),
+        )
+
+    def _republish(self, publisher: SlicePublisher) -> None:
+        """The kubelet (re)registered us: a starting kubelet has just deleted the node's
+        slices (and one that lost us a while deletes ours), so write them again now
+        rather than at the publisher's next periodic comparison."""
+
+        async def sync() -> None:
+            try:
+                await asyncio.to_thread(publisher.sync, self.store.state)
+            except KubegpuError as exc:  # the publisher's own loop retries with backoff
+                log.warning("cannot publish ResourceSlices after registration: %s", exc)
+
+        spawn("republish slices", sync())
+
+    def _check_dra_socket_paths(self, dra: DraDriver) -> None:
+        for path in (dra.service.path, dra.registrar.path):
+            too_long = socket_path_too_long(path)
+            if too_long is not None:
+                raise StartupError(f"DRA driver {dra.driver}: {too_long}")
+
+    @property
+    def _own_dir(self) -> Path:
+        """The directory this daemon owns and locks: the device-plugin directory, or in
+        DRA mode the kubelet's plugins directory that holds our data directory."""
+        if self.settings.mode == "dra":
+            return self.settings.kubelet_plugins_dir
+        return self.settings.plugin_dir
+
     def _check_plugin_dir(self) -> None:
+        if self.settings.mode == "dra":
+            self._check_dra_dirs()
+            return
         path = self.settings.plugin_dir
         try:
             path.mkdir(parents=True, exist_ok=True)
@@ -265,6 +384,24 @@ class Daemon:
                 f"device-plugin directory {path} is not writable; run as root or mount it "
                 f"read-write (set --device-plugin-path to test elsewhere)"
             )
+
+    def _check_dra_dirs(self) -> None:
+        for path, flag in (
+            (self.settings.kubelet_plugins_dir, "--kubelet-plugins-directory-path"),
+            (self.settings.registrar_dir, "--kubelet-registrar-directory-path"),
+        ):
+            try:
+                path.mkdir(parents=True, exist_ok=True)
+            except OSError as exc:
+                raise InitError(
+                    f"kubelet directory {path}: cannot create it ({exc.strerror}); mount the "
+                    f"kubelet's directory or set {flag}"
+                ) from exc
+            if not os.access(path, os.W_OK | os.X_OK):
+                raise InitError(
+                    f"kubelet directory {path} is not writable; run as root or mount it "
+                    f"read-write (set {flag} to test elsewhere)"
+                )
 
     def _check_socket_paths(self, specs: tuple[ResourceSpec, ...]) -> None:
         """A socket path over the unix limit can never be served: say so and stop, rather
@@ -349,6 +486,8 @@ class Daemon:
         waiting = self.mps.waiting()
         if waiting:
             return False, f"MPS control daemon not ready: {', '.join(waiting)}"
+        if self.dra is not None:
+            return self.dra.ready()
         return self.manager.ready()
 
     # -- changes ------------------------------------------------------------------------

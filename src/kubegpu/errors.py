@@ -8,7 +8,8 @@
     ├── AllocationError      an Allocate / GetPreferredAllocation request is malformed
     │                        (gRPC INVALID_ARGUMENT)
     ├── PreconditionError    a request is well-formed but cannot be served now
-    │                        (gRPC FAILED_PRECONDITION)
+    │   │                    (gRPC FAILED_PRECONDITION)
+    │   └── ClaimError       a DRA claim this node cannot prepare (kubegpu.dra)
     ├── RegistrationError    the kubelet refused or did not answer a registration
     ├── PublishError         node labels could not be written (kubegpu.labeller)
     ├── KubeError            a Kubernetes API call failed: refused, unreachable, timed out or
@@ -30,10 +31,11 @@ Third-party errors (pynvml.NVMLError, grpc.RpcError, kubernetes ApiException) ar
 translated into these at the one module that talks to that library, raised `from` the
 cause, so callers never need to import a vendor library to handle failures.
 
-Towards the kubelet, `kubegpu.plugin.status.status_for` is the one mapping of these to
-gRPC status codes, used by all five DevicePlugin RPCs: AllocationError INVALID_ARGUMENT,
-PreconditionError and ConfigError FAILED_PRECONDITION, DeviceError UNAVAILABLE, anything
-else INTERNAL (logged with its traceback); nothing reaches the kubelet as UNKNOWN.
+Towards the kubelet, `kubegpu.rpc.status_for` is the one mapping of these to gRPC
+status codes, used by all five DevicePlugin RPCs and both DRAPlugin ones: AllocationError
+INVALID_ARGUMENT, PreconditionError and ConfigError FAILED_PRECONDITION, DeviceError
+UNAVAILABLE, anything else INTERNAL (logged with its traceback); nothing reaches the
+kubelet as UNKNOWN.
 """
 
 

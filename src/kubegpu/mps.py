@@ -82,6 +82,15 @@ def container_edits(
     )
 
 
+def resource_edits(spec: ResourceSpec, config: Config) -> ContainerEdits | None:
+    """The MPS pipe and shm mounts of an MPS-shared resource, from the config alone (None
+    for any other resource): what both the device plugin and the DRA plugin add."""
+    if spec.sharing is not SharingKind.MPS:
+        return None  # the common case, first: Allocate's hot path
+    root = config.flags.mps_root
+    return None if root is None else container_edits(spec.name, root)
+
+
 class MpsDaemon:
     """One supervised MPS control daemon serving `replicas` clients per GPU of a resource.
 

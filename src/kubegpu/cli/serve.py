@@ -1,5 +1,8 @@
 """`kubegpu serve`: the device plugin daemon, with NVIDIA's flags and env vars.
 
+`--mode dra` (KUBEGPU_MODE) serves Dynamic Resource Allocation instead, as a DRA kubelet
+plugin, with the kubelet directory flags of NVIDIA's DRA driver.
+
 Every option has the env var twin NVIDIA's plugin reads (`--mig-strategy` <->
 `MIG_STRATEGY`), so DaemonSets written for NVIDIA's plugin keep working. A flag beats its
 env var, which beats the config file (`kubegpu.config.flag_overrides`), which beats the
@@ -59,6 +62,7 @@ from kubegpu.config import (
 )
 from kubegpu.config.source import named_configs
 from kubegpu.daemon import Daemon, DaemonSettings
+from kubegpu.dra.driver import PLUGINS_DIRECTORY, REGISTRAR_DIRECTORY
 from kubegpu.errors import ConfigError, KubegpuError
 from kubegpu.events import NodeEvents
 from kubegpu.health import health_flags_from_env
@@ -75,7 +79,38 @@ def _float(text: str) -> float:
         raise ValueError(f"invalid number {text!r}; give seconds, e.g. 60") from None
 
 
+def _directory(text: str) -> str:
+    if not text.startswith("/"):
+        raise ValueError(f"{text!r} is not an absolute path; give the kubelet's directory")
+    return text
+
+
+MODES = ("plugin", "dra")
+
 SERVE_OPTIONS: list[click.Parameter] = [
+    option(
+        "--mode",
+        envvar="KUBEGPU_MODE",
+        type=Parsed("mode", choice(*MODES)),
+        default="plugin",
+        help="plugin: serve the device plugin API; dra: serve Dynamic Resource Allocation "
+        "as a DRA kubelet plugin (gpu.nvidia.com)",
+    ),
+    option(
+        "--kubelet-registrar-directory-path",
+        envvar="KUBELET_REGISTRAR_DIRECTORY_PATH",
+        type=Parsed("path", _directory),
+        default=REGISTRAR_DIRECTORY,
+        help="dra: where the kubelet watches for plugin registration sockets",
+    ),
+    option(
+        "--kubelet-plugins-directory-path",
+        envvar="KUBELET_PLUGINS_DIRECTORY_PATH",
+        type=Parsed("path", _directory),
+        default=PLUGINS_DIRECTORY,
+        help="dra: the kubelet's plugins directory; the driver keeps dra.sock and its "
+        "checkpoint in <it>/<driver>",
+    ),
     config_file_option(),
     mig_strategy_option(),
     fail_on_init_error_option(
@@ -253,8 +288,8 @@ serve = Command(
     "serve",
     params=SERVE_OPTIONS,
     callback=_serve,
-    help="Run the device plugin daemon. Precedence: flag, environment variable, "
-    "config file, default.",
+    help="Run the device plugin daemon (or, with --mode dra, the DRA kubelet plugin). "
+    "Precedence: flag, environment variable, config file, default.",
     short_help="run the device plugin daemon",
 )
 #: The dotted config key each serve option overrides, by value name.
@@ -287,6 +322,10 @@ def _daemon_main(
         log.warning("%s", notice)
     settings = DaemonSettings(
         plugin_dir=plugin_dir(values),
+        mode=values["mode"],
+        registrar_dir=Path(values["kubelet_registrar_directory_path"]),
+        kubelet_plugins_dir=Path(values["kubelet_plugins_directory_path"]),
+        node_name=values.get("node_name") or "",
         backend=values["backend"],
         simulate=values["simulate"],
         config_file=Path(values["config_file"]) if values["config_file"] else None,
@@ -360,6 +399,17 @@ def plugin_dir(values: Mapping[str, Any]) -> Path:
 def check_serve(values: Mapping[str, Any], env: Mapping[str, str]) -> None:
     """Combinations that cannot mean anything; `UsageError` names both sides."""
     plugin_dir(values)
+    if values.get("mode") == "dra" and not values.get("node_name"):
+        raise UsageError(
+            "--mode dra (KUBEGPU_MODE) needs --node-name (NODE_NAME): the node's "
+            "ResourceSlices and DRA pool are named after it; set it from the downward API "
+            "(spec.nodeName)"
+        )
+    if values.get("mode") == "dra" and values.get("handover"):
+        raise UsageError(
+            "--handover (HANDOVER) works in the device plugin mode only: a DRA driver's "
+            "sockets have fixed names the kubelet finds them by; leave it off with --mode dra"
+        )
     if values["config_file"] and values["config_dir"]:
         raise UsageError(
             "--config-file (CONFIG_FILE) and --config-dir (CONFIG_FILE_SRCDIR) both given; "

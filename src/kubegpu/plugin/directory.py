@@ -87,11 +87,30 @@ def socket_slot(name: str) -> int | None:
     return int(match[1] or 0)
 
 
+#: How messages name the device-plugin directory.
+DEVICE_PLUGINS = "device-plugin directory"
+
+
 class PluginDirectory:
     """This process's role in one device-plugin directory, and the socket slot it serves."""
 
-    def __init__(self, path: Path, *, handover: bool = False) -> None:
+    def __init__(
+        self,
+        path: Path,
+        *,
+        handover: bool = False,
+        what: str = DEVICE_PLUGINS,
+        flag: str = "--device-plugin-path",
+    ) -> None:
         self.path = path
+        #: How messages name the directory and the flag that moves it (DRA mode locks the
+        #: kubelet's plugins directory, which holds the driver's data directory).
+        self.what = what
+        self.flag = flag
+        # Only the device plugin's sockets have slots a successor can serve beside ours.
+        self._handover_hint = (
+            ", or start it with --handover to take over from it" if what == DEVICE_PLUGINS else ""
+        )
         #: Whether this process may start as a successor beside a serving one.
         self.handover = handover
         self.role: Role | None = None
@@ -116,7 +135,7 @@ class PluginDirectory:
         self._successor_fd = _lock(self.handover_dir)
         if self._successor_fd is None:
             raise PluginDirectoryError(
-                f"device-plugin directory {self.path}: a handover is under way (a kubegpu "
+                f"{self.what} {self.path}: a handover is under way (a kubegpu "
                 f"serve is taking over from the one serving); start this one once it is done"
             )
         self._owner_fd = _lock(self.path)
@@ -132,9 +151,8 @@ class PluginDirectory:
         if not self.handover:
             self.release()
             raise PluginDirectoryError(
-                f"device-plugin directory {self.path} is in use by another kubegpu serve; "
-                f"stop it first, give this one another --device-plugin-path, or start it "
-                f"with --handover to take over from it"
+                f"{self.what} {self.path} is in use by another kubegpu serve; "
+                f"stop it first, give this one another {self.flag}{self._handover_hint}"
             )
         self.role = Role.SUCCESSOR
         self.slot = self._free_slot()
@@ -151,7 +169,7 @@ class PluginDirectory:
                 return slot
         self.release()
         raise PluginDirectoryError(
-            f"device-plugin directory {self.path}: kubegpu sockets of {SLOTS} processes are "
+            f"{self.what} {self.path}: kubegpu sockets of {SLOTS} processes are "
             f"served there already; start this one once one of them has stopped"
         )
 

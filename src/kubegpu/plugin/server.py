@@ -15,12 +15,10 @@ import secrets
 import stat
 import time
 import uuid
-from collections.abc import AsyncIterator, Awaitable, Callable
+from collections.abc import AsyncIterator, Callable
 from pathlib import Path
-from typing import Any
 
 import grpc
-from google.protobuf.message import DecodeError
 
 from kubegpu import cdi, mps
 from kubegpu.allocation import (
@@ -40,7 +38,9 @@ from kubegpu.metrics import Metrics
 from kubegpu.placement import preferred_allocation
 from kubegpu.plugin.registration import register
 from kubegpu.plugin.status import status_for
-from kubegpu.resources import ResourceSpec, SharingKind
+from kubegpu.resources import ResourceSpec
+from kubegpu.rpc import Boundary, Calls
+from kubegpu.rpc import undecodable as undecodable
 from kubegpu.supervisor import spawn
 
 log = logging.getLogger("kubegpu.plugin")
@@ -230,7 +230,7 @@ class DevicePluginServicer(pb_grpc.DevicePluginServicer):
         try:
             if not request.container_requests:
                 raise AllocationError(f"{spec.name}: the request has no container requests")
-            extra = _mps_edits(spec, config)
+            extra = mps.resource_edits(spec, config)
             channels = self._imex_channels(config)
             strategies = config.flags.plugin.device_list_strategy
             # Only CDI classes with a spec on this node may be named (a stat per call;
@@ -317,14 +317,6 @@ def _prefer(
     return list(preferred_allocation(spec, available, must_include, min(size, pool), policy))
 
 
-def _mps_edits(spec: ResourceSpec, config: Config) -> ContainerEdits | None:
-    """The MPS pipe and shm mounts of an MPS-shared resource, from the config alone."""
-    if spec.sharing is not SharingKind.MPS:
-        return None  # the common case, first: Allocate's hot path
-    root = config.flags.mps_root
-    return None if root is None else mps.container_edits(spec.name, root)
-
-
 def _is_char_device(path: str) -> bool:
     try:
         return stat.S_ISCHR(Path(path).stat().st_mode)
@@ -344,190 +336,13 @@ def request_limit(spec: ResourceSpec) -> int:
     return REQUEST_SLACK_BYTES + 2 * sum(len(d.id) + 8 for d in spec.devices)
 
 
-def undecodable(reason: str) -> AllocationError:
-    """The error of a request whose bytes protobuf cannot decode (INVALID_ARGUMENT)."""
-    return AllocationError(f"the request cannot be decoded ({reason}); send valid UTF-8 IDs")
-
-
-class _Undecodable:
-    """Stands for a request refused before the method: bytes that are not a valid message
-    (e.g. bad UTF-8), or more bytes than any valid request for the resource."""
-
-    def __init__(self, error: AllocationError) -> None:
-        self.error = error
-
-
-class Calls:
-    """The unary calls a server is answering, so that a stopping server can wait until its
-    clients have gone quiet.
-
-    `grpc.aio`'s `server.stop(grace)` lets the calls already handed to the servicer finish,
-    but a call gRPC has accepted and not yet handed over (the server asks for one call at a
-    time; eight busy clients keep several waiting) is cancelled, and one still on its way is
-    refused: the kubelet sees CANCELLED or UNAVAILABLE for an Allocate it sent while the
-    plugin was up. So a plugin that is going first tells the kubelet (ListAndWatch ends),
-    keeps accepting, and stops only once nothing has run or started for a while (`quiet`).
-    """
-
-    def __init__(self) -> None:
-        self.active = 0
-        self._changed = asyncio.Event()
-
-    def begin(self) -> None:
-        self.active += 1
-        self._changed.set()
-
-    def end(self) -> None:
-        self.active -= 1
-        self._changed.set()
-
-    async def quiet(self, seconds: float) -> None:
-        """Return once no call has been running or started for `seconds`."""
-        while True:
-            self._changed.clear()
-            if self.active:
-                await self._changed.wait()
-                continue
-            try:
-                await asyncio.wait_for(self._changed.wait(), seconds)
-            except TimeoutError:
-                return
-
-
-class Boundary(grpc.aio.ServerInterceptor):  # type: ignore[type-arg]
-    """The error boundary of every RPC: undecodable requests and raised errors get a status.
-
-    grpc decodes before our code runs and reports a decode failure as UNKNOWN with a
-    traceback in our log; the kubelet should get INVALID_ARGUMENT, which says the request
-    was bad. An exception escaping a method would reach the kubelet as UNKNOWN too; here
-    it is mapped by `status_for` (INTERNAL for a bug, with its traceback in our log).
-    """
-
-    def __init__(self, limit: Callable[[], int] | None = None, calls: Calls | None = None) -> None:
-        #: The current request size limit (`request_limit` of the served spec), if any.
-        self._limit = limit
-        #: Counts the unary calls in progress (for a graceful stop), if given.
-        self._calls = calls
-        # Wrapped handlers per method, built once: this runs before every RPC (Allocate's
-        # hot path), and only the servicer's own few methods ever get here with a handler.
-        self._guarded: dict[str, Any] = {}
-
-    async def intercept_service(
-        self,
-        continuation: Callable[
-            [grpc.HandlerCallDetails], Awaitable[grpc.RpcMethodHandler[Any, Any]]
-        ],
-        handler_call_details: grpc.HandlerCallDetails,
-    ) -> Any:
-        method = handler_call_details.method
-        guarded = self._guarded.get(method)
-        if guarded is None:
-            # grpc's stubs type handlers for the sync server; ours are coroutines.
-            handler: Any = await continuation(handler_call_details)
-            if handler is None:
-                return None  # an unknown method: grpc answers UNIMPLEMENTED
-            guarded = self._guarded[method] = _guard(handler, method, self._limit, self._calls)
-        return guarded
-
-
-# The guards let grpc's own exceptions (`grpc.aio.BaseError`) through untouched: they come
-# from `context.abort` (the method chose its status: AbortError) or from grpc when a status
-# cannot be sent any more (the caller has gone, e.g. a kubelet restarting: abort raises
-# what sending failed with), and grpc handles each. Taking one for a bug and aborting again
-# logged "internal error" and a second abort's "Abort already called!". So a guard aborts
-# at most once, outside the handler that caught the method's error.
-
-
-def _guard(
-    handler: Any,
-    method: str,
-    limit: Callable[[], int] | None = None,
-    calls: Calls | None = None,
-) -> Any:
-    """`handler` with a request decoder that turns a decode failure (or a request over
-    `limit()` bytes) into INVALID_ARGUMENT, and every exception of the method into its
-    status."""
-    decode = getattr(handler, "request_deserializer", None)
-    if decode is None:
-        return handler
-    rpc = method.rsplit("/", 1)[-1]
-
-    def safe_decode(data: bytes) -> Any:
-        most = None if limit is None else limit()
-        if most is not None and len(data) > most:
-            return _Undecodable(
-                AllocationError(
-                    f"the request is {len(data)} bytes, more than any valid {rpc} request "
-                    f"for this resource ({most} bytes); send only IDs the plugin advertised"
-                )
-            )
-        try:
-            return decode(data)
-        except DecodeError as exc:
-            return _Undecodable(undecodable(str(exc)))
-
-    async def refuse(request: _Undecodable, context: grpc.aio.ServicerContext[Any, Any]) -> None:
-        await context.abort(*status_for(request.error, rpc))
-
-    if handler.unary_unary is not None:
-        unary: Any = handler.unary_unary
-
-        async def guarded_unary(request: Any, context: grpc.aio.ServicerContext[Any, Any]) -> Any:
-            if calls is not None:
-                calls.begin()
-            try:
-                if isinstance(request, _Undecodable):
-                    await refuse(request, context)
-                try:
-                    return await unary(request, context)
-                except grpc.aio.BaseError:
-                    raise  # grpc's own: see the note above `_guard`
-                except Exception as exc:
-                    status = status_for(exc, rpc)
-                return await context.abort(*status)
-            finally:
-                if calls is not None:
-                    calls.end()
-
-        return grpc.unary_unary_rpc_method_handler(
-            guarded_unary,
-            request_deserializer=safe_decode,
-            response_serializer=handler.response_serializer,
-        )
-    if handler.unary_stream is not None:
-        stream: Any = handler.unary_stream
-
-        async def guarded_stream(
-            request: Any, context: grpc.aio.ServicerContext[Any, Any]
-        ) -> AsyncIterator[Any]:
-            if isinstance(request, _Undecodable):
-                await refuse(request, context)
-            try:
-                async for item in stream(request, context):
-                    yield item
-            except grpc.aio.BaseError:
-                raise  # grpc's own: see the note above `_guard`
-            except Exception as exc:
-                status = status_for(exc, rpc)
-            else:
-                return
-            await context.abort(*status)
-
-        return grpc.unary_stream_rpc_method_handler(
-            guarded_stream,
-            request_deserializer=safe_decode,
-            response_serializer=handler.response_serializer,
-        )
-    return handler
-
-
 def plugin_server(
     servicer: pb_grpc.DevicePluginServicer, calls: Calls | None = None
 ) -> grpc.aio.Server:
     """A grpc.aio server for `servicer` with the error `Boundary` around every RPC (and,
     for kubegpu's own servicer, its request size limit), counting calls into `calls`."""
     limit = (lambda: servicer.request_limit) if isinstance(servicer, DevicePluginServicer) else None
-    server = grpc.aio.server(interceptors=[Boundary(limit, calls)])
+    server = grpc.aio.server(interceptors=[Boundary(limit, status=status_for, calls=calls)])
     add_device_plugin_servicer(servicer, server)
     return server
 

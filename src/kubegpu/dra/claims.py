@@ -1,0 +1,294 @@
+"""A ResourceClaim's allocation on this node -> the devices to prepare and their CDI spec.
+
+Pure: plain functions over the claim (a dict as the API returns it) and the node's state.
+The device model is the device plugin's (`ResourceSpec` units, whole GPUs and MIG
+slices); a DRA device is the one `kubegpu.dra.slices` publishes under that name (`gpu-0`,
+as NVIDIA's DRA driver names them), and a GPU shared by time-slicing or MPS is one device
+that several claims get.
+
+The CDI spec of a claim is built from the same pieces as the device plugin's answer: each
+device's entry holds its device nodes from `cdi.generate_spec` (the spec the device plugin
+writes for its CDI strategies), the spec's common edits hold the control device nodes and
+driver mounts from there, plus what `allocation.build_response` adds for the config in
+force (GDS/MOFED/GDRCopy env, the MPS pipe and shm mounts of an MPS-shared GPU). No hook
+is written, so no host binary is needed. The kind is `k8s.gpu.nvidia.com/claim` with
+devices named `<claim UID>-<device>`, as NVIDIA's DRA driver writes them: a CDI name is
+never reused for another claim, so a runtime's cached spec can never name the wrong GPU.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+from collections.abc import Collection, Iterable, Mapping
+from dataclasses import dataclass
+from typing import Any
+
+from kubegpu import cdi, mps
+from kubegpu.allocation import ContainerEdits, build_response, merge
+from kubegpu.config import Config, DeviceListStrategy
+from kubegpu.devices import Vendor
+from kubegpu.dra.slices import AMD_DRIVER, NVIDIA_DRIVER, DraDevice, dra_devices
+from kubegpu.errors import PreconditionError
+from kubegpu.resources import ResourceSpec
+
+#: The CDI vendor and class of the per-claim specs (NVIDIA's DRA driver's).
+CLAIM_CDI_VENDOR = "k8s.gpu.nvidia.com"
+CLAIM_CDI_CLASS = "claim"
+CLAIM_CDI_KIND = f"{CLAIM_CDI_VENDOR}/{CLAIM_CDI_CLASS}"
+
+
+class ClaimError(PreconditionError):
+    """This claim cannot be prepared on this node (not allocated, unknown device...)."""
+
+
+def node_devices(driver: str, specs: Iterable[ResourceSpec]) -> dict[str, DraDevice]:
+    """Every device `driver` publishes for these resources, by its name in the slices."""
+    return {d.name: d for d in dra_devices(driver, specs)}
+
+
+@dataclass(frozen=True)
+class Result:
+    """One entry of the claim's `status.allocation.devices.results` for our driver."""
+
+    request: str
+    pool: str
+    device: str
+
+
+@dataclass(frozen=True)
+class PreparedDevice:
+    """One device of a prepared claim, as NodePrepareResources answers it."""
+
+    requests: tuple[str, ...]
+    pool: str
+    device: str
+    cdi_ids: tuple[str, ...]
+
+    def to_json(self) -> dict[str, Any]:
+        return {
+            "requests": list(self.requests),
+            "pool": self.pool,
+            "device": self.device,
+            "cdiDeviceIDs": list(self.cdi_ids),
+        }
+
+    @classmethod
+    def from_json(cls, raw: Mapping[str, Any]) -> PreparedDevice:
+        return cls(
+            requests=tuple(str(r) for r in raw["requests"]),
+            pool=str(raw["pool"]),
+            device=str(raw["device"]),
+            cdi_ids=tuple(str(i) for i in raw["cdiDeviceIDs"]),
+        )
+
+
+def claim_label(claim: Mapping[str, Any]) -> str:
+    meta = claim.get("metadata") or {}
+    return f"{meta.get('namespace', '')}/{meta.get('name', '')}"
+
+
+def allocation_results(claim: Mapping[str, Any], driver: str) -> tuple[Result, ...]:
+    """Our driver's results in the claim's allocation; `ClaimError` when unallocated.
+
+    A subrequest (`gpu/large`) is answered under its request (`gpu`), as the kubelet
+    matches containers to requests by the base name.
+    """
+    allocation = (claim.get("status") or {}).get("allocation")
+    if not allocation:
+        raise ClaimError(
+            f"claim {claim_label(claim)} is not allocated; the scheduler allocates it "
+            f"before the pod reaches this node"
+        )
+    results = ((allocation.get("devices") or {}).get("results")) or []
+    return tuple(
+        Result(
+            request=str(r.get("request", "")).split("/", 1)[0],
+            pool=str(r.get("pool", "")),
+            device=str(r.get("device", "")),
+        )
+        for r in results
+        if r.get("driver") == driver
+    )
+
+
+def spec_file_name(claim_uid: str) -> str:
+    """The claim's CDI spec file: CDI's transient spec name `<vendor>-<class>_<uid>`."""
+    return f"{CLAIM_CDI_VENDOR}-{CLAIM_CDI_CLASS}_{claim_uid}.json"
+
+
+def claim_uid_of(file_name: str) -> str | None:
+    """The claim UID a spec file of ours is named after, or None for any other file."""
+    prefix = f"{CLAIM_CDI_VENDOR}-{CLAIM_CDI_CLASS}_"
+    if file_name.startswith(prefix) and file_name.endswith(".json"):
+        return file_name[len(prefix) : -len(".json")] or None
+    return None
+
+
+def cdi_id(claim_uid: str, device: str) -> str:
+    return f"{CLAIM_CDI_KIND}={claim_uid}-{device}"
+
+
+def cdi_strategy_config(config: Config) -> Config:
+    """`config` with the device list strategy the DRA answer uses: CDI alone, so
+    `build_response` adds only what a CDI device does not carry (extras' env, MPS)."""
+    plugin = config.flags.plugin
+    if plugin.device_list_strategy == (DeviceListStrategy.CDI_CRI,):
+        return config
+    plugin = dataclasses.replace(plugin, device_list_strategy=(DeviceListStrategy.CDI_CRI,))
+    return dataclasses.replace(config, flags=dataclasses.replace(config.flags, plugin=plugin))
+
+
+@dataclass(frozen=True)
+class ClaimPlan:
+    """What preparing one claim writes and answers."""
+
+    uid: str
+    devices: tuple[PreparedDevice, ...]
+    #: The CDI spec (None when the claim has no device of ours: nothing to write).
+    spec: dict[str, Any] | None
+
+
+def plan_claim(
+    uid: str,
+    claim: Mapping[str, Any],
+    driver: str,
+    pool: str,
+    devices: Mapping[str, DraDevice],
+    node_spec: Mapping[str, Any],
+    config: Config,
+) -> ClaimPlan:
+    """The CDI spec and answer of a claim allocated `devices` of this node.
+
+    `node_spec` is `cdi.generate_spec` of the node's inventory (the device plugin's CDI
+    spec), `config` the one in force; `ClaimError` names a result this node cannot serve.
+    """
+    results = allocation_results(claim, driver)
+    label = claim_label(claim)
+    picked: list[tuple[Result, DraDevice]] = []
+    for r in results:
+        if r.pool != pool:
+            raise ClaimError(
+                f"claim {label}: device {r.device} is from pool {r.pool!r}, not this node's "
+                f"({pool!r}); the claim was allocated for another node"
+            )
+        found = devices.get(r.device)
+        if found is None:
+            raise ClaimError(
+                f"claim {label}: device {r.device!r} does not exist on this node "
+                f"(it has {', '.join(sorted(devices)) or 'none'}); was it removed by a "
+                f"MIG or config change?"
+            )
+        picked.append((r, found))
+    if not picked:
+        return ClaimPlan(uid, (), None)
+    by_uuid = {d["name"]: d for d in node_spec.get("devices", [])}
+    cdi_config = cdi_strategy_config(config)
+    entries: dict[str, dict[str, Any]] = {}
+    edits: ContainerEdits | None = None
+    answers = []
+    for r, nd in picked:
+        answers.append(PreparedDevice((r.request,), r.pool, r.device, (cdi_id(uid, r.device),)))
+        if r.device in entries:
+            continue  # several requests sharing one device: one CDI device
+        advertised = next(d for d in nd.resource.devices if d.unit.uuid == nd.unit.uuid)
+        own = build_response(
+            nd.resource,
+            [advertised],
+            cdi_config,
+            response_id=uid,
+            extra=mps.resource_edits(nd.resource, config),
+            cdi_classes=frozenset(),
+        )
+        edits = own if edits is None else merge(edits, own)
+        entries[r.device] = _device_entry(uid, nd, by_uuid, config)
+    assert edits is not None
+    nodes = [n for e in entries.values() for n in e["containerEdits"].get("deviceNodes", [])]
+    vendor = picked[0][1].resource.vendor
+    common = _common_edits(node_spec, edits, {n["path"] for n in nodes}, vendor=vendor)
+    spec: dict[str, Any] = {
+        "cdiVersion": cdi.CDI_VERSION,
+        "kind": CLAIM_CDI_KIND,
+        "devices": list(entries.values()),
+    }
+    if common:
+        spec["containerEdits"] = common
+    return ClaimPlan(uid, tuple(answers), spec)
+
+
+def _device_entry(
+    uid: str, nd: DraDevice, node_devices: Mapping[str, Mapping[str, Any]], config: Config
+) -> dict[str, Any]:
+    """The claim's CDI device for `nd`: its device nodes, as the node spec has them."""
+    strategy = config.flags.plugin.device_id_strategy.value
+    key = nd.unit.index if strategy == "index" else nd.unit.uuid
+    node_entry = node_devices.get(key)
+    if node_entry is not None:
+        edits = node_entry["containerEdits"]
+    else:  # AMD: no NVIDIA node spec; its own device nodes
+        root = config.flags.dev_root
+        edits = {"deviceNodes": [_node(p, root) for p in nd.unit.device_paths]}
+    return {"name": f"{uid}-{nd.name}", "containerEdits": edits}
+
+
+def _node(path: str, dev_root: str, permissions: str | None = None) -> dict[str, Any]:
+    entry: dict[str, Any] = {"path": path}
+    if dev_root not in ("", "/"):
+        entry["hostPath"] = f"{dev_root.rstrip('/')}/{path.lstrip('/')}"
+    if permissions:
+        entry["permissions"] = permissions
+    return entry
+
+
+def _common_edits(
+    node_spec: Mapping[str, Any],
+    edits: ContainerEdits,
+    own_nodes: Collection[str],
+    *,
+    vendor: Vendor,
+) -> dict[str, Any]:
+    """The node spec's common edits (NVIDIA) plus the answer's env, mounts and nodes; a
+    device node one of the claim's devices already carries is not named twice."""
+    base: Mapping[str, Any] = node_spec.get("containerEdits", {}) if vendor is Vendor.NVIDIA else {}
+    env = list(base.get("env", []))
+    env += [f"{k}={v}" for k, v in edits.envs.items()]
+    nodes = list(base.get("deviceNodes", []))
+    seen = {n["path"] for n in nodes} | set(own_nodes)
+    for d in edits.device_specs:
+        if d.container_path not in seen:
+            seen.add(d.container_path)
+            nodes.append(
+                {"path": d.container_path, "hostPath": d.host_path, "permissions": d.permissions}
+            )
+    mounts = list(base.get("mounts", []))
+    mounts += [
+        {
+            "hostPath": m.host_path,
+            "containerPath": m.container_path,
+            "options": ["ro", "bind"] if m.read_only else ["rw", "bind"],
+        }
+        for m in edits.mounts
+    ]
+    out: dict[str, Any] = {}
+    if env:
+        out["env"] = env
+    if nodes:
+        out["deviceNodes"] = nodes
+    if mounts:
+        out["mounts"] = mounts
+    return out
+
+
+__all__ = [
+    "AMD_DRIVER",
+    "CLAIM_CDI_KIND",
+    "NVIDIA_DRIVER",
+    "ClaimError",
+    "ClaimPlan",
+    "PreparedDevice",
+    "Result",
+    "allocation_results",
+    "claim_uid_of",
+    "node_devices",
+    "plan_claim",
+    "spec_file_name",
+]

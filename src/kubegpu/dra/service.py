@@ -1,0 +1,388 @@
+"""The DRAPlugin service the kubelet calls: NodePrepareResources, NodeUnprepareResources.
+
+`ClaimPreparer` does the work over the node-state store, the API (to read claims) and the
+checkpoint; `DraServicer` is its gRPC face, served under both service names the kubelet
+may pick (`k8s.io.kubelet.pkg.apis.dra.v1.DRAPlugin`, and `...v1beta1.DRAPlugin` for the
+kubelets of 1.32 and 1.33: the messages are identical).
+
+Failures of one claim (deleted, replaced by a claim of the same name, not allocated, a
+device this node lacks, a full disk) go in that claim's `error`, and the kubelet retries
+it; a malformed request (a claim without UID) is refused whole with INVALID_ARGUMENT at
+the `kubegpu.rpc` boundary, which also bounds the request's size.
+
+Calls are serialized, as the kubelet's own helper does for Go drivers; the API reads for
+a prepare happen before taking the turn, so one slow API call does not hold back an
+unprepare. A claim already prepared is answered from the checkpoint without the API, so
+a kubelet restart re-preparing every running pod's claims costs no API call.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import logging
+import re
+from collections.abc import Mapping, Sequence
+from pathlib import Path
+from typing import Any, Protocol
+
+import grpc
+
+from kubegpu import cdi, rpc
+from kubegpu.api import dra_pb2
+from kubegpu.config import Config
+from kubegpu.devices import Inventory
+from kubegpu.dra.checkpoint import (
+    Checkpoint,
+    ClaimRecord,
+    ClaimState,
+    recover,
+    remove_spec,
+)
+from kubegpu.dra.claims import (
+    NVIDIA_DRIVER,
+    ClaimError,
+    ClaimPlan,
+    PreparedDevice,
+    node_devices,
+    plan_claim,
+    spec_file_name,
+)
+from kubegpu.dra.slices import DraDevice
+from kubegpu.errors import AllocationError
+from kubegpu.state import NodeState, NodeStore
+
+log = logging.getLogger("kubegpu.dra")
+
+#: The service names the kubelet may call, newest first (the order GetInfo lists them
+#: in, and the kubelet picks the first it supports).
+SERVICES = (
+    "k8s.io.kubelet.pkg.apis.dra.v1.DRAPlugin",
+    "k8s.io.kubelet.pkg.apis.dra.v1beta1.DRAPlugin",
+)
+#: As the registration lists them: `<proto package version>.<service>`.
+SUPPORTED_VERSIONS = ("v1.DRAPlugin", "v1beta1.DRAPlugin")
+
+#: A Kubernetes object UID, and nothing that could leave the CDI directory in a file name.
+_UID = re.compile(r"[A-Za-z0-9][A-Za-z0-9-]{0,127}")
+#: The largest request worth decoding: the kubelet sends one pod's claims (each a
+#: namespace, name and UID, under 400 bytes), so a megabyte is hundreds of times more.
+MAX_REQUEST_BYTES = 1024 * 1024
+
+
+class ClaimSource(Protocol):
+    """Where claims are read (`kubegpu.kube.Kube`); a blocking call, run in a thread."""
+
+    def get_resource_claim(self, namespace: str, name: str) -> dict[str, Any]: ...
+
+
+def _check_claims(claims: Sequence[dra_pb2.Claim]) -> None:
+    for i, claim in enumerate(claims):
+        if not _UID.fullmatch(claim.uid):
+            raise AllocationError(
+                f"claim {i} ({rpc.bounded(claim.namespace, 64)}/{rpc.bounded(claim.name, 64)})"
+                f" has an invalid UID {rpc.bounded(claim.uid, 64)!r}; send the claim's "
+                f"metadata.uid"
+            )
+
+
+class ClaimPreparer:
+    """Prepares and unprepares claims of `driver` on this node (see the module doc)."""
+
+    def __init__(
+        self,
+        store: NodeStore,
+        claims: ClaimSource,
+        *,
+        data_dir: Path,
+        cdi_dir: Path = Path(cdi.DEFAULT_DIRECTORY),
+        driver: str = NVIDIA_DRIVER,
+        pool: str = "",
+    ) -> None:
+        self.store = store
+        self._claims = claims
+        self.data_dir = data_dir
+        self.cdi_dir = cdi_dir
+        self.driver = driver
+        #: This node's pool (the node name); empty accepts any pool name.
+        self.pool = pool
+        self._turn = asyncio.Lock()
+        self._checkpoint: Checkpoint | None = None
+        #: (inventory, config) -> (devices by name, node CDI spec), rebuilt on a change.
+        self._node: tuple[Inventory, Config, Mapping[str, DraDevice], dict[str, Any]] | None = None
+
+    @property
+    def checkpoint(self) -> Checkpoint:
+        assert self._checkpoint is not None, "ClaimPreparer.start() was not called"
+        return self._checkpoint
+
+    def start(self) -> None:
+        """Load the checkpoint, undoing what a stopped process left half done (blocking;
+        before the kubelet can call)."""
+        self.data_dir.mkdir(parents=True, exist_ok=True)
+        self._checkpoint = recover(self.data_dir, self.cdi_dir)
+        prepared = len(self._checkpoint.claims)
+        if prepared:
+            log.info("%d prepared claim(s) in the checkpoint", prepared)
+
+    # -- prepare --------------------------------------------------------------------------
+
+    async def prepare(
+        self, claims: Sequence[dra_pb2.Claim]
+    ) -> dict[str, tuple[tuple[PreparedDevice, ...], str]]:
+        """Claim UID -> (devices, error) for every claim of the request."""
+        _check_claims(claims)
+        answers: dict[str, tuple[tuple[PreparedDevice, ...], str]] = {}
+        todo = [c for c in claims if self._prepared(c.uid) is None]
+        fetched = await asyncio.gather(*(self._fetch(c) for c in todo))
+        async with self._turn:
+            plans: list[tuple[dra_pb2.Claim, ClaimPlan]] = []
+            for claim in claims:
+                done = self._prepared(claim.uid)
+                if done is not None:
+                    answers[claim.uid] = (done.devices, "")
+            for claim, got in zip(todo, fetched, strict=True):
+                if claim.uid in answers:
+                    continue  # prepared by a call that ran while this one read the API
+                if isinstance(got, str):
+                    answers[claim.uid] = ((), got)
+                    continue
+                try:
+                    plans.append((claim, self._plan(claim, got)))
+                except ClaimError as exc:
+                    answers[claim.uid] = ((), self._refuse(claim, str(exc)))
+            if plans:
+                answers.update(await asyncio.to_thread(self._commit, plans))
+        return answers
+
+    def _prepared(self, uid: str) -> ClaimRecord | None:
+        """The record of a claim whose preparation is complete, with its spec on disk."""
+        record = self.checkpoint.claims.get(uid)
+        if record is None or record.state is not ClaimState.PREPARED:
+            return None
+        if record.devices and not (self.cdi_dir / spec_file_name(uid)).exists():
+            return None  # removed behind our back: prepare it again
+        return record
+
+    async def _fetch(self, claim: dra_pb2.Claim) -> dict[str, Any] | str:
+        """The claim from the API, or this claim's error line."""
+        try:
+            got = await asyncio.to_thread(
+                self._claims.get_resource_claim, claim.namespace, claim.name
+            )
+        except Exception as exc:  # KubeError, or no credentials: this claim fails
+            return self._refuse(claim, f"cannot read it from the API: {exc}")
+        uid = (got.get("metadata") or {}).get("uid")
+        if uid != claim.uid:
+            return self._refuse(
+                claim,
+                f"the API holds another claim of that name (UID {uid}, the kubelet asked for "
+                f"{claim.uid}): the claim was deleted and created again; the pod that used "
+                f"the old one cannot start",
+            )
+        return got
+
+    def _refuse(self, claim: dra_pb2.Claim, reason: str) -> str:
+        message = rpc.bounded(f"claim {claim.namespace}/{claim.name} ({claim.uid}): {reason}")
+        log.warning("NodePrepareResources: %s", message)
+        return message
+
+    def _unsaved(self, exc: OSError) -> str:
+        return (
+            f"cannot write the checkpoint in {self.data_dir} ({exc.strerror or exc}); "
+            f"the plugin's data directory must be writable, with room to write"
+        )
+
+    def _plan(self, claim: dra_pb2.Claim, body: Mapping[str, Any]) -> ClaimPlan:
+        state = self.store.state
+        devices, node_spec = self._node_view(state)
+        return plan_claim(
+            claim.uid, body, self.driver, self.pool or "", devices, node_spec, state.config
+        )
+
+    def _node_view(self, state: NodeState) -> tuple[Mapping[str, DraDevice], dict[str, Any]]:
+        cached = self._node
+        if cached is not None and cached[0] is state.inventory and cached[1] is state.config:
+            return cached[2], cached[3]
+        flags = state.config.flags
+        devices = node_devices(self.driver, state.specs)
+        node_spec = cdi.generate_spec(
+            state.inventory,
+            driver_root=flags.nvidia_driver_root,
+            container_driver_root=flags.plugin.container_driver_root,
+            device_id_strategy=flags.plugin.device_id_strategy.value,
+            dev_root=flags.nvidia_dev_root,
+        )
+        self._node = (state.inventory, state.config, devices, node_spec)
+        return devices, node_spec
+
+    def _commit(
+        self, plans: Sequence[tuple[dra_pb2.Claim, ClaimPlan]]
+    ) -> dict[str, tuple[tuple[PreparedDevice, ...], str]]:
+        """Write the CDI specs, then record them in one checkpoint write (blocking; holds
+        the turn). A crash in between leaves specs without records, which the next start
+        removes (`checkpoint.recover`)."""
+        checkpoint = self.checkpoint
+        answers: dict[str, tuple[tuple[PreparedDevice, ...], str]] = {}
+        for claim, plan in plans:
+            try:
+                if plan.spec is not None:
+                    cdi.write_spec(plan.spec, str(self.cdi_dir), spec_file_name(claim.uid))
+            except OSError as exc:
+                with contextlib.suppress(OSError):  # a spec of an earlier attempt, if any
+                    remove_spec(self.cdi_dir, claim.uid)
+                checkpoint.claims.pop(claim.uid, None)
+                answers[claim.uid] = (
+                    (),
+                    self._refuse(
+                        claim,
+                        f"cannot write its CDI spec to {self.cdi_dir} ({exc.strerror or exc}); "
+                        f"mount the CDI directory read-write, with room to write",
+                    ),
+                )
+                continue
+            checkpoint.claims[claim.uid] = ClaimRecord(
+                claim.uid, ClaimState.PREPARED, claim.namespace, claim.name, plan.devices
+            )
+            answers[claim.uid] = (plan.devices, "")
+        try:
+            checkpoint.save()
+        except OSError as exc:
+            # Unrecorded specs would be removed at the next start under a running pod:
+            # take them back now and let the kubelet ask again.
+            for claim, _ in plans:
+                if answers[claim.uid][1]:
+                    continue
+                checkpoint.claims.pop(claim.uid, None)
+                with contextlib.suppress(OSError):
+                    remove_spec(self.cdi_dir, claim.uid)
+                answers[claim.uid] = ((), self._refuse(claim, self._unsaved(exc)))
+            return answers
+        for claim, plan in plans:
+            if not answers[claim.uid][1]:
+                log.info(
+                    "prepared claim %s/%s (%s): %s",
+                    claim.namespace,
+                    claim.name,
+                    claim.uid,
+                    ", ".join(d.device for d in plan.devices) or "no device of ours",
+                )
+        return answers
+
+    # -- unprepare ------------------------------------------------------------------------
+
+    async def unprepare(self, claims: Sequence[dra_pb2.Claim]) -> dict[str, str]:
+        """Claim UID -> error ("" when done); an unknown claim is done already."""
+        _check_claims(claims)
+        async with self._turn:
+            return await asyncio.to_thread(self._release, claims)
+
+    def _release(self, claims: Sequence[dra_pb2.Claim]) -> dict[str, str]:
+        """Drop the records first, then the specs: a crash in between leaves a spec that
+        no record accounts for, which the next start removes."""
+        checkpoint = self.checkpoint
+        dropped = [checkpoint.claims.pop(c.uid, None) for c in claims]
+        if any(r is not None for r in dropped):
+            try:
+                checkpoint.save()
+            except OSError as exc:
+                for record in dropped:
+                    if record is not None:
+                        checkpoint.claims[record.uid] = record
+                line = self._unsaved(exc)
+                log.warning("NodeUnprepareResources: %s", line)
+                return {c.uid: rpc.bounded(f"claim {c.namespace}/{c.name}: {line}") for c in claims}
+        answers = {}
+        for claim, record in zip(claims, dropped, strict=True):
+            try:
+                removed = remove_spec(self.cdi_dir, claim.uid)
+            except OSError as exc:
+                answers[claim.uid] = rpc.bounded(
+                    f"claim {claim.namespace}/{claim.name} ({claim.uid}): cannot remove its "
+                    f"CDI spec from {self.cdi_dir} ({exc.strerror or exc})"
+                )
+                log.warning("NodeUnprepareResources: %s", answers[claim.uid])
+                continue
+            answers[claim.uid] = ""
+            if record is not None or removed:
+                log.info("unprepared claim %s/%s (%s)", claim.namespace, claim.name, claim.uid)
+        return answers
+
+
+def _status(exc: Exception, rpc_name: str) -> tuple[grpc.StatusCode, str]:
+    return rpc.status_for(exc, rpc_name, log)
+
+
+class DraServicer:
+    """The two DRAPlugin RPCs over a `ClaimPreparer`."""
+
+    def __init__(self, preparer: ClaimPreparer) -> None:
+        self.preparer = preparer
+
+    async def NodePrepareResources(
+        self,
+        request: dra_pb2.NodePrepareResourcesRequest,
+        context: grpc.aio.ServicerContext[Any, Any],
+    ) -> dra_pb2.NodePrepareResourcesResponse:
+        answers = await self.preparer.prepare(request.claims)
+        response = dra_pb2.NodePrepareResourcesResponse()
+        for uid, (devices, error) in answers.items():
+            entry = response.claims[uid]
+            if error:
+                entry.error = error
+                continue
+            for d in devices:
+                entry.devices.add(
+                    request_names=d.requests,
+                    pool_name=d.pool,
+                    device_name=d.device,
+                    cdi_device_ids=d.cdi_ids,
+                )
+        return response
+
+    async def NodeUnprepareResources(
+        self,
+        request: dra_pb2.NodeUnprepareResourcesRequest,
+        context: grpc.aio.ServicerContext[Any, Any],
+    ) -> dra_pb2.NodeUnprepareResourcesResponse:
+        answers = await self.preparer.unprepare(request.claims)
+        response = dra_pb2.NodeUnprepareResourcesResponse()
+        for uid, error in answers.items():
+            response.claims[uid].error = error
+        return response
+
+
+def dra_server(servicer: DraServicer) -> grpc.aio.Server:
+    """A grpc.aio server answering `servicer` under every name in `SERVICES`, inside the
+    `kubegpu.rpc` error boundary with the request size bound."""
+    server = grpc.aio.server(
+        interceptors=[
+            rpc.Boundary(lambda: MAX_REQUEST_BYTES, status=_status, subject="the DRA plugin")
+        ]
+    )
+    methods = {
+        "NodePrepareResources": grpc.unary_unary_rpc_method_handler(
+            servicer.NodePrepareResources,
+            request_deserializer=dra_pb2.NodePrepareResourcesRequest.FromString,
+            response_serializer=dra_pb2.NodePrepareResourcesResponse.SerializeToString,
+        ),
+        "NodeUnprepareResources": grpc.unary_unary_rpc_method_handler(
+            servicer.NodeUnprepareResources,
+            request_deserializer=dra_pb2.NodeUnprepareResourcesRequest.FromString,
+            response_serializer=dra_pb2.NodeUnprepareResourcesResponse.SerializeToString,
+        ),
+    }
+    for service in SERVICES:
+        server.add_generic_rpc_handlers((grpc.method_handlers_generic_handler(service, methods),))
+    return server
+
+
+__all__ = [
+    "MAX_REQUEST_BYTES",
+    "SERVICES",
+    "SUPPORTED_VERSIONS",
+    "ClaimPreparer",
+    "ClaimSource",
+    "DraServicer",
+    "dra_server",
+]

@@ -1,0 +1,381 @@
+"""The DRA kubelet plugin over real unix sockets, called by grpc clients as the kubelet
+calls it: registration, prepare/unprepare under both service names, errors, restarts."""
+
+from __future__ import annotations
+
+import asyncio
+import json
+from collections.abc import AsyncIterator, Callable
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+import grpc
+import pytest
+
+from kubegpu.api import dra_pb2
+from kubegpu.api import pluginregistration_pb2 as reg_pb
+from kubegpu.api import pluginregistration_pb2_grpc as reg_grpc
+from kubegpu.config import Config
+from kubegpu.config.loader import parse_config
+from kubegpu.dra.checkpoint import CHECKPOINT_FILE, ClaimState
+from kubegpu.dra.claims import spec_file_name
+from kubegpu.dra.driver import DraDriver
+from kubegpu.dra.service import MAX_REQUEST_BYTES, SERVICES, ClaimPreparer
+from kubegpu.kube import FakeKube, KubeError
+from kubegpu.state import NodeStore
+from tests.builders import gpu, inventory
+from tests.waiting import eventually
+
+DRIVER = "gpu.nvidia.com"
+NODE = "node-a"
+
+
+@dataclass
+class Plugin:
+    driver: DraDriver
+    kube: FakeKube
+    store: NodeStore
+    root: Path
+    cdi_dir: Path
+    channel: grpc.aio.Channel
+
+    def call(self, method: str, service: str = SERVICES[0]) -> Any:
+        response: Any = {
+            "NodePrepareResources": dra_pb2.NodePrepareResourcesResponse,
+            "NodeUnprepareResources": dra_pb2.NodeUnprepareResourcesResponse,
+        }[method]
+        return self.channel.unary_unary(
+            f"/{service}/{method}",
+            request_serializer=lambda message: message.SerializeToString(),
+            response_deserializer=response.FromString,
+        )
+
+    async def prepare(self, *claims: dra_pb2.Claim, service: str = SERVICES[0]) -> Any:
+        request = dra_pb2.NodePrepareResourcesRequest(claims=claims)
+        return await self.call("NodePrepareResources", service)(request)
+
+    async def unprepare(self, *claims: dra_pb2.Claim) -> Any:
+        request = dra_pb2.NodeUnprepareResourcesRequest(claims=claims)
+        return await self.call("NodeUnprepareResources")(request)
+
+    def put_claim(self, name: str, *devices: str) -> dra_pb2.Claim:
+        return put_claim(self.kube, name, *devices)
+
+    def specs(self) -> list[str]:
+        return sorted(p.name for p in self.cdi_dir.iterdir()) if self.cdi_dir.is_dir() else []
+
+
+def put_claim(kube: FakeKube, name: str, *devices: str) -> dra_pb2.Claim:
+    """An allocated claim of `devices` in the API, as the kubelet names it."""
+    stored = kube.put_resource_claim(
+        {
+            "metadata": {"namespace": "ns", "name": name},
+            "spec": {},
+            "status": {
+                "allocation": {
+                    "devices": {
+                        "results": [
+                            {"request": "gpu", "driver": DRIVER, "pool": NODE, "device": d}
+                            for d in devices
+                        ]
+                    }
+                }
+            },
+        }
+    )
+    return dra_pb2.Claim(namespace="ns", name=name, uid=stored["metadata"]["uid"])
+
+
+def make_driver(root: Path, store: NodeStore, kube: FakeKube) -> DraDriver:
+    preparer = ClaimPreparer(
+        store, kube, data_dir=root / "plugins" / DRIVER, cdi_dir=root / "cdi", pool=NODE
+    )
+    return DraDriver(
+        preparer, driver=DRIVER, registrar_dir=root / "registry", plugins_dir=root / "plugins"
+    )
+
+
+async def running(driver: DraDriver) -> asyncio.Task[None]:
+    await driver.start()
+    return asyncio.create_task(driver.run())
+
+
+async def stop(driver: DraDriver, task: asyncio.Task[None]) -> None:
+    task.cancel()
+    await asyncio.gather(task, return_exceptions=True)
+    await driver.stop()
+
+
+@pytest.fixture
+async def plugin(socket_dir: Path) -> AsyncIterator[Plugin]:
+    store = NodeStore()
+    store.update(inventory=inventory(gpu(0), gpu(1)), config=Config())
+    kube = FakeKube()
+    driver = make_driver(socket_dir, store, kube)
+    task = await running(driver)
+    channel = grpc.aio.insecure_channel(f"unix://{driver.service.path}")
+    try:
+        yield Plugin(driver, kube, store, socket_dir, socket_dir / "cdi", channel)
+    finally:
+        await channel.close(None)
+        await stop(driver, task)
+
+
+async def registration_info(path: Path) -> reg_pb.PluginInfo:
+    async with grpc.aio.insecure_channel(f"unix://{path}") as channel:
+        stub = reg_grpc.RegistrationStub(channel)  # type: ignore[no-untyped-call]
+        info: reg_pb.PluginInfo = await stub.GetInfo(reg_pb.InfoRequest())
+        return info
+
+
+async def test_get_info_names_the_driver_its_socket_and_versions(plugin: Plugin) -> None:
+    path = plugin.root / "registry" / f"{DRIVER}-reg.sock"
+    info = await registration_info(path)
+    assert info.type == "DRAPlugin"
+    assert info.name == DRIVER
+    assert info.endpoint == str(plugin.root / "plugins" / DRIVER / "dra.sock")
+    assert list(info.supported_versions) == ["v1.DRAPlugin", "v1beta1.DRAPlugin"]
+
+
+async def test_a_refused_registration_is_one_log_line(
+    plugin: Plugin, caplog: pytest.LogCaptureFixture
+) -> None:
+    path = plugin.driver.registrar.path
+    async with grpc.aio.insecure_channel(f"unix://{path}") as channel:
+        stub = reg_grpc.RegistrationStub(channel)  # type: ignore[no-untyped-call]
+        await stub.NotifyRegistrationStatus(
+            reg_pb.RegistrationStatus(plugin_registered=False, error="no\nsuch version")
+        )
+    refused = [r.getMessage() for r in caplog.records if "refused to register" in r.getMessage()]
+    assert len(refused) == 1 and "\n" not in refused[0]
+    assert plugin.driver.ready() == (
+        False,
+        "the kubelet refused the DRA driver: no\nsuch version",
+    )
+
+
+@pytest.mark.parametrize("service", SERVICES)
+async def test_prepare_writes_a_cdi_spec_and_answers_its_ids(plugin: Plugin, service: str) -> None:
+    claim = plugin.put_claim("one", "gpu-1")
+    answer = (await plugin.prepare(claim, service=service)).claims[claim.uid]
+    assert answer.error == ""
+    [device] = answer.devices
+    assert (device.pool_name, device.device_name, list(device.request_names)) == (
+        NODE,
+        "gpu-1",
+        ["gpu"],
+    )
+    assert list(device.cdi_device_ids) == [f"k8s.gpu.nvidia.com/claim={claim.uid}-gpu-1"]
+    spec = json.loads((plugin.cdi_dir / spec_file_name(claim.uid)).read_text())
+    assert spec["devices"][0]["containerEdits"]["deviceNodes"] == [{"path": "/dev/nvidia1"}]
+
+
+async def test_prepare_is_idempotent_and_needs_no_api_the_second_time(plugin: Plugin) -> None:
+    claim = plugin.put_claim("one", "gpu-0")
+    first = await plugin.prepare(claim)
+    plugin.kube.fail_with = KubeError("the API server is down")
+    second = await plugin.prepare(claim)
+    assert second == first
+
+
+async def test_unprepare_removes_the_spec_and_an_unknown_claim_is_fine(plugin: Plugin) -> None:
+    claim = plugin.put_claim("one", "gpu-0")
+    await plugin.prepare(claim)
+    spec = plugin.cdi_dir / spec_file_name(claim.uid)
+    assert spec.exists()
+    answer = await plugin.unprepare(claim)
+    assert answer.claims[claim.uid].error == ""
+    assert not spec.exists()
+    assert claim.uid not in plugin.driver.preparer.checkpoint.claims
+    again = await plugin.unprepare(claim, dra_pb2.Claim(namespace="ns", name="x", uid="nope-1"))
+    assert {u: c.error for u, c in again.claims.items()} == {claim.uid: "", "nope-1": ""}
+
+
+async def test_per_claim_errors_leave_the_other_claims_prepared(plugin: Plugin) -> None:
+    good = plugin.put_claim("good", "gpu-0")
+    stale = plugin.put_claim("stale", "gpu-1")
+    replaced = dra_pb2.Claim(namespace="ns", name="stale", uid="0000-old-uid")
+    missing = dra_pb2.Claim(namespace="ns", name="gone", uid="1111-gone")
+    wrong = plugin.put_claim("wrong", "gpu-9")
+    answer = await plugin.prepare(good, replaced, missing, wrong)
+    errors = {uid: c.error for uid, c in answer.claims.items()}
+    assert errors[good.uid] == ""
+    assert "another claim of that name" in errors["0000-old-uid"]
+    assert stale.uid in errors["0000-old-uid"]
+    assert "cannot read it from the API" in errors["1111-gone"]
+    assert "'gpu-9' does not exist" in errors[wrong.uid]
+    assert sorted(p.name for p in plugin.cdi_dir.iterdir()) == [spec_file_name(good.uid)]
+
+
+async def test_bad_requests_get_a_status_and_the_server_keeps_serving(plugin: Plugin) -> None:
+    with pytest.raises(grpc.aio.AioRpcError) as bad_uid:
+        await plugin.prepare(dra_pb2.Claim(namespace="ns", name="x", uid="../../etc/passwd"))
+    assert bad_uid.value.code() is grpc.StatusCode.INVALID_ARGUMENT
+    assert "invalid UID" in (bad_uid.value.details() or "")
+    raw = plugin.channel.unary_unary(
+        f"/{SERVICES[0]}/NodePrepareResources",
+        request_serializer=lambda b: b,
+        response_deserializer=dra_pb2.NodePrepareResourcesResponse.FromString,
+    )
+    with pytest.raises(grpc.aio.AioRpcError) as garbage:
+        await raw(b"\x0a\x05\x1a\x03\xff\xfe\xfd")
+    assert garbage.value.code() is grpc.StatusCode.INVALID_ARGUMENT
+    with pytest.raises(grpc.aio.AioRpcError) as huge:
+        await raw(b"\x0a\x00" * (MAX_REQUEST_BYTES // 2 + 1))
+    assert huge.value.code() is grpc.StatusCode.INVALID_ARGUMENT
+    claim = plugin.put_claim("after", "gpu-0")
+    assert (await plugin.prepare(claim)).claims[claim.uid].error == ""
+
+
+async def test_a_spec_that_cannot_be_written_fails_only_that_claim(plugin: Plugin) -> None:
+    plugin.cdi_dir.write_text("a file where the CDI directory should be")
+    claim = plugin.put_claim("one", "gpu-0")
+    answer = (await plugin.prepare(claim)).claims[claim.uid]
+    assert "cannot write its CDI spec" in answer.error
+    assert claim.uid not in plugin.driver.preparer.checkpoint.claims
+
+
+@pytest.mark.parametrize("which", ["service", "registrar"])
+async def test_a_deleted_socket_is_served_again(plugin: Plugin, which: str) -> None:
+    server = getattr(plugin.driver, which)
+    served = server.served
+    server.path.unlink()
+    await eventually(lambda: server.served > served and server.serving)
+    claim = plugin.put_claim("after", "gpu-0")
+    async with grpc.aio.insecure_channel(f"unix://{plugin.driver.service.path}") as channel:
+        plugin.channel = channel
+        assert (await plugin.prepare(claim)).claims[claim.uid].error == ""
+    info = await registration_info(plugin.driver.registrar.path)
+    assert info.name == DRIVER
+
+
+async def test_stop_removes_both_sockets_and_keeps_prepared_claims(socket_dir: Path) -> None:
+    store = NodeStore()
+    store.update(inventory=inventory(gpu(0)), config=Config())
+    kube = FakeKube()
+    driver = make_driver(socket_dir, store, kube)
+    task = await running(driver)
+    claim = put_claim(kube, "c", "gpu-0")
+    await driver.preparer.prepare([claim])
+    await stop(driver, task)
+    assert not driver.service.path.exists() and not driver.registrar.path.exists()
+    # A new process answers the same claim from the checkpoint, its spec still there.
+    again = make_driver(socket_dir, store, FakeKube())
+    task = await running(again)
+    try:
+        answer = await again.preparer.prepare([claim])
+        assert answer[claim.uid][1] == ""
+        assert answer[claim.uid][0][0].device == "gpu-0"
+    finally:
+        await stop(again, task)
+
+
+async def test_a_restart_mid_prepare_leaves_nothing_behind(socket_dir: Path) -> None:
+    """The process died after writing a claim's spec (or while writing another's), before
+    recording them: the next start removes both, and the kubelet's retry prepares the
+    claim afresh."""
+    store = NodeStore()
+    store.update(inventory=inventory(gpu(0)), config=Config())
+    kube = FakeKube()
+    claim = put_claim(kube, "c", "gpu-0")
+    cdi_dir = socket_dir / "cdi"
+    cdi_dir.mkdir()
+    (cdi_dir / spec_file_name(claim.uid)).write_text("{}")
+    (cdi_dir / f".{spec_file_name('u-other')}.x1y2").write_text("{")
+    driver = make_driver(socket_dir, store, kube)
+    task = await running(driver)
+    try:
+        assert list(cdi_dir.iterdir()) == []
+        assert driver.preparer.checkpoint.claims == {}
+        data = socket_dir / "plugins" / DRIVER
+        assert not (data / CHECKPOINT_FILE).exists()
+        answer = await driver.preparer.prepare([claim])
+        assert answer[claim.uid][1] == ""
+        assert [p.name for p in cdi_dir.iterdir()] == [spec_file_name(claim.uid)]
+        assert json.loads((data / CHECKPOINT_FILE).read_text())["claims"].keys() == {claim.uid}
+    finally:
+        await stop(driver, task)
+
+
+async def test_a_checkpoint_that_cannot_be_written_fails_the_claims_and_keeps_no_spec(
+    plugin: Plugin,
+) -> None:
+    claim = plugin.put_claim("one", "gpu-0")
+    # A directory where the checkpoint file goes: renaming the new file over it fails.
+    blocker = plugin.driver.preparer.data_dir / CHECKPOINT_FILE
+    blocker.unlink(missing_ok=True)
+    blocker.mkdir()
+    answer = (await plugin.prepare(claim)).claims[claim.uid]
+    assert "cannot write the checkpoint" in answer.error
+    assert plugin.specs() == []  # an unrecorded spec would be removed under the pod later
+    blocker.rmdir()
+    answer = (await plugin.prepare(claim)).claims[claim.uid]
+    assert answer.error == "" and plugin.specs() == [spec_file_name(claim.uid)]
+    blocker.unlink()
+    blocker.mkdir()
+    refused = (await plugin.unprepare(claim)).claims[claim.uid]
+    assert "cannot write the checkpoint" in refused.error
+    assert plugin.specs() == [spec_file_name(claim.uid)]  # kept for the kubelet's retry
+    assert claim.uid in plugin.driver.preparer.checkpoint.claims
+    blocker.rmdir()
+    assert (await plugin.unprepare(claim)).claims[claim.uid].error == ""
+    assert plugin.specs() == []
+
+
+async def test_concurrent_prepares_of_one_claim_write_once(plugin: Plugin) -> None:
+    claim = plugin.put_claim("one", "gpu-0")
+    writes: Callable[[], int] = lambda: plugin.driver.preparer.checkpoint.writes  # noqa: E731
+    before = writes()
+    answers = await asyncio.gather(*(plugin.prepare(claim) for _ in range(5)))
+    assert all(a == answers[0] for a in answers)
+    assert writes() - before == 1  # the claim prepared once
+
+
+async def test_time_sliced_gpu_is_prepared_for_several_claims(socket_dir: Path) -> None:
+    config = parse_config(
+        "version: v1\nsharing:\n  timeSlicing:\n    resources:\n"
+        "    - name: nvidia.com/gpu\n      replicas: 4\n"
+    )
+    store = NodeStore()
+    store.update(inventory=inventory(gpu(0)), config=config)
+    kube = FakeKube()
+    driver = make_driver(socket_dir, store, kube)
+    task = await running(driver)
+    try:
+        claims = [put_claim(kube, f"c{i}", "gpu-0") for i in range(4)]
+        answers = await driver.preparer.prepare(claims)
+        assert all(error == "" for _, error in answers.values())
+        assert len(list((socket_dir / "cdi").iterdir())) == 4
+    finally:
+        await stop(driver, task)
+
+
+async def test_after_a_corrupt_checkpoint_the_kubelets_calls_still_clean_up(
+    socket_dir: Path,
+) -> None:
+    """Specs found on disk are kept (running pods' containers may restart from them); the
+    kubelet's prepare rebuilds the claim's spec and its unprepare removes it."""
+    store = NodeStore()
+    store.update(inventory=inventory(gpu(0)), config=Config())
+    kube = FakeKube()
+    claim = put_claim(kube, "c", "gpu-0")
+    data = socket_dir / "plugins" / DRIVER
+    data.mkdir(parents=True)
+    (data / CHECKPOINT_FILE).write_text("garbage")
+    cdi_dir = socket_dir / "cdi"
+    cdi_dir.mkdir()
+    spec = cdi_dir / spec_file_name(claim.uid)
+    spec.write_text("{}")
+    driver = make_driver(socket_dir, store, kube)
+    task = await running(driver)
+    try:
+        assert spec.exists()
+        assert driver.preparer.checkpoint.claims[claim.uid].state is ClaimState.ADOPTED
+        answer = await driver.preparer.prepare([claim])
+        assert answer[claim.uid][1] == ""
+        assert json.loads(spec.read_text())["devices"][0]["name"] == f"{claim.uid}-gpu-0"
+        assert await driver.preparer.unprepare([claim]) == {claim.uid: ""}
+        assert not spec.exists()
+    finally:
+        await stop(driver, task)

@@ -1,0 +1,399 @@
+"""`serve --mode dra` on a simulated 8×H100 node, end to end against the kubelet emulator.
+
+The daemon runs in-process (the same `Daemon.run` as `kubegpu serve --mode dra --simulate
+h100-8`) with the API in memory (`FakeKube`, shared with the emulator): it publishes the
+node's ResourceSlices, registers its DRA plugin through the emulated kubelet's plugin
+watcher, and prepares the claims the scheduler stand-in allocates from those slices. The
+emulated kubelet hands each container the CDI device IDs the plugin answered, and the
+CDI spec files behind them are read back from disk.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import functools
+import json
+from collections.abc import AsyncIterator, Iterator
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any, cast
+
+import pytest
+import yaml
+
+from kubegpu.cli.options import parse
+from kubegpu.cli.serve import serve
+from kubegpu.daemon import Daemon, DaemonSettings
+from kubegpu.devices.simulated import SimulatedBackend
+from kubegpu.dra.claims import CLAIM_CDI_KIND, spec_file_name
+from kubegpu.kube import FakeKube, Kube
+from kubegpu.kubelet import KubeletEmulator
+from kubegpu.kubelet.dra import DRAKubelet
+from kubegpu.kubelet.dra.manager import PrepareError
+from kubegpu.kubelet.dra.plugins import SliceWiper
+from kubegpu.kubelet.dra.scheduler import SchedulerStandIn, UnschedulableError
+from tests.waiting import WAIT, Kubelet, eventually
+
+CHART = Path(__file__).resolve().parents[3] / "deployments" / "helm" / "kubegpu"
+NODE = "node-1"
+DRIVER = "gpu.nvidia.com"
+H100 = "NVIDIA H100 80GB HBM3"
+
+
+@dataclass
+class World:
+    kubelet: KubeletEmulator
+    dra: DRAKubelet
+    kube: FakeKube
+    scheduler: SchedulerStandIn
+    daemon: Daemon
+    root: Path
+
+    @property
+    def cdi_dir(self) -> Path:
+        return self.root / "cdi"
+
+    @property
+    def backend(self) -> SimulatedBackend:
+        backend = self.daemon.backend
+        assert isinstance(backend, SimulatedBackend)
+        return backend
+
+    def slices(self) -> list[dict[str, Any]]:
+        return self.kube.list_resource_slices(DRIVER, NODE)
+
+    def devices(self) -> dict[str, dict[str, Any]]:
+        return {d["name"]: d for s in self.slices() for d in s["spec"]["devices"]}
+
+    async def run(self, pod: dict[str, Any]) -> tuple[dict[str, Any], dict[str, list[str]]]:
+        scheduled = self.scheduler.schedule(pod)
+        return scheduled, await self.kubelet.run_pod(scheduled)
+
+    async def delete(self, pod: dict[str, Any]) -> None:
+        await self.kubelet.delete_pod(pod)
+        self.scheduler.release(pod)
+
+    def specs(self) -> list[str]:
+        return sorted(p.name for p in self.cdi_dir.iterdir()) if self.cdi_dir.exists() else []
+
+
+@functools.cache
+def chart() -> tuple[dict[str, Any], ...]:
+    """The chart's objects in `mode: dra` (its `ci/dra-values.yaml`: a simulated 8×H100
+    node, time-slicing from the config map), rendered by the real Helm engine."""
+    helm_python = pytest.importorskip("helm_python")
+    values = yaml.safe_load((CHART / "ci" / "dra-values.yaml").read_text())
+    with helm_python.Chart.load(str(CHART)) as loaded:
+        out = loaded.render(values, name="kubegpu", namespace="kube-system", is_install=True)
+    return tuple(
+        doc
+        for name, text in sorted(out.items())
+        if name.endswith(".yaml")
+        for doc in yaml.safe_load_all(text)
+        if doc
+    )
+
+
+def chart_objects(kind: str) -> list[dict[str, Any]]:
+    return [d for d in chart() if d["kind"] == kind]
+
+
+def device_classes(kube: FakeKube) -> None:
+    """The DeviceClasses the chart installs in `mode: dra`."""
+    for body in chart_objects("DeviceClass"):
+        kube.put_device_class(body)
+
+
+def settings(root: Path, registry: Path, plugins: Path, config: Path | None) -> DaemonSettings:
+    return DaemonSettings(
+        mode="dra",
+        simulate="h100-8",
+        registrar_dir=registry,
+        kubelet_plugins_dir=plugins,
+        plugin_dir=root / "dp",
+        cdi_dir=root / "cdi",
+        node_name=NODE,
+        config_file=config,
+        overrides={"flags.health.recoverySeconds": 0},
+    )
+
+
+class Serve:
+    """One `serve --mode dra` daemon running in this process, stopped like SIGTERM."""
+
+    def __init__(self, daemon: Daemon) -> None:
+        self.daemon = daemon
+        self.stop = asyncio.Event()
+        self.task: asyncio.Task[None] | None = None
+
+    async def start(self) -> Daemon:
+        self.task = asyncio.create_task(self.daemon.run(self.stop))
+        started = asyncio.create_task(self.daemon.started.wait())
+        await asyncio.wait([self.task, started], return_when=asyncio.FIRST_COMPLETED)
+        if self.task.done():
+            started.cancel()
+            self.task.result()
+        return self.daemon
+
+    async def close(self) -> None:
+        self.stop.set()
+        if self.task is not None:
+            await self.task
+
+
+def pod(name: str, containers: list[dict[str, Any]], **spec: Any) -> dict[str, Any]:
+    return {
+        "metadata": {"name": name, "namespace": "default", "uid": f"uid-{name}"},
+        "spec": {"containers": containers, **spec},
+    }
+
+
+def gpu_pod(name: str, count: int) -> dict[str, Any]:
+    """An unmodified device-plugin pod: `limits: nvidia.com/gpu: <count>`, no claim."""
+    return pod(name, [{"name": "ctr", "resources": {"limits": {"nvidia.com/gpu": str(count)}}}])
+
+
+def claim_pod(name: str, claim: str) -> dict[str, Any]:
+    return pod(
+        name,
+        [{"name": "ctr", "resources": {"claims": [{"name": "gpu"}]}}],
+        resourceClaims=[{"name": "gpu", "resourceClaimName": claim}],
+    )
+
+
+def put_claim(kube: FakeKube, name: str, selector: str | None = None) -> None:
+    request: dict[str, Any] = {"deviceClassName": "gpu.nvidia.com"}
+    if selector is not None:
+        request["selectors"] = [{"cel": {"expression": selector}}]
+    kube.put_resource_claim(
+        {
+            "metadata": {"namespace": "default", "name": name},
+            "spec": {"devices": {"requests": [{"name": "gpu", "exactly": request}]}},
+        }
+    )
+
+
+@pytest.fixture
+def time_sliced(socket_dir: Path) -> Iterator[Path]:
+    """The chart's default config in `ci/dra-values.yaml`: every GPU time-sliced by 4."""
+    [config_map] = [c for c in chart_objects("ConfigMap") if "default" in c.get("data", {})]
+    path = socket_dir / "config.yaml"
+    path.write_text(config_map["data"]["default"])
+    yield path
+
+
+def wiper(kube: FakeKube) -> SliceWiper:
+    """What the kubelet does to the node's slices at its start (all drivers) and when a
+    driver is gone too long (one driver)."""
+
+    def wipe(driver: str | None) -> None:
+        for name, body in list(kube.resource_slices.items()):
+            spec = body["spec"]
+            if spec.get("nodeName") == NODE and driver in (None, spec["driver"]):
+                kube.delete_resource_slice(name)
+
+    return wipe
+
+
+async def make_world(root: Path, config: Path | None = None) -> tuple[World, Serve]:
+    kube = FakeKube()
+    device_classes(kube)
+    dra = DRAKubelet(root / "kubelet", kube, retry_initial=0.05, wipe=wiper(kube))
+    kubelet = Kubelet(root / "dp-kubelet", dra=dra)
+    await kubelet.start()
+    daemon = Daemon(settings(root, dra.registry_dir, dra.plugins_dir, config), kube=kube)
+    serve = Serve(daemon)
+    await serve.start()
+    scheduler = SchedulerStandIn(kube, NODE, device_plugin_allocatable=kubelet.allocatable)
+    world = World(kubelet, dra, kube, scheduler, daemon, root)
+    await kubelet.wait_for(lambda: DRIVER in dra.drivers, WAIT)
+    await eventually(lambda: len(world.devices()) == 8)
+    return world, serve
+
+
+@pytest.fixture
+async def world(socket_dir: Path) -> AsyncIterator[World]:
+    made, serve = await make_world(socket_dir)
+    try:
+        yield made
+    finally:
+        await serve.close()
+        await made.kubelet.stop()
+
+
+async def test_the_slices_show_eight_gpus_with_their_attributes(world: World) -> None:
+    [one] = world.slices()
+    assert one["spec"]["pool"]["name"] == NODE
+    devices = world.devices()
+    assert sorted(devices) == [f"gpu-{i}" for i in range(8)]
+    attributes = devices["gpu-3"]["attributes"]
+    assert attributes["productName"] == {"string": H100}
+    assert attributes["type"] == {"string": "gpu"}
+    for name in ("uuid", "architecture", "cudaComputeCapability", "driverVersion"):
+        assert name in attributes, name
+    assert "resource.kubernetes.io/pciBusID" in attributes
+
+
+async def test_a_claim_selecting_by_product_name_runs_with_its_gpus_cdi_ids(
+    world: World,
+) -> None:
+    put_claim(
+        world.kube,
+        "h100",
+        f'device.attributes["gpu.nvidia.com"].productName == "{H100}"',
+    )
+    _, devices = await world.run(claim_pod("trainer", "h100"))
+    claim = world.kube.resource_claims[("default", "h100")]
+    uid = claim["metadata"]["uid"]
+    [result] = claim["status"]["allocation"]["devices"]["results"]
+    assert devices == {"ctr": [f"{CLAIM_CDI_KIND}={uid}-{result['device']}"]}
+    spec = json.loads((world.cdi_dir / spec_file_name(uid)).read_text())
+    minor = int(result["device"].removeprefix("gpu-"))
+    [device] = spec["devices"]
+    assert device["name"] == f"{uid}-{result['device']}"
+    assert device["containerEdits"]["deviceNodes"] == [{"path": f"/dev/nvidia{minor}"}]
+    assert "hooks" not in spec.get("containerEdits", {})
+
+
+async def test_an_unmodified_two_gpu_pod_gets_two_gpus(world: World) -> None:
+    scheduled, devices = await world.run(gpu_pod("legacy", 2))
+    name = scheduled["status"]["extendedResourceClaimStatus"]["resourceClaimName"]
+    uid = world.kube.resource_claims[("default", name)]["metadata"]["uid"]
+    assert len(devices["ctr"]) == 2
+    assert all(i.startswith(f"{CLAIM_CDI_KIND}={uid}-gpu-") for i in devices["ctr"])
+    assert world.specs() == [spec_file_name(uid)]
+
+
+async def test_deleting_the_pods_unprepares_their_claims(world: World) -> None:
+    pods = [(await world.run(gpu_pod(f"p{i}", 1)))[0] for i in range(3)]
+    assert len(world.specs()) == 3
+    for p in pods:
+        await world.delete(p)
+    assert world.specs() == []
+    assert world.daemon.dra is not None
+    assert world.daemon.dra.preparer.checkpoint.claims == {}
+
+
+async def test_eight_pods_share_two_time_sliced_gpus(socket_dir: Path, time_sliced: Path) -> None:
+    made, serve = await make_world(socket_dir, time_sliced)
+    try:
+        two = 'device.attributes["kubegpu.io"].index in ["0", "1"]'
+        for i in range(8):
+            put_claim(made.kube, f"c{i}", two)
+        pods = [(await made.run(claim_pod(f"p{i}", f"c{i}")))[0] for i in range(8)]
+        used = sorted(
+            r["device"]
+            for c in made.kube.resource_claims.values()
+            for r in c["status"]["allocation"]["devices"]["results"]
+        )
+        assert used == ["gpu-0"] * 4 + ["gpu-1"] * 4
+        assert len(made.specs()) == 8
+        for p in pods:
+            await made.delete(p)
+        assert made.specs() == []
+    finally:
+        await serve.close()
+        await made.kubelet.stop()
+
+
+async def test_an_xid_taints_the_device_and_recovery_lifts_the_taint(world: World) -> None:
+    def taints(name: str) -> list[dict[str, Any]]:
+        return list(world.devices().get(name, {}).get("taints", []))
+
+    world.backend.inject_xid(2, 79)
+    await eventually(lambda: bool(taints("gpu-2")))
+    [taint] = taints("gpu-2")
+    assert (taint["key"], taint.get("value")) == ("gpu.nvidia.com/xid", "79")
+    assert all(not taints(f"gpu-{i}") for i in range(8) if i != 2)
+    # The scheduler no longer gives it to a claim that asks for that very GPU...
+    put_claim(world.kube, "two", 'device.attributes["kubegpu.io"].index == "2"')
+    with pytest.raises(UnschedulableError):
+        world.scheduler.schedule(claim_pod("wants-2", "two"))
+    world.backend.heal(2)
+    await eventually(lambda: not taints("gpu-2"))
+    # ...until the GPU has recovered.
+    _, devices = await world.run(claim_pod("wants-2", "two"))
+    assert devices["ctr"][0].endswith("-gpu-2")
+
+
+class SlowClaims:
+    """The plugin's view of the API, whose claim reads wait for `release` (the kubelet
+    emulator reads the same FakeKube directly, undelayed)."""
+
+    def __init__(self, kube: FakeKube, loop: asyncio.AbstractEventLoop) -> None:
+        self.kube = kube
+        self.loop = loop
+        self.reading = asyncio.Event()
+        self.release = asyncio.Event()
+
+    def get_resource_claim(self, namespace: str, name: str) -> dict[str, Any]:
+        self.loop.call_soon_threadsafe(self.reading.set)
+        asyncio.run_coroutine_threadsafe(self.release.wait(), self.loop).result()
+        return self.kube.get_resource_claim(namespace, name)
+
+    def __getattr__(self, name: str) -> Any:
+        return getattr(self.kube, name)
+
+
+async def test_a_plugin_restart_mid_prepare_leaves_nothing_behind(socket_dir: Path) -> None:
+    made, serve = await make_world(socket_dir)
+    await serve.close()
+    slow = SlowClaims(made.kube, asyncio.get_running_loop())
+    plugin_settings = settings(socket_dir, made.dra.registry_dir, made.dra.plugins_dir, None)
+    serve = Serve(Daemon(plugin_settings, kube=cast(Kube, slow)))
+    try:
+        made.daemon = await serve.start()
+        await made.kubelet.wait_for(lambda: DRIVER in made.dra.drivers, WAIT)
+        scheduled = made.scheduler.schedule(gpu_pod("interrupted", 1))
+        prepare = asyncio.create_task(made.kubelet.run_pod(scheduled))
+        await slow.reading.wait()
+        # SIGTERM while the claim is being read: the server's grace runs out, the call is
+        # cut off, and only then does the API answer (to a process that is gone).
+        await serve.close()
+        slow.release.set()
+        # The emulator closes the connection of a deregistered plugin, which cuts the call
+        # off on its side; it surfaces that as a cancellation rather than PrepareError.
+        with pytest.raises((PrepareError, asyncio.CancelledError)):
+            await prepare
+        assert made.specs() == []
+        # A new plugin process: nothing was left behind, and the kubelet's retry succeeds.
+        serve = Serve(Daemon(plugin_settings, kube=made.kube))
+        made.daemon = await serve.start()
+        await made.kubelet.wait_for(lambda: DRIVER in made.dra.drivers, WAIT)
+        devices = await made.kubelet.run_pod(scheduled)
+        assert len(devices["ctr"]) == 1 and len(made.specs()) == 1
+        await made.delete(scheduled)
+        assert made.specs() == []
+        assert made.daemon.dra is not None
+        assert made.daemon.dra.preparer.checkpoint.claims == {}
+    finally:
+        slow.release.set()
+        await serve.close()
+        await made.kubelet.stop()
+
+
+async def test_a_kubelet_restart_finds_the_plugin_again(world: World) -> None:
+    attempts = len(world.dra.attempts)
+    await world.dra.restart()
+    await world.kubelet.wait_for(
+        lambda: DRIVER in world.dra.drivers and len(world.dra.attempts) > attempts, WAIT
+    )
+    # The restarted kubelet wiped the node's slices; the plugin publishes them again.
+    await eventually(lambda: len(world.devices()) == 8)
+    _, devices = await world.run(gpu_pod("after-restart", 1))
+    assert len(devices["ctr"]) == 1
+
+
+def test_the_chart_runs_serve_in_dra_mode_with_the_kubelets_directories() -> None:
+    [daemonset] = chart_objects("DaemonSet")
+    [ctr] = daemonset["spec"]["template"]["spec"]["containers"]
+    env = {e["name"]: e.get("value") for e in ctr.get("env", [])}
+    args = [a for a in ctr.get("args", []) if a.startswith("--")]
+    values = parse(serve, args, {k: v for k, v in env.items() if v is not None})
+    assert values["mode"] == "dra"
+    assert values["kubelet_registrar_directory_path"] == "/var/lib/kubelet/plugins_registry"
+    assert values["kubelet_plugins_directory_path"] == "/var/lib/kubelet/plugins"
+    assert [c["metadata"]["name"] for c in chart_objects("DeviceClass")] == [
+        "gpu.nvidia.com",
+        "mig.nvidia.com",
+    ]

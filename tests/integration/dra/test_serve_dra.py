@@ -1,0 +1,143 @@
+"""`serve --mode dra`: the daemon runs the DRA kubelet plugin over the shared core."""
+
+from __future__ import annotations
+
+import asyncio
+import json
+from collections.abc import AsyncIterator
+from pathlib import Path
+
+import grpc
+import pytest
+
+from kubegpu.api import dra_pb2
+from kubegpu.api import pluginregistration_pb2 as reg_pb
+from kubegpu.api import pluginregistration_pb2_grpc as reg_grpc
+from kubegpu.cli.options import parse
+from kubegpu.cli.serve import serve
+from kubegpu.daemon import Daemon, DaemonSettings, StartupError
+from kubegpu.dra.claims import spec_file_name
+from kubegpu.kube import FakeKube
+from tests.integration.dra.test_driver import put_claim
+
+NODE = "node-a"
+
+
+def settings(root: Path, plugins: Path | None = None) -> DaemonSettings:
+    return DaemonSettings(
+        mode="dra",
+        simulate="h100-8",
+        registrar_dir=root / "registry",
+        kubelet_plugins_dir=plugins or root / "plugins",
+        plugin_dir=root / "dp",
+        cdi_dir=root / "cdi",
+        node_name=NODE,
+    )
+
+
+@pytest.fixture
+async def daemon(socket_dir: Path) -> AsyncIterator[tuple[Daemon, FakeKube]]:
+    kube = FakeKube()
+    running = Daemon(settings(socket_dir), kube=kube)
+    stop = asyncio.Event()
+    task = asyncio.create_task(running.run(stop))
+    started = asyncio.create_task(running.started.wait())
+    await asyncio.wait([task, started], return_when=asyncio.FIRST_COMPLETED)
+    if task.done():
+        started.cancel()
+        task.result()
+    try:
+        yield running, kube
+    finally:
+        stop.set()
+        await task
+
+
+async def test_the_flags_reach_the_daemon_settings() -> None:
+    values = parse(
+        serve,
+        ["--kubelet-registrar-directory-path", "/r", "--kubelet-plugins-directory-path", "/p"],
+        {"KUBEGPU_MODE": "dra"},
+    )
+    assert values["mode"] == "dra"
+    assert values["kubelet_registrar_directory_path"] == "/r"
+    assert values["kubelet_plugins_directory_path"] == "/p"
+    assert parse(serve, [], {})["mode"] == "plugin"
+
+
+async def test_simulated_node_serves_dra_and_no_device_plugin(
+    daemon: tuple[Daemon, FakeKube], socket_dir: Path
+) -> None:
+    running, kube = daemon
+    assert running.dra is not None
+    assert running.ready() == (True, "ok")
+    reg = socket_dir / "registry" / "gpu.nvidia.com-reg.sock"
+    async with grpc.aio.insecure_channel(f"unix://{reg}") as channel:
+        info = await reg_grpc.RegistrationStub(channel).GetInfo(reg_pb.InfoRequest())  # type: ignore[no-untyped-call]
+    assert info.endpoint == str(socket_dir / "plugins" / "gpu.nvidia.com" / "dra.sock")
+    assert not (socket_dir / "dp").exists() or not any((socket_dir / "dp").iterdir())
+    claim = put_claim(kube, "c", "gpu-5")
+    answer = await running.dra.preparer.prepare([claim])
+    devices, error = answer[claim.uid]
+    assert error == "" and [d.device for d in devices] == ["gpu-5"]
+    spec = json.loads((socket_dir / "cdi" / spec_file_name(claim.uid)).read_text())
+    nodes = [n["path"] for n in spec["devices"][0]["containerEdits"]["deviceNodes"]]
+    assert nodes == ["/dev/nvidia5"]
+
+
+async def test_stopping_removes_the_sockets_and_keeps_the_checkpoint(socket_dir: Path) -> None:
+    kube = FakeKube()
+    running = Daemon(settings(socket_dir), kube=kube)
+    stop = asyncio.Event()
+    task = asyncio.create_task(running.run(stop))
+    await running.started.wait()
+    assert running.dra is not None
+    claim = put_claim(kube, "c", "gpu-0")
+    await running.dra.preparer.prepare([claim])
+    stop.set()
+    await task
+    assert not (socket_dir / "registry" / "gpu.nvidia.com-reg.sock").exists()
+    assert not (socket_dir / "plugins" / "gpu.nvidia.com" / "dra.sock").exists()
+    assert (socket_dir / "plugins" / "gpu.nvidia.com" / "checkpoint.json").exists()
+    assert (socket_dir / "cdi" / spec_file_name(claim.uid)).exists()
+
+
+async def test_two_dra_daemons_cannot_share_the_plugins_directory(
+    daemon: tuple[Daemon, FakeKube], socket_dir: Path
+) -> None:
+    second = Daemon(settings(socket_dir), kube=FakeKube())
+    with pytest.raises(StartupError, match="in use by another kubegpu serve"):
+        await second.run(asyncio.Event())
+
+
+async def test_a_dra_socket_path_over_the_unix_limit_is_refused(socket_dir: Path) -> None:
+    deep = socket_dir / ("d" * 100)
+    running = Daemon(settings(socket_dir, deep), kube=FakeKube())
+    with pytest.raises(StartupError, match="longer than 107 bytes"):
+        await running.run(asyncio.Event())
+
+
+async def test_claims_are_answered_over_the_socket(
+    daemon: tuple[Daemon, FakeKube], socket_dir: Path
+) -> None:
+    _, kube = daemon
+    claim = put_claim(kube, "c", "gpu-7")
+    sock = socket_dir / "plugins" / "gpu.nvidia.com" / "dra.sock"
+    async with grpc.aio.insecure_channel(f"unix://{sock}") as channel:
+        call = channel.unary_unary(
+            "/k8s.io.kubelet.pkg.apis.dra.v1.DRAPlugin/NodePrepareResources",
+            request_serializer=dra_pb2.NodePrepareResourcesRequest.SerializeToString,
+            response_deserializer=dra_pb2.NodePrepareResourcesResponse.FromString,
+        )
+        answer = await call(dra_pb2.NodePrepareResourcesRequest(claims=[claim]))
+    assert answer.claims[claim.uid].devices[0].device_name == "gpu-7"
+
+
+async def test_dra_mode_needs_the_node_name() -> None:
+    from kubegpu.cli.options import UsageError
+    from kubegpu.cli.serve import check_serve
+
+    values = parse(serve, ["--mode", "dra"], {})
+    with pytest.raises(UsageError, match=r"--mode dra \(KUBEGPU_MODE\) needs --node-name"):
+        check_serve(values, {})
+    check_serve(parse(serve, ["--mode", "dra", "--node-name", "n1"], {}), {})
