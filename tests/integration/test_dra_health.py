@@ -65,8 +65,10 @@ class Node:
 async def serve(socket_dir: Path) -> AsyncIterator[Callable[[HealthServicer], Awaitable[Any]]]:
     servers: list[grpc.aio.Server] = []
     channels: list[grpc.aio.Channel] = []
+    followers: list[asyncio.Task[None]] = []
 
     async def start(servicer: HealthServicer) -> AsyncIterator[pb.NodeWatchResourcesResponse]:
+        followers.append(asyncio.create_task(servicer.follow()))
         path = socket_dir / f"dra-{len(servers)}.sock"
         server = grpc.aio.server()
         add_health_servicer(servicer, server)
@@ -80,6 +82,9 @@ async def serve(socket_dir: Path) -> AsyncIterator[Callable[[HealthServicer], Aw
     try:
         yield start
     finally:
+        for task in followers:
+            task.cancel()
+        await asyncio.gather(*followers, return_exceptions=True)
         for channel in channels:
             await channel.close(None)
         for server in servers:
@@ -137,13 +142,15 @@ async def test_an_xid_shows_in_the_pods_status_through_the_kubelet_and_recovery_
 ) -> None:
     node = Node()
     kube = FakeKube()
+    servicer = node.servicer()
+    follower = asyncio.create_task(servicer.follow())
     async with DRAKubelet(socket_dir, kube, retry_initial=0.05) as kubelet:
         driver = FakeDriver(
             kubelet.registry_dir,
             kubelet.plugins_dir,
             name=NVIDIA_DRIVER,
             kube=kube,
-            health=node.servicer(),
+            health=servicer,
         )
         await driver.start()
         try:
@@ -168,4 +175,19 @@ async def test_an_xid_shows_in_the_pods_status_through_the_kubelet_and_recovery_
             await kubelet.wait_for(lambda: health() == [(HEALTHY, "")] * 2, WAIT)
             assert kubelet.health_errors == []
         finally:
+            servicer.close()
             await driver.stop()
+            follower.cancel()
+            await asyncio.gather(follower, return_exceptions=True)
+
+
+async def test_close_ends_the_open_streams(serve: Any) -> None:
+    """A server about to stop need not wait out its grace for a stream to end."""
+    node = Node()
+    servicer = node.servicer()
+    stream = await serve(servicer)
+    await asyncio.wait_for(anext(stream), WAIT)
+    servicer.close()
+    with pytest.raises(StopAsyncIteration):
+        await asyncio.wait_for(anext(stream), WAIT)
+    assert servicer.streams == 0

@@ -78,6 +78,32 @@ class HealthServicer(pb_grpc.DRAResourceHealthServicer):
         self.clock = clock
         #: Streams open now (for tests and `kubegpu status`).
         self.streams = 0
+        #: Set and replaced on every change that may alter a report (`follow`, `close`).
+        self._wake = asyncio.Event()
+        #: Bumped by `close`: a stream opened before it ends.
+        self._generation = 0
+        self._closed = False
+
+    async def follow(self) -> None:
+        """Wake the streams on every change of the store; runs until cancelled (run it
+        next to the server: without it a stream reports only every `interval_s`)."""
+        async for _ in self.store.subscribe():
+            self._changed()
+
+    def close(self) -> None:
+        """End the open streams, and any opened from now on until `open`, as their server
+        is about to stop: a stream never ends by itself, and grpc's stop waits on it."""
+        self._closed = True
+        self._generation += 1
+        self._changed()
+
+    def open(self) -> None:
+        """Serve streams again after `close`."""
+        self._closed = False
+
+    def _changed(self) -> None:
+        wake, self._wake = self._wake, asyncio.Event()
+        wake.set()
 
     def report(self, state: NodeState) -> list[Line]:
         """Every device of the driver with its health and message, in slice order."""
@@ -119,26 +145,22 @@ class HealthServicer(pb_grpc.DRAResourceHealthServicer):
         ],
     ) -> AsyncIterator[pb.NodeWatchResourcesResponse]:
         self.streams += 1
+        generation = self._generation
         log.info("the kubelet watches the health of %s's devices", self.driver)
+        loop = asyncio.get_running_loop()
         try:
-            while True:
-                state = self.store.state
-                sent = self.report(state)
-                yield self.response(sent)
-                await self._changed(state, sent)
+            sent: list[Line] | None = None
+            due = 0.0
+            while generation == self._generation and not self._closed:
+                wake = self._wake
+                lines = self.report(self.store.state)
+                if lines != sent or loop.time() >= due:
+                    yield self.response(lines)
+                    sent, due = lines, loop.time() + self.interval_s
+                with contextlib.suppress(TimeoutError):
+                    await asyncio.wait_for(wake.wait(), max(0.0, due - loop.time()))
         finally:
             self.streams -= 1
-
-    async def _changed(self, sent: NodeState, lines: list[Line]) -> None:
-        """Until the report differs from `lines`, or `interval_s` seconds."""
-
-        async def differs() -> None:
-            async for state in self.store.subscribe(sent.version):
-                if self.report(state) != lines:
-                    return
-
-        with contextlib.suppress(TimeoutError):
-            await asyncio.wait_for(differs(), self.interval_s)
 
 
 def add_health_servicer(servicer: HealthServicer, server: grpc.aio.Server) -> None:
