@@ -75,12 +75,43 @@ def test_recover_rolls_back_a_claim_cut_off_mid_prepare(tmp_path: Path) -> None:
 
 def test_recover_removes_specs_no_claim_accounts_for(tmp_path: Path) -> None:
     cdi_dir = tmp_path / "cdi"
-    orphan = spec(cdi_dir, "u9")
+    recover(tmp_path / "data", cdi_dir)  # the first start writes an empty checkpoint
+    orphan = spec(cdi_dir, "u9")  # a crash between writing the spec and recording it
     foreign = cdi_dir / "k8s.device-plugin.nvidia.com-gpu.json"
     foreign.write_text("{}")
     recover(tmp_path / "data", cdi_dir)
     assert not orphan.exists()
     assert foreign.exists()  # not a claim spec of ours
+
+
+def test_the_first_start_writes_an_empty_checkpoint(tmp_path: Path) -> None:
+    got = recover(tmp_path / "data", tmp_path / "cdi")
+    assert got.claims == {}
+    assert Checkpoint.load(tmp_path / "data").claims == {}
+    assert (tmp_path / "data" / CHECKPOINT_FILE).exists()
+
+
+def test_a_missing_checkpoint_keeps_the_claim_specs_on_disk_and_says_so(
+    tmp_path: Path, caplog: pytest.LogCaptureFixture
+) -> None:
+    """The checkpoint lost (plugins directory moved or emptied), not the claims: the
+    specs of the running pods' claims stay, as for a corrupt checkpoint."""
+    data, cdi_dir = tmp_path / "data", tmp_path / "cdi"
+    live = [spec(cdi_dir, "u1"), spec(cdi_dir, "u2")]
+    with caplog.at_level(logging.ERROR, "kubegpu.dra"):
+        got = recover(data, cdi_dir)
+    assert all(path.exists() for path in live)
+    assert got.claims == {
+        "u1": ClaimRecord("u1", ClaimState.ADOPTED),
+        "u2": ClaimRecord("u2", ClaimState.ADOPTED),
+    }
+    [error] = [r.getMessage() for r in caplog.records if r.levelno == logging.ERROR]
+    assert f"there is no DRA checkpoint {data / CHECKPOINT_FILE}" in error
+    assert "keeping the 2 claim CDI spec(s)" in error
+    # Recorded: the next start keeps them without adopting again.
+    assert set(Checkpoint.load(data).claims) == {"u1", "u2"}
+    recover(data, cdi_dir)
+    assert all(path.exists() for path in live)
 
 
 def test_a_corrupt_checkpoint_keeps_every_claim_spec_and_says_so(

@@ -298,3 +298,34 @@ async def test_the_loop_retries_an_api_failure(
         f"node {NODE}: cannot publish ResourceSlices: {down}; retrying in 0.0s"
     ]
     assert pub.backoff.delay == 0.01  # a success starts the pacing over
+
+
+async def test_slices_deleted_by_someone_else_are_published_again_at_once(
+    kube: FakeKube, running: tuple[NodeStore, SlicePublisher], caplog: pytest.LogCaptureFixture
+) -> None:
+    """A starting kubelet deletes its node's slices; the watch brings them back with no
+    change of the node's state and long before the periodic comparison."""
+    caplog.set_level(logging.INFO, logger="kubegpu.dra.publisher")
+    store, pub = running
+    assert pub.resync_s >= 600  # the periodic comparison cannot be what brings them back
+    await eventually(lambda: list(devices(kube)) == ["gpu-0", "gpu-1"])
+    version = store.state.version
+    (name,) = [s["metadata"]["name"] for s in stored(kube)]
+    await asyncio.to_thread(kube.delete_resource_slice, name)
+    await eventually(lambda: list(devices(kube)) == ["gpu-0", "gpu-1"])
+    assert store.state.version == version
+    assert f"ResourceSlice {name} of {NVIDIA_DRIVER} was deleted; publishing it again" in (
+        caplog.text
+    )
+
+
+async def test_resync_compares_with_the_api_at_once(
+    kube: FakeKube, running: tuple[NodeStore, SlicePublisher]
+) -> None:
+    """What the watch cannot report (here: slices dropped behind its back) comes back when
+    the driver asks, as it does when the kubelet registers it."""
+    _, pub = running
+    await eventually(lambda: list(devices(kube)) == ["gpu-0", "gpu-1"])
+    kube.resource_slices.clear()  # no event: not through the API
+    pub.resync()
+    await eventually(lambda: list(devices(kube)) == ["gpu-0", "gpu-1"])

@@ -22,7 +22,7 @@ import msgspec
 import pytest
 
 from kubegpu.errors import KubegpuError
-from kubegpu.kube import FakeKube, KubeClient, KubeError, owner_references
+from kubegpu.kube import RELIST, FakeKube, KubeClient, KubeError, owner_references
 from tests.waiting import WAIT, eventually
 
 LABEL = "nvidia.com/device-plugin.config"
@@ -866,3 +866,101 @@ def test_fake_stamps_new_device_taints_as_the_api_server_does() -> None:
         kept,
     ]
     assert "timeAdded" not in taint  # the caller's body is not changed
+
+
+# -- the ResourceSlice watch ------------------------------------------------------------------
+
+
+async def test_slice_watch_lists_then_watches_from_the_lists_version(
+    api: ApiServer, caplog: pytest.LogCaptureFixture
+) -> None:
+    """An informer's list-and-watch: nothing between the list and the watch is lost."""
+    listed = resource_slice("n1-a", "5")
+    api.objects[SLICES] = {
+        "kind": "ResourceSliceList",
+        "metadata": {"resourceVersion": "9"},
+        "items": [{k: v for k, v in listed.items() if k not in ("apiVersion", "kind")}],
+    }
+    api.failures.append(status(403))  # the first list: refused, logged, tried again
+    api.watches.append(
+        [
+            {"type": "MODIFIED", "object": resource_slice("n1-a", "10")},
+            {"type": "DELETED", "object": resource_slice("n1-a", "11")},
+        ]
+    )
+    client = client_of(api, backoff=(0.01, 0.02))
+    caplog.set_level(logging.WARNING, logger="kubegpu.kube.client")
+    stream = client.watch_resource_slices("gpu.nvidia.com", "n1")
+    try:
+        events = [await asyncio.wait_for(anext(stream), WAIT) for _ in range(4)]
+    finally:
+        await stream.aclose()  # type: ignore[attr-defined]
+    assert [(e.type, e.slice.get("metadata", {}).get("resourceVersion")) for e in events] == [
+        (RELIST, None),
+        ("ADDED", "5"),
+        ("MODIFIED", "10"),
+        ("DELETED", "11"),
+    ]
+    assert events[1].slice["kind"] == "ResourceSlice"
+    (watch,) = watch_requests(api)
+    assert watch.url.path == SLICES
+    assert watch.url.params["fieldSelector"] == "spec.driver=gpu.nvidia.com,spec.nodeName=n1"
+    assert watch.url.params["resourceVersion"] == "9"
+    assert [r.getMessage() for r in caplog.records] == [
+        "node n1: cannot watch ResourceSlices of gpu.nvidia.com: list ResourceSlices of "
+        "gpu.nvidia.com on n1: HTTP 403 Forbidden; check the ServiceAccount's RBAC; "
+        "retrying in 0.0s"
+    ]
+
+
+async def test_slice_watch_lists_again_after_an_expired_watch(api: ApiServer) -> None:
+    """An ERROR event (410 Gone: the version is too old) starts over: RELIST, list, watch."""
+    api.objects[SLICES] = {
+        "kind": "ResourceSliceList",
+        "metadata": {"resourceVersion": "9"},
+        "items": [],
+    }
+    gone = {"kind": "Status", "code": 410, "reason": "Expired", "message": "too old"}
+    api.watches += [
+        [{"type": "ERROR", "object": gone}],
+        [{"type": "ADDED", "object": resource_slice("n1-b", "12")}],
+    ]
+    stream = client_of(api, backoff=(0.01, 0.02)).watch_resource_slices("gpu.nvidia.com", "n1")
+    try:
+        events = [await asyncio.wait_for(anext(stream), WAIT) for _ in range(3)]
+    finally:
+        await stream.aclose()  # type: ignore[attr-defined]
+    assert [e.type for e in events] == [RELIST, RELIST, "ADDED"]
+    assert api.sent().count(("GET", SLICES)) == 4  # two lists, two watches
+
+
+async def test_fake_slice_watch_reports_every_change_of_its_node_and_driver() -> None:
+    kube = FakeKube()
+    kube.create_resource_slice(resource_slice("n1-a"))
+    stream = kube.watch_resource_slices("gpu.nvidia.com", "n1")
+    try:
+        first = [await asyncio.wait_for(anext(stream), WAIT) for _ in range(2)]
+        assert [(e.type, e.slice.get("metadata", {}).get("name")) for e in first] == [
+            (RELIST, None),
+            ("ADDED", "n1-a"),
+        ]
+        await asyncio.to_thread(kube.create_resource_slice, resource_slice("n2-a", node="n2"))
+        stored = await asyncio.to_thread(kube.create_resource_slice, resource_slice("n1-b"))
+        stored["spec"]["pool"]["generation"] = 2
+        await asyncio.to_thread(kube.replace_resource_slice, stored)
+        assert kube.delete_resource_slice("n1-a")
+        assert not kube.delete_resource_slice("n1-a")  # nothing deleted: no event
+        later = [await asyncio.wait_for(anext(stream), WAIT) for _ in range(3)]
+    finally:
+        await stream.aclose()  # type: ignore[attr-defined]
+    # Another node's slice is not reported; a deletion carries a version of its own.
+    assert [(e.type, e.slice["metadata"]["name"]) for e in later] == [
+        ("ADDED", "n1-b"),
+        ("MODIFIED", "n1-b"),
+        ("DELETED", "n1-a"),
+    ]
+    assert later[1].slice["spec"]["pool"]["generation"] == 2
+    assert int(later[2].slice["metadata"]["resourceVersion"]) > int(
+        later[1].slice["metadata"]["resourceVersion"]
+    )
+    assert "watch resourceslices/gpu.nvidia.com/n1" in kube.calls

@@ -7,10 +7,10 @@ import subprocess
 import sys
 from pathlib import Path
 
-from kubegpu.api import dra_pb2, pb, pluginregistration_pb2
+from kubegpu.api import dra_health_pb2, dra_pb2, pb, pluginregistration_pb2
 
 SRC = Path(__file__).resolve().parents[2] / "src"
-PROTOS = ("api", "pluginregistration", "dra")
+PROTOS = ("api", "pluginregistration", "dra", "dra_health")
 GENERATED = tuple(
     f"{proto}{suffix}" for proto in PROTOS for suffix in ("_pb2.py", "_pb2.pyi", "_pb2_grpc.py")
 )
@@ -124,3 +124,33 @@ def test_dra_field_numbers_are_the_kubelets() -> None:
     assert numbers(dra_pb2, "Claim") == {"namespace": 1, "uid": 2, "name": 3}
     assert numbers(dra_pb2, "NodePrepareResourceResponse") == {"devices": 1, "error": 2}
     assert numbers(dra_pb2, "NodeUnprepareResourceResponse") == {"error": 1}
+
+
+def test_dra_health_is_the_kubelets_wire_contract() -> None:
+    service = dra_health_pb2.DESCRIPTOR.services_by_name["DRAResourceHealth"]
+    # The kubelet calls /v1alpha1.DRAResourceHealth/NodeWatchResources, a server stream.
+    assert service.full_name == "v1alpha1.DRAResourceHealth"
+    (method,) = service.methods
+    assert method.name == "NodeWatchResources"
+    assert method.server_streaming and not method.client_streaming
+
+    def numbers(message: str) -> dict[str, int]:
+        descriptor = dra_health_pb2.DESCRIPTOR.message_types_by_name[message]
+        return {f.name: f.number for f in descriptor.fields}
+
+    assert numbers("NodeWatchResourcesRequest") == {}
+    assert numbers("DeviceIdentifier") == {"pool_name": 1, "device_name": 2}
+    assert numbers("DeviceHealth") == {
+        "device": 1,
+        "health": 2,
+        "last_updated_time": 3,
+        "health_check_timeout_seconds": 4,
+        "message": 5,
+    }
+    assert numbers("NodeWatchResourcesResponse") == {"devices": 1}
+    health = dra_health_pb2.DESCRIPTOR.enum_types_by_name["HealthStatus"]
+    assert {v.name: v.number for v in health.values} == {
+        "UNKNOWN": 0,
+        "HEALTHY": 1,
+        "UNHEALTHY": 2,
+    }

@@ -1,7 +1,8 @@
 """The kubelet APIs kubegpu serves: the .proto files and their generated Python, nothing else.
 
 The device plugin API v1beta1 (`pb`), the plugin-watcher registration API
-(`pluginregistration_pb2`) and the DRA plugin API v1 (`dra_pb2`).
+(`pluginregistration_pb2`), the DRA plugin API v1 (`dra_pb2`) and the DRA device health API
+v1alpha1 (`dra_health_pb2`).
 
 Regenerate with `make proto`; tests/unit/test_proto.py proves the checked-in files match.
 """
@@ -10,6 +11,7 @@ import grpc
 
 from kubegpu.api import api_pb2 as pb
 from kubegpu.api import api_pb2_grpc as pb_grpc
+from kubegpu.api import dra_health_pb2_grpc
 
 #: The only API version the kubelet accepts from device plugins.
 VERSION = "v1beta1"
@@ -41,6 +43,16 @@ def add_registration_servicer(
     pb_grpc.add_RegistrationServicer_to_server(servicer, server)
 
 
+def add_dra_health_servicer(
+    servicer: dra_health_pb2_grpc.DRAResourceHealthServicer, server: grpc.aio.Server
+) -> None:
+    dra_health_pb2_grpc.add_DRAResourceHealthServicer_to_server(servicer, server)
+
+
+def dra_health_stub(channel: grpc.aio.Channel) -> dra_health_pb2_grpc.DRAResourceHealthStub:
+    return dra_health_pb2_grpc.DRAResourceHealthStub(channel)
+
+
 __all__ = [
     "DEVICE_PLUGIN_PATH",
     "HEALTHY",
@@ -48,8 +60,10 @@ __all__ = [
     "UNHEALTHY",
     "VERSION",
     "add_device_plugin_servicer",
+    "add_dra_health_servicer",
     "add_registration_servicer",
     "device_plugin_stub",
+    "dra_health_stub",
     "pb",
     "pb_grpc",
     "registration_stub",

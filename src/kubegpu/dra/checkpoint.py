@@ -20,6 +20,11 @@ each time it creates a container, and the kubelet does not prepare a claim it al
 prepared. So every claim spec on disk is kept and adopted: a later prepare of that claim
 rebuilds it from the API (the same bytes), a later unprepare removes it. A spec of a claim
 the kubelet never asks about again stays until it is removed by hand, which costs a file.
+
+A checkpoint that is missing while claim specs are on disk says no more: the file was
+lost (the plugins directory moved or was emptied), not the claims. Those specs are adopted
+the same way. The first start writes an empty checkpoint at once, so from then on a spec
+without a record is one a crash left mid-prepare, and is removed.
 """
 
 from __future__ import annotations
@@ -178,6 +183,21 @@ def _half_written(path: Path) -> bool:
     return name.startswith(".") and claim_uid_of(name[1:].rsplit(".", 1)[0]) is not None
 
 
+def _adopt(data_dir: Path, cdi_dir: Path, why: str) -> Checkpoint:
+    """A new checkpoint adopting every claim spec on disk, the old one being unusable."""
+    adopted = {uid: ClaimRecord(uid, ClaimState.ADOPTED) for uid, _ in claim_specs(cdi_dir)}
+    log.error(
+        "%s; starting with an empty checkpoint and keeping the %d claim CDI spec(s) in %s "
+        "for the kubelet to prepare or unprepare again",
+        why,
+        len(adopted),
+        cdi_dir,
+    )
+    checkpoint = Checkpoint(data_dir, adopted)
+    checkpoint.save()
+    return checkpoint
+
+
 def remove_spec(cdi_dir: Path, uid: str) -> bool:
     """Remove the claim's CDI spec; False when there was none."""
     try:
@@ -189,21 +209,21 @@ def remove_spec(cdi_dir: Path, uid: str) -> bool:
 
 def recover(data_dir: Path, cdi_dir: Path) -> Checkpoint:
     """The checkpoint of `data_dir`, with interrupted work undone (see the module doc)."""
+    path = data_dir / CHECKPOINT_FILE
     try:
+        missing = not path.exists()
         checkpoint = Checkpoint.load(data_dir)
     except CorruptCheckpoint as exc:
-        adopted = {uid: ClaimRecord(uid, ClaimState.ADOPTED) for uid, _ in claim_specs(cdi_dir)}
-        log.error(
-            "DRA checkpoint %s is corrupt: %s; starting with an empty one and keeping the "
-            "%d claim CDI spec(s) in %s for the kubelet to prepare or unprepare again",
-            data_dir / CHECKPOINT_FILE,
-            exc,
-            len(adopted),
-            cdi_dir,
-        )
-        checkpoint = Checkpoint(data_dir, adopted)
-        checkpoint.save()
-        return checkpoint
+        return _adopt(data_dir, cdi_dir, f"DRA checkpoint {path} is corrupt: {exc}")
+    if missing:
+        if any(True for _ in claim_specs(cdi_dir)):
+            return _adopt(
+                data_dir,
+                cdi_dir,
+                f"there is no DRA checkpoint {path}, but there are claim CDI specs (was the "
+                f"kubelet's plugins directory moved or emptied?)",
+            )
+        checkpoint.save()  # from now on a spec without a record is a crash's leftover
     for path in _entries(cdi_dir):
         if _half_written(path):
             path.unlink(missing_ok=True)

@@ -11,8 +11,15 @@ the API holds for this node and driver, and writes the difference:
   generation's slices as outdated and waits for the new ones (the API's pool rule);
 - a 409 (someone wrote in between) reads the slices again and recomputes, at once;
 - any other failure is logged and retried with `Backoff`; a store change cuts the wait
-  short, and every `resync_s` the API is compared again (a slice deleted by hand comes
-  back).
+  short.
+
+The slices are watched too (`Kube.watch_resource_slices`, per driver): a slice deleted or
+changed by anyone else, or a watch that had to start again, makes the publisher read and
+compare at once. That matters most at a kubelet start: the kubelet deletes every
+ResourceSlice of its node when it starts (and a driver's slices when the driver has been
+gone a while), expecting the drivers to publish them again. `resync()` asks for the same
+comparison, for the driver to call when the kubelet registers it. Every `resync_s` the API
+is compared again regardless, should a watch be unavailable.
 
 Blocking API calls run in a worker thread; the loop itself never blocks.
 """
@@ -34,8 +41,9 @@ from kubegpu.dra.slices import (
     device_body,
     dra_devices,
 )
-from kubegpu.kube import Kube, KubeError
+from kubegpu.kube import RELIST, Kube, KubeError, SliceEvent
 from kubegpu.state import NodeState, NodeStore
+from kubegpu.supervisor import spawn
 from kubegpu.watch.backoff import Backoff
 
 log = logging.getLogger("kubegpu.dra.publisher")
@@ -77,12 +85,37 @@ class SlicePublisher:
         self.resync_s = resync_s
         #: Written slices by driver after the last sync (for tests and `kubegpu status`).
         self.published: dict[str, list[dict[str, Any]]] = {}
+        #: Set when the API may no longer show what was published: compare again.
+        self._poke = asyncio.Event()
+        #: How many times the slices were compared with the API (for tests and metrics).
+        self.syncs = 0
+
+    def resync(self) -> None:
+        """Compare with the API (and publish what is missing) now rather than at the next
+        change; call from the event loop, e.g. when the kubelet registers the driver."""
+        self._poke.set()
 
     # -- the loop -------------------------------------------------------------------------
 
     async def run(self) -> None:
         """Publish now, then on every relevant change; runs until cancelled."""
+        helpers = [
+            spawn(f"ResourceSlice watch of {driver}", self._watch(driver))
+            for driver in self.drivers
+        ]
+        helpers.append(spawn("ResourceSlice publisher's store follower", self._follow_store()))
+        try:
+            await self._publish()
+        finally:
+            for task in helpers:
+                task.cancel()
+            await asyncio.gather(*helpers, return_exceptions=True)
+
+    async def _publish(self) -> None:
         while True:
+            # Cleared before the state is read: whatever changes from here on, here or in
+            # the API, is in this comparison or pokes the next one.
+            self._poke.clear()
             state = self.store.state
             try:
                 await asyncio.to_thread(self.sync, state)
@@ -94,25 +127,53 @@ class SlicePublisher:
                     exc,
                     delay,
                 )
-                await self._changed(state, delay)
+                await self._poked(delay)
                 continue
             self.backoff.reset()
-            await self._changed(state, self.resync_s)
+            await self._poked(self.resync_s)
 
-    async def _changed(self, synced: NodeState, timeout: float) -> None:
-        """Until the slices may differ from those of `synced`, or `timeout` seconds."""
+    async def _poked(self, timeout: float) -> None:
+        """Until the slices may differ from the API's, or `timeout` seconds."""
         with contextlib.suppress(TimeoutError):
-            await asyncio.wait_for(self._stale(synced), timeout)
+            await asyncio.wait_for(self._poke.wait(), timeout)
 
-    async def _stale(self, synced: NodeState) -> None:
+    async def _follow_store(self) -> None:
+        """Poke the loop on every change of what the slices show."""
+        last: NodeState | None = None
         # MPS readiness and version bumps alone change nothing the slices show.
-        async for state in self.store.subscribe(synced.version):
-            if (state.inventory, state.config, state.health) != (
-                synced.inventory,
-                synced.config,
-                synced.health,
+        async for state in self.store.subscribe():
+            if last is None or (state.inventory, state.config, state.health) != (
+                last.inventory,
+                last.config,
+                last.health,
             ):
-                return
+                self._poke.set()
+            last = state
+
+    async def _watch(self, driver: str) -> None:
+        """Poke the loop when the API's slices of `driver` may differ from ours."""
+        async for event in self.kube.watch_resource_slices(driver, self.node):
+            if self._ours(driver, event):
+                continue
+            if event.type == "DELETED":
+                log.info(
+                    "node %s: ResourceSlice %s of %s was deleted; publishing it again",
+                    self.node,
+                    event.slice.get("metadata", {}).get("name"),
+                    driver,
+                )
+            self._poke.set()
+
+    def _ours(self, driver: str, event: SliceEvent) -> bool:
+        """Whether `event` shows a slice exactly as the last sync left it (our own write)."""
+        if event.type in (RELIST, "DELETED"):
+            return False
+        meta = event.slice.get("metadata") or {}
+        return any(
+            (obj["metadata"]["name"], obj["metadata"].get("resourceVersion"))
+            == (meta.get("name"), meta.get("resourceVersion"))
+            for obj in self.published.get(driver, ())
+        )
 
     # -- one reconciliation (blocking) ----------------------------------------------------
 
@@ -123,6 +184,7 @@ class SlicePublisher:
         `CONFLICT_RETRIES` conflicts).
         """
         wrote = False
+        self.syncs += 1
         for driver in self.drivers:
             for attempt in range(CONFLICT_RETRIES + 1):
                 try:

@@ -124,6 +124,46 @@ class ClaimPreparer:
         prepared = len(self._checkpoint.claims)
         if prepared:
             log.info("%d prepared claim(s) in the checkpoint", prepared)
+        self._restore_specs()
+
+    def _restore_specs(self) -> None:
+        """Write again the CDI spec of every prepared claim whose spec is gone.
+
+        The kubelet prepares a claim once and keeps it in its own cache across restarts of
+        either side, but the runtime reads the spec each time it creates one of the claim's
+        containers: without it a container that restarts cannot start. The checkpoint
+        holds the claim's allocation (its devices), which is all a spec is built from.
+        """
+        state = self.store.state
+        for uid, record in sorted(self.checkpoint.claims.items()):
+            if record.state is not ClaimState.PREPARED or not record.devices:
+                continue
+            if (self.cdi_dir / spec_file_name(uid)).exists():
+                continue
+            label = f"claim {record.namespace}/{record.name} ({uid})"
+            try:
+                devices, node_spec = self._node_view(state)
+                plan = plan_claim(
+                    uid,
+                    _recorded_claim(record, self.driver),
+                    self.driver,
+                    self.pool or "",
+                    devices,
+                    node_spec,
+                    state.config,
+                )
+                if plan.spec is None:
+                    continue
+                cdi.write_spec(plan.spec, str(self.cdi_dir), spec_file_name(uid))
+            except (ClaimError, OSError) as exc:
+                log.error(
+                    "%s: its CDI spec is missing and cannot be written again (%s); its "
+                    "containers cannot start until the pod is deleted and created again",
+                    label,
+                    exc,
+                )
+                continue
+            log.warning("%s: its CDI spec was missing; written again from the checkpoint", label)
 
     # -- prepare --------------------------------------------------------------------------
 
@@ -307,6 +347,30 @@ class ClaimPreparer:
             if record is not None or removed:
                 log.info("unprepared claim %s/%s (%s)", claim.namespace, claim.name, claim.uid)
         return answers
+
+
+def _recorded_claim(record: ClaimRecord, driver: str) -> dict[str, Any]:
+    """The claim as the API held it when it was prepared, as far as a CDI spec needs it:
+    its name and its allocation results of `driver`, from the checkpoint's record."""
+    return {
+        "metadata": {"namespace": record.namespace, "name": record.name, "uid": record.uid},
+        "status": {
+            "allocation": {
+                "devices": {
+                    "results": [
+                        {
+                            "request": request,
+                            "driver": driver,
+                            "pool": device.pool,
+                            "device": device.device,
+                        }
+                        for device in record.devices
+                        for request in device.requests
+                    ]
+                }
+            }
+        },
+    }
 
 
 def _status(exc: Exception, rpc_name: str) -> tuple[grpc.StatusCode, str]:

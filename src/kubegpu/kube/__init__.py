@@ -6,7 +6,8 @@ so). Everything else talks to the small `Kube` protocol:
 - `KubeClient` (`client.py`): over lightkube, one configuration per process
   (`default_client()`: in-cluster service account, else KUBECONFIG / ~/.kube/config),
   loaded on the first call, so a process that uses no API needs no credentials.
-  Blocking calls, run from worker threads; the node label watch runs in a thread.
+  Blocking calls, run from worker threads; the watches (a node label, the node's
+  ResourceSlices) run in threads of their own.
 - `KubeError` (`errors.py`): every failure, translated once: the API server's answer
   (403 -> RBAC hint, 404, 409, ...), transport trouble (unreachable, timed out) and
   missing credentials, each as one line naming the call, the object and what to do.
@@ -31,17 +32,19 @@ from kubegpu.kube.objects import (
     RESOURCE_API_VERSION,
     owner_references,
 )
-from kubegpu.kube.protocol import Kube
+from kubegpu.kube.protocol import RELIST, Kube, SliceEvent
 
 __all__ = [
     "NFD_GROUP",
     "NFD_PLURAL",
     "NFD_VERSION",
+    "RELIST",
     "RESOURCE_API_VERSION",
     "FakeKube",
     "Kube",
     "KubeClient",
     "KubeError",
+    "SliceEvent",
     "default_client",
     "owner_references",
 ]

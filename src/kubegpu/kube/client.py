@@ -32,6 +32,7 @@ from lightkube.generic_resource import (
     GenericNamespacedResource,
     create_namespaced_resource,
 )
+from lightkube.operators import BinaryOperator, SequenceOperator
 from lightkube.resources.core_v1 import Node, Pod
 from lightkube.types import OnErrorAction, OnErrorResult, PatchType
 
@@ -50,6 +51,7 @@ from kubegpu.kube.objects import (
     RESOURCE_VERSION,
     label_of,
 )
+from kubegpu.kube.protocol import RELIST, SliceEvent
 from kubegpu.watch.backoff import Backoff
 
 log = logging.getLogger(__name__)
@@ -97,6 +99,8 @@ class ResourceClaim(GenericNamespacedResource):
 
 
 T = TypeVar("T")
+#: A value of a lightkube field selector.
+FieldSelector = str | BinaryOperator | SequenceOperator
 
 
 class KubeClient:
@@ -322,6 +326,86 @@ class KubeClient:
             missing=MISSING_RESOURCE_CLAIM,
         )
 
+    # -- the ResourceSlice watch ----------------------------------------------------------
+
+    async def watch_resource_slices(self, driver: str, node: str) -> AsyncIterator[SliceEvent]:
+        """List, then watch from the list's resourceVersion (an informer's list-and-watch,
+        so nothing between the two is lost), in a daemon thread feeding the loop."""
+        loop = asyncio.get_running_loop()
+        queue: asyncio.Queue[SliceEvent] = asyncio.Queue()
+        state = _WatchState()
+
+        def emit(event: SliceEvent) -> None:
+            try:
+                loop.call_soon_threadsafe(queue.put_nowait, event)
+            except RuntimeError:  # the loop is gone: nobody is listening
+                state.stop.set()
+
+        thread = threading.Thread(
+            target=self._follow_slices,
+            args=(driver, node, emit, state),
+            daemon=True,
+            name=f"slices-{driver}-{node}",
+        )
+        thread.start()
+        try:
+            while True:
+                yield await queue.get()
+        finally:
+            state.close()
+
+    def _follow_slices(
+        self, driver: str, node: str, emit: Callable[[SliceEvent], None], state: _WatchState
+    ) -> None:
+        """Blocking: list and watch again after every failure or expiry, until stopped."""
+        fields: dict[str, FieldSelector] = {"spec.driver": driver, "spec.nodeName": node}
+        delay = Backoff(*self.backoff)
+        while not state.stop.is_set():
+            what = f"list ResourceSlices of {driver} on {node}"
+            try:
+
+                def read(client: Client) -> tuple[str, list[dict[str, Any]]]:
+                    found = client.list(ResourceSlice, fields=fields, chunk_size=LIST_CHUNK)
+                    items = [_whole(obj, ResourceSlice) for obj in found]
+                    return found.resourceVersion, items
+
+                version, present = self._call(what, read, missing=MISSING_DRA_API)
+                emit(SliceEvent(RELIST, {}))
+                for obj in present:
+                    emit(SliceEvent("ADDED", obj))
+                what = f"watch ResourceSlices of {driver} on {node}"
+                watcher = state.open(lambda: self._watch_client())
+                if watcher is None:
+                    break  # stopped while listing
+                for kind, event in watcher.watch(
+                    ResourceSlice,
+                    fields=fields,
+                    resource_version=version,
+                    server_timeout=self.watch_timeout_s,
+                    on_error=_end_on_error_event,
+                ):
+                    if state.stop.is_set():
+                        break
+                    emit(SliceEvent(kind, _whole(event, ResourceSlice)))
+                delay.reset()
+            except Exception as exc:
+                if state.stop.is_set():
+                    break  # closing the watch's client fails its stream: not worth a warning
+                error = exc if isinstance(exc, KubeError) else translate(what, exc)
+                reason = (
+                    str(error) if error is not None else f"{type(exc).__name__}: {first_line(exc)}"
+                )
+                log.warning(
+                    "node %s: cannot watch ResourceSlices of %s: %s; retrying in %.1fs",
+                    node,
+                    driver,
+                    reason,
+                    delay.delay,
+                )
+                delay.block(state.stop)
+            finally:
+                state.close_client()
+
     # -- the node label watch -------------------------------------------------------------
 
     async def watch_node_label(self, node: str, label: str) -> AsyncIterator[str | None]:
@@ -437,7 +521,7 @@ def _close_all(clients: dict[float, Client]) -> None:
 
 
 def _end_on_error_event(error: Exception, count: int) -> OnErrorResult:
-    """An ERROR event (usually 410 Gone) ends the stream quietly: read the Node, watch again.
+    """An ERROR event (usually 410 Gone) ends the stream quietly: read again, watch again.
 
     lightkube raises `ApiError` for an ERROR event; a refused watch request or a broken
     stream is httpx2's own error, which leaves the stream to be logged and retried.

@@ -8,6 +8,7 @@ server would (a missing Node is a 404 `KubeError`, creating an existing NodeFeat
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import copy
 import datetime
 import itertools
@@ -25,6 +26,7 @@ from kubegpu.kube.objects import (
     MISSING_RESOURCE_SLICE,
     RESOURCE_API_VERSION,
 )
+from kubegpu.kube.protocol import RELIST, SliceEvent
 
 #: The characters the API server draws `generateName` suffixes from (no vowels: no words).
 _SUFFIX_ALPHABET: Final = "bcdfghjklmnpqrstvwxz2456789"
@@ -71,6 +73,7 @@ class FakeKube:
     _versions: itertools.count[int] = field(default_factory=lambda: itertools.count(1), repr=False)
     _pending: list[tuple[str, BaseException]] = field(default_factory=list, repr=False)
     _watchers: list[_Watcher] = field(default_factory=list, repr=False)
+    _slice_watchers: list[_SliceWatcher] = field(default_factory=list, repr=False)
     _lock: threading.Lock = field(default_factory=threading.Lock, repr=False)
 
     # -- set-up and fault injection -------------------------------------------------------
@@ -234,7 +237,9 @@ class FakeKube:
             named.setdefault("metadata", {})["name"] = name
             stored = self._stamped(_taints_stamped(named, self.clock), None, kind="ResourceSlice")
             self.resource_slices[name] = stored
-            return copy.deepcopy(stored)
+            due = self._slice_event("ADDED", stored)
+        _deliver(due)
+        return copy.deepcopy(stored)
 
     def replace_resource_slice(self, body: dict[str, Any]) -> dict[str, Any]:
         name = body["metadata"]["name"]
@@ -256,12 +261,21 @@ class FakeKube:
             stamped = _taints_stamped(copy.deepcopy(body), self.clock)
             stored = self._stamped(stamped, current, kind="ResourceSlice")
             self.resource_slices[name] = stored
-            return copy.deepcopy(stored)
+            due = self._slice_event("MODIFIED", stored)
+        _deliver(due)
+        return copy.deepcopy(stored)
 
     def delete_resource_slice(self, name: str) -> bool:
         self._enter(f"delete resourceslice/{name}")
         with self._lock:
-            return self.resource_slices.pop(name, None) is not None
+            gone = self.resource_slices.pop(name, None)
+            if gone is None:
+                return False
+            # As the API server: the deleted object carries a version of its own.
+            gone["metadata"]["resourceVersion"] = str(next(self._versions))
+            due = self._slice_event("DELETED", gone)
+        _deliver(due)
+        return True
 
     def get_resource_claim(self, namespace: str, name: str) -> dict[str, Any]:
         self._enter(f"get resourceclaim/{namespace}/{name}")
@@ -310,7 +324,37 @@ class FakeKube:
             letters.append(_SUFFIX_ALPHABET[digit])
         return "".join(letters)
 
-    # -- the node label watch -------------------------------------------------------------
+    # -- the watches ----------------------------------------------------------------------
+
+    async def watch_resource_slices(self, driver: str, node: str) -> AsyncIterator[SliceEvent]:
+        """`RELIST`, ADDED for each stored slice, then every change made through this fake
+        (any thread), as the API server's watch without a resourceVersion."""
+        watcher = _SliceWatcher(driver, node, asyncio.get_running_loop(), asyncio.Queue())
+        with self._lock:
+            self.calls.append(f"watch resourceslices/{driver}/{node}")
+            self._slice_watchers.append(watcher)
+            present = [
+                SliceEvent("ADDED", copy.deepcopy(obj))
+                for obj in self.resource_slices.values()
+                if watcher.sees(obj)
+            ]
+        try:
+            yield SliceEvent(RELIST, {})
+            for event in present:
+                yield event
+            while True:
+                yield await watcher.queue.get()
+        finally:
+            with self._lock:
+                self._slice_watchers.remove(watcher)
+
+    def _slice_event(
+        self, kind: str, obj: dict[str, Any]
+    ) -> list[tuple[_SliceWatcher, SliceEvent]]:
+        """The event for each slice watcher that sees `obj`; call with `_lock` held."""
+        return [
+            (w, SliceEvent(kind, copy.deepcopy(obj))) for w in self._slice_watchers if w.sees(obj)
+        ]
 
     async def watch_node_label(self, node: str, label: str) -> AsyncIterator[str | None]:
         """Yields the value now, then every change made through this fake (any thread)."""
@@ -342,6 +386,12 @@ class FakeKube:
             watcher.loop.call_soon_threadsafe(watcher.queue.put_nowait, value)
 
 
+def _deliver(due: list[tuple[_SliceWatcher, SliceEvent]]) -> None:
+    for watcher, event in due:
+        with contextlib.suppress(RuntimeError):  # the watcher's loop is gone: nobody listens
+            watcher.loop.call_soon_threadsafe(watcher.queue.put_nowait, event)
+
+
 def _taints_stamped(body: dict[str, Any], clock: Callable[[], str]) -> dict[str, Any]:
     """`body` (a ResourceSlice) with `timeAdded` set on every device taint that has none;
     one reading of `clock` per write that needs it."""
@@ -364,3 +414,15 @@ class _Watcher:
     label: str
     loop: asyncio.AbstractEventLoop
     queue: asyncio.Queue[str | None]
+
+
+@dataclass(frozen=True)
+class _SliceWatcher:
+    driver: str
+    node: str
+    loop: asyncio.AbstractEventLoop
+    queue: asyncio.Queue[SliceEvent]
+
+    def sees(self, obj: Mapping[str, Any]) -> bool:
+        spec = obj.get("spec") or {}
+        return bool(spec.get("driver") == self.driver and spec.get("nodeName") == self.node)

@@ -8,11 +8,26 @@ json` shows them, so callers never see the client's model classes.
 from __future__ import annotations
 
 from collections.abc import AsyncIterator
-from typing import Any, Protocol
+from typing import Any, Final, NamedTuple, Protocol
+
+#: The `SliceEvent.type` that says "events may have been missed: read the slices again".
+RELIST: Final = "RELIST"
+
+
+class SliceEvent(NamedTuple):
+    """One event of `Kube.watch_resource_slices`.
+
+    `type` is the API's ADDED, MODIFIED or DELETED with the slice as the API sent it, or
+    `RELIST` (and an empty `slice`) when a watch starts, first or again after it broke or
+    expired: what changed before it started is not reported, so read the slices again.
+    """
+
+    type: str
+    slice: dict[str, Any]
 
 
 class Kube(Protocol):
-    """Blocking calls (run them in a worker thread), except `watch_node_label`.
+    """Blocking calls (run them in a worker thread), except the `watch_*` iterators.
 
     Every failure is a `KubeError` whose one-line message names the call and the object.
     """
@@ -73,6 +88,16 @@ class Kube(Protocol):
 
     def get_resource_claim(self, namespace: str, name: str) -> dict[str, Any]:
         """A resource.k8s.io/v1 ResourceClaim; a 404 `KubeError` when there is none."""
+        ...
+
+    def watch_resource_slices(self, driver: str, node: str) -> AsyncIterator[SliceEvent]:
+        """Changes of the ResourceSlices of `driver` on `node`, as `SliceEvent`s.
+
+        Each (re)started watch first yields a `RELIST` event, then, as the API server's
+        watch without a resourceVersion does, an ADDED event for each slice that exists,
+        then every change. Never raises for API trouble: failures are logged and the watch
+        started again with backoff, as for `watch_node_label`.
+        """
         ...
 
     def watch_node_label(self, node: str, label: str) -> AsyncIterator[str | None]:

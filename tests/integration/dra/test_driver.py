@@ -18,7 +18,7 @@ from kubegpu.api import pluginregistration_pb2 as reg_pb
 from kubegpu.api import pluginregistration_pb2_grpc as reg_grpc
 from kubegpu.config import Config
 from kubegpu.config.loader import parse_config
-from kubegpu.dra.checkpoint import CHECKPOINT_FILE, ClaimState
+from kubegpu.dra.checkpoint import CHECKPOINT_FILE, Checkpoint, ClaimState
 from kubegpu.dra.claims import spec_file_name
 from kubegpu.dra.driver import DraDriver
 from kubegpu.dra.service import MAX_REQUEST_BYTES, SERVICES, ClaimPreparer
@@ -279,6 +279,8 @@ async def test_a_restart_mid_prepare_leaves_nothing_behind(socket_dir: Path) -> 
     store.update(inventory=inventory(gpu(0)), config=Config())
     kube = FakeKube()
     claim = put_claim(kube, "c", "gpu-0")
+    data = socket_dir / "plugins" / DRIVER
+    Checkpoint(data).save()  # as the first start left it: no claim prepared yet
     cdi_dir = socket_dir / "cdi"
     cdi_dir.mkdir()
     (cdi_dir / spec_file_name(claim.uid)).write_text("{}")
@@ -288,8 +290,6 @@ async def test_a_restart_mid_prepare_leaves_nothing_behind(socket_dir: Path) -> 
     try:
         assert list(cdi_dir.iterdir()) == []
         assert driver.preparer.checkpoint.claims == {}
-        data = socket_dir / "plugins" / DRIVER
-        assert not (data / CHECKPOINT_FILE).exists()
         answer = await driver.preparer.prepare([claim])
         assert answer[claim.uid][1] == ""
         assert [p.name for p in cdi_dir.iterdir()] == [spec_file_name(claim.uid)]
@@ -379,3 +379,51 @@ async def test_after_a_corrupt_checkpoint_the_kubelets_calls_still_clean_up(
         assert not spec.exists()
     finally:
         await stop(driver, task)
+
+
+async def test_a_restart_writes_a_prepared_claims_missing_spec_again(socket_dir: Path) -> None:
+    """The kubelet never prepares a claim again that it holds as prepared, but a container
+    of the pod that restarts needs the spec: it comes back from the checkpoint alone."""
+    store = NodeStore()
+    store.update(inventory=inventory(gpu(0), gpu(1)), config=Config())
+    kube = FakeKube()
+    driver = make_driver(socket_dir, store, kube)
+    task = await running(driver)
+    claim = put_claim(kube, "c", "gpu-0", "gpu-1")
+    answer = await driver.preparer.prepare([claim])
+    await stop(driver, task)
+    spec = socket_dir / "cdi" / spec_file_name(claim.uid)
+    written = spec.read_text()
+    spec.unlink()
+    # No claim in the API any more: the checkpoint is all there is.
+    again = make_driver(socket_dir, store, FakeKube())
+    task = await running(again)
+    try:
+        assert spec.read_text() == written
+        assert again.preparer.checkpoint.claims[claim.uid].devices == answer[claim.uid][0]
+    finally:
+        await stop(again, task)
+
+
+async def test_a_lost_checkpoint_keeps_the_prepared_claims_specs(socket_dir: Path) -> None:
+    """The plugins directory emptied under running pods: their claims' specs stay, and the
+    kubelet's unprepare still removes them."""
+    store = NodeStore()
+    store.update(inventory=inventory(gpu(0)), config=Config())
+    kube = FakeKube()
+    driver = make_driver(socket_dir, store, kube)
+    task = await running(driver)
+    claim = put_claim(kube, "c", "gpu-0")
+    await driver.preparer.prepare([claim])
+    await stop(driver, task)
+    (socket_dir / "plugins" / DRIVER / CHECKPOINT_FILE).unlink()
+    spec = socket_dir / "cdi" / spec_file_name(claim.uid)
+    again = make_driver(socket_dir, store, kube)
+    task = await running(again)
+    try:
+        assert spec.exists()
+        assert again.preparer.checkpoint.claims[claim.uid].state is ClaimState.ADOPTED
+        assert await again.preparer.unprepare([claim]) == {claim.uid: ""}
+        assert not spec.exists()
+    finally:
+        await stop(again, task)

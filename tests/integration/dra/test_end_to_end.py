@@ -28,9 +28,8 @@ from kubegpu.devices.simulated import SimulatedBackend
 from kubegpu.dra.claims import CLAIM_CDI_KIND, spec_file_name
 from kubegpu.kube import FakeKube, Kube
 from kubegpu.kubelet import KubeletEmulator
-from kubegpu.kubelet.dra import DRAKubelet
+from kubegpu.kubelet.dra import DRAKubelet, node_slice_wiper
 from kubegpu.kubelet.dra.manager import PrepareError
-from kubegpu.kubelet.dra.plugins import SliceWiper
 from kubegpu.kubelet.dra.scheduler import SchedulerStandIn, UnschedulableError
 from tests.waiting import WAIT, Kubelet, eventually
 
@@ -182,23 +181,10 @@ def time_sliced(socket_dir: Path) -> Iterator[Path]:
     yield path
 
 
-def wiper(kube: FakeKube) -> SliceWiper:
-    """What the kubelet does to the node's slices at its start (all drivers) and when a
-    driver is gone too long (one driver)."""
-
-    def wipe(driver: str | None) -> None:
-        for name, body in list(kube.resource_slices.items()):
-            spec = body["spec"]
-            if spec.get("nodeName") == NODE and driver in (None, spec["driver"]):
-                kube.delete_resource_slice(name)
-
-    return wipe
-
-
 async def make_world(root: Path, config: Path | None = None) -> tuple[World, Serve]:
     kube = FakeKube()
     device_classes(kube)
-    dra = DRAKubelet(root / "kubelet", kube, retry_initial=0.05, wipe=wiper(kube))
+    dra = DRAKubelet(root / "kubelet", kube, retry_initial=0.05, wipe=node_slice_wiper(kube, NODE))
     kubelet = Kubelet(root / "dp-kubelet", dra=dra)
     await kubelet.start()
     daemon = Daemon(settings(root, dra.registry_dir, dra.plugins_dir, config), kube=kube)

@@ -4,17 +4,23 @@ The driver serves the plugin-watcher Registration service on
 `<registry>/<driver>-reg.sock` and the DRAPlugin service (v1, or v1beta1 under its own
 method names) on `<plugins>/<driver>/dra.sock`, as drivers built on the kubeletplugin
 helper do. It answers each claim with one device per allocation result and records every
-request, so tests can assert what the kubelet sent.
+request, so tests can assert what the kubelet sent. Given a `health` servicer, the DRA socket
+serves the health service (`v1alpha1.DRAResourceHealth`) too; `ScriptedHealth` streams what
+a test puts in its queue.
 """
 
 from __future__ import annotations
 
 import asyncio
+from collections.abc import AsyncIterator
 from pathlib import Path
 from typing import Any, TypeAlias
 
 import grpc
 
+from kubegpu.api import add_dra_health_servicer
+from kubegpu.api import dra_health_pb2 as health_pb
+from kubegpu.api import dra_health_pb2_grpc as health_grpc
 from kubegpu.api import dra_pb2 as dra
 from kubegpu.api import dra_pb2_grpc as dra_grpc
 from kubegpu.api import pluginregistration_pb2 as reg
@@ -39,8 +45,10 @@ class FakeDriver(reg_grpc.RegistrationServicer, dra_grpc.DRAPluginServicer):
         serve: str = "v1",
         kube: FakeKube | None = None,
         reg_socket: str | None = None,
+        health: health_grpc.DRAResourceHealthServicer | None = None,
     ) -> None:
         self.name = name
+        self.health = health
         self.type = type
         self.versions = list(versions)
         self.serve_version = serve
@@ -83,6 +91,8 @@ class FakeDriver(reg_grpc.RegistrationServicer, dra_grpc.DRAPluginServicer):
             dra_grpc.add_DRAPluginServicer_to_server(self, self._dra_server)  # type: ignore[no-untyped-call]
         else:
             self._dra_server.add_generic_rpc_handlers((self._v1beta1_handler(),))
+        if self.health is not None:
+            add_dra_health_servicer(self.health, self._dra_server)
         self._dra_server.add_insecure_port(f"unix://{self.dra_path}")
         await self._dra_server.start()
 
@@ -175,6 +185,37 @@ class FakeDriver(reg_grpc.RegistrationServicer, dra_grpc.DRAPluginServicer):
             for r in results
             if r["driver"] == self.name
         ]
+
+
+class ScriptedHealth(health_grpc.DRAResourceHealthServicer):
+    """A health service whose stream sends each response put in `responses`; None ends it."""
+
+    def __init__(self) -> None:
+        self.responses: asyncio.Queue[health_pb.NodeWatchResourcesResponse | None] = asyncio.Queue()
+        #: How many streams were opened.
+        self.opened = 0
+
+    async def NodeWatchResources(
+        self, request: health_pb.NodeWatchResourcesRequest, context: Ctx
+    ) -> AsyncIterator[health_pb.NodeWatchResourcesResponse]:
+        self.opened += 1
+        while (response := await self.responses.get()) is not None:
+            yield response
+
+    def send(self, *devices: tuple[str, str, health_pb.HealthStatus, str]) -> None:
+        """Queue one response: (pool, device, health, message) per device."""
+        self.responses.put_nowait(
+            health_pb.NodeWatchResourcesResponse(
+                devices=[
+                    health_pb.DeviceHealth(
+                        device=health_pb.DeviceIdentifier(pool_name=pool, device_name=name),
+                        health=status,
+                        message=message,
+                    )
+                    for pool, name, status, message in devices
+                ]
+            )
+        )
 
 
 def pod(

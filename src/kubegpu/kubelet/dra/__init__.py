@@ -9,11 +9,13 @@ async with DRAKubelet(root, kube) as node:        # root stands for /var/lib/kub
     node.cdi_devices(pod, "ctr")
 
 Modules follow the kubelet's code: `watcher` (pkg/kubelet/pluginmanager), `plugins`
-(cm/dra/plugin), `manager` (cm/dra/manager.go), `state` (claim info + `dra_manager_state`);
+(cm/dra/plugin), `manager` (cm/dra/manager.go), `state` (claim info + `dra_manager_state`),
+`health` (cm/dra/healthinfo.go: the drivers' health streams, pods' allocatedResourcesStatus);
 `node` composes them. `scheduler` is NOT the kubelet: it stands in for kube-scheduler's DRA
 allocator so tests can allocate claims without a cluster.
 """
 
+from kubegpu.kubelet.dra.health import HEALTHY, UNHEALTHY, UNKNOWN, HealthInfoCache
 from kubegpu.kubelet.dra.manager import (
     FAILED_PREPARE,
     ClaimReader,
@@ -37,10 +39,13 @@ from kubegpu.kubelet.dra.watcher import DRA_PLUGIN_TYPE, PluginWatcher, Registra
 __all__ = [
     "DRA_PLUGIN_TYPE",
     "FAILED_PREPARE",
+    "HEALTHY",
     "PLUGINS",
     "PLUGINS_REGISTRY",
     "STATE_FILE",
     "SUPPORTED_SERVICES",
+    "UNHEALTHY",
+    "UNKNOWN",
     "V1BETA1_SERVICE",
     "V1_SERVICE",
     "ClaimInfo",
@@ -50,6 +55,7 @@ __all__ = [
     "DRAManager",
     "DRAPlugin",
     "DRAPluginManager",
+    "HealthInfoCache",
     "PluginWatcher",
     "PrepareError",
     "PreparedDevice",

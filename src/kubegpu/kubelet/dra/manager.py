@@ -37,15 +37,22 @@ from __future__ import annotations
 
 import logging
 import time
-from collections.abc import Awaitable, Callable
+from collections.abc import AsyncIterator, Awaitable, Callable
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, NoReturn, Protocol
 
 import grpc
 
+from kubegpu.api import dra_health_pb2
 from kubegpu.api import dra_pb2 as dra
 from kubegpu.errors import KubegpuError
+from kubegpu.kubelet.dra.health import (
+    HealthInfoCache,
+    device_health,
+    holds,
+    resource_health,
+)
 from kubegpu.kubelet.dra.plugins import DRAPlugin, DRAPluginManager, PluginError, rpc_error_text
 from kubegpu.kubelet.dra.state import ClaimInfo, ClaimInfoCache, PreparedDevice
 
@@ -151,6 +158,11 @@ class DRAManager:
         self.plugins = plugins
         self.cache = ClaimInfoCache(state_dir)
         self._on_change = on_change
+        #: Device health from the drivers' streams (see `kubegpu.kubelet.dra.health`).
+        self.health = HealthInfoCache()
+        #: Pod UIDs of each health update sent to the pod workers (`m.update`), in order.
+        self.health_updates: list[set[str]] = []
+        plugins.health_handler = self.handle_health_stream
         #: Every call to a plugin, in order (kept across restarts).
         self.calls: list[DRACall] = []
 
@@ -435,6 +447,84 @@ class DRAManager:
     async def _changed(self) -> None:
         if self._on_change is not None:
             await self._on_change()
+
+    # ------------------------------------------------------------ device health
+
+    async def handle_health_stream(
+        self, driver: str, stream: AsyncIterator[dra_health_pb2.NodeWatchResourcesResponse]
+    ) -> None:
+        """Read one health stream to its end (`HandleWatchResourcesStream`); an RPC error
+        leaves as `grpc.RpcError`. The driver's health is forgotten when it ends."""
+        try:
+            async for response in stream:
+                changed = self.health.update(driver, map(device_health, response.devices))
+                if not changed:
+                    continue
+                pods = {
+                    uid
+                    for info in self.cache
+                    if holds(info, driver, changed)
+                    for uid in info.pod_uids
+                }
+                if pods:
+                    log.info("sending health update notification for pods %s", sorted(pods))
+                    self.health_updates.append(pods)
+                await self._changed()
+        finally:
+            self.health.clear(driver)
+        await self._changed()  # an error or a cancellation tells its own watchers
+
+    def allocated_resources_status(self, pod: dict[str, Any]) -> dict[str, list[dict[str, Any]]]:
+        """Container name -> its DRA `allocatedResourcesStatus` entries, as the kubelet
+        writes them into the pod's status (`UpdateAllocatedResourcesStatus`); containers
+        without claims, or whose claims are not prepared here, are left out."""
+        namespace = str(_meta(pod).get("namespace", "default"))
+        spec = pod.get("spec") or {}
+        generated = {
+            str(s.get("name")): str(s["resourceClaimName"])
+            for s in (pod.get("status") or {}).get("resourceClaimStatuses") or []
+            if s.get("resourceClaimName")
+        }
+        pod_claims = {str(c.get("name")): c for c in spec.get("resourceClaims") or []}
+        out: dict[str, list[dict[str, Any]]] = {}
+        for container in spec.get("containers") or []:
+            statuses: list[dict[str, Any]] = []
+            for ref in (container.get("resources") or {}).get("claims") or []:
+                name = generated.get(str(ref.get("name")))
+                if name is None:
+                    pod_claim = pod_claims.get(str(ref.get("name")))
+                    try:
+                        name = claim_name(pod, pod_claim)[0] if pod_claim is not None else None
+                    except _Failed:
+                        name = None
+                info = self.cache.get(name, namespace) if name else None
+                if info is None:
+                    continue
+                request = str(ref.get("request") or "")
+                resources: list[dict[str, Any]] = []
+                seen: set[str] = set()
+                for driver, devices in sorted(info.driver_state.items()):
+                    for dev in devices:
+                        base = request.split("/", 1)[0]
+                        if request and dev.request_names and base not in dev.request_names:
+                            continue
+                        entry = resource_health(
+                            driver,
+                            dev.pool_name,
+                            dev.device_name,
+                            dev.cdi_device_ids,
+                            self.health.get(driver, dev.pool_name, dev.device_name),
+                        )
+                        if entry["resourceID"] in seen:
+                            continue
+                        seen.add(entry["resourceID"])
+                        resources.append(entry)
+                if resources:
+                    label = f"claim:{ref['name']}" + (f"/{request}" if request else "")
+                    statuses.append({"name": label, "resources": resources})
+            if statuses:
+                out[str(container.get("name"))] = sorted(statuses, key=lambda s: s["name"])
+        return out
 
 
 def _status(obj: dict[str, Any]) -> dict[str, Any]:

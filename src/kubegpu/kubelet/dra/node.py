@@ -18,6 +18,7 @@ from kubegpu.kubelet.changes import Changes
 from kubegpu.kubelet.dra.manager import ClaimReader, DRACall, DRAManager
 from kubegpu.kubelet.dra.plugins import (
     CALL_TIMEOUT,
+    HEALTH_RETRY,
     WIPING_DELAY,
     DRAPlugin,
     DRAPluginManager,
@@ -66,7 +67,8 @@ class DRAKubelet:
     `kube` serves `get_resource_claim` (FakeKube). With `wipe` (see `node_slice_wiper`) the
     node's ResourceSlices are deleted when it starts and `wiping_delay` seconds after a
     driver lost its last connected plugin, as the kubelet does; without, slices are left.
-    `retry_initial` is the first backoff of a failed registration (the kubelet's 0.5 s).
+    `retry_initial` is the first backoff of a failed registration (the kubelet's 0.5 s);
+    `health_retry` the wait before a driver's health stream is opened again (5 s).
     """
 
     def __init__(
@@ -79,6 +81,7 @@ class DRAKubelet:
         call_timeout: float = CALL_TIMEOUT,
         wiping_delay: float = WIPING_DELAY,
         wipe: SliceWiper | None = None,
+        health_retry: float = HEALTH_RETRY,
     ) -> None:
         self.root = Path(root)
         self.registry_dir = registry_dir or self.root / PLUGINS_REGISTRY
@@ -88,6 +91,7 @@ class DRAKubelet:
             wiping_delay=wiping_delay,
             wipe=wipe,
             on_change=self._notify,
+            health_retry=health_retry,
         )
         self.watcher = PluginWatcher(
             self.registry_dir,
@@ -181,6 +185,16 @@ class DRAKubelet:
     def calls(self) -> list[DRACall]:
         """Every NodePrepareResources/NodeUnprepareResources call, in order."""
         return self.manager.calls
+
+    def allocated_resources_status(self, pod: dict[str, Any]) -> dict[str, list[dict[str, Any]]]:
+        """Container name -> `allocatedResourcesStatus` of its claims' devices, as the
+        kubelet puts it in the pod's status from the drivers' health streams."""
+        return self.manager.allocated_resources_status(pod)
+
+    @property
+    def health_errors(self) -> list[tuple[str, str]]:
+        """(driver, error) of every health stream that failed, as the kubelet logs them."""
+        return self.plugins.health_errors
 
     def prepared_claims(self) -> dict[tuple[str, str], set[str]]:
         """(namespace, claim name) -> pod UIDs, for every claim in the cache."""

@@ -19,7 +19,13 @@ servicesSupportedByKubelet, defaultClientCallTimeout). What the kubelet does and
   driver has had no connected plugin for `wiping_delay` (30 s); a connected plugin cancels
   a pending wipe. Done only when the emulator is given a `SliceWiper`.
 
-Left out: the health stream (`NodeWatchResources`, alpha), metrics interceptors.
+- With a health handler (the DRA manager's, `ResourceHealthStatus` being on by default in
+  1.36), each registered plugin gets its health stream: `NodeWatchResources` is opened at
+  registration and again `HEALTH_RETRY` (5 s) after each end, until the plugin goes; a
+  stream that fails is recorded in `health_errors` as the kubelet logs it ("Error
+  receiving from WatchResources stream", e.g. Unimplemented for a driver without it).
+
+Left out: metrics interceptors.
 """
 
 from __future__ import annotations
@@ -28,12 +34,13 @@ import asyncio
 import contextlib
 import json
 import logging
-from collections.abc import Awaitable, Callable
+from collections.abc import AsyncIterator, Awaitable, Callable
 from dataclasses import dataclass, field
 from typing import Any, Protocol, TypeVar, cast
 
 import grpc
 
+from kubegpu.api import dra_health_pb2, dra_health_stub
 from kubegpu.api import dra_pb2 as dra
 from kubegpu.kubelet.endpoint import go_error
 
@@ -50,8 +57,18 @@ _PACKAGES = {
 }
 CALL_TIMEOUT = 45.0
 WIPING_DELAY = 30.0
+#: The period of the kubelet's `wait.UntilWithContext` around the health stream.
+HEALTH_RETRY = 5.0
 
 Req = TypeVar("Req", dra.NodePrepareResourcesRequest, dra.NodeUnprepareResourcesRequest)
+
+
+class HealthHandler(Protocol):
+    """Reads one health stream of a driver to its end (`HandleWatchResourcesStream`)."""
+
+    def __call__(
+        self, driver: str, stream: AsyncIterator[dra_health_pb2.NodeWatchResourcesResponse]
+    ) -> Awaitable[None]: ...
 
 
 class SliceWiper(Protocol):
@@ -90,6 +107,7 @@ class DRAPlugin:
     call_timeout: float
     connected: bool = False
     monitor: asyncio.Task[None] | None = field(default=None, repr=False)
+    health: asyncio.Task[None] | None = field(default=None, repr=False)
 
     async def _call(self, method: str, request: Req, reply: type[Any]) -> Any:
         path = f"/{_PACKAGES[self.service]}.DRAPlugin/{method}"
@@ -131,8 +149,16 @@ class DRAPluginManager:
         wiping_delay: float = WIPING_DELAY,
         wipe: SliceWiper | None = None,
         on_change: Callable[[], Awaitable[None]] | None = None,
+        health_retry: float = HEALTH_RETRY,
     ) -> None:
         self.call_timeout = call_timeout
+        self.health_retry = health_retry
+        #: Set by the DRA manager: reads each plugin's health stream.
+        self.health_handler: HealthHandler | None = None
+        #: (driver, the kubelet's error text) of every health stream that failed.
+        self.health_errors: list[tuple[str, str]] = []
+        #: How many health streams were opened, by driver.
+        self.health_streams: dict[str, int] = {}
         self.wiping_delay = wiping_delay
         self._wipe = wipe
         self._on_change = on_change
@@ -174,6 +200,8 @@ class DRAPluginManager:
         plugin = DRAPlugin(driver, endpoint, service, channel, self.call_timeout)
         plugins.append(plugin)
         plugin.monitor = asyncio.ensure_future(self._follow(plugin))
+        if self.health_handler is not None:
+            plugin.health = asyncio.ensure_future(self._watch_health(plugin, self.health_handler))
         log.info(
             "registered DRA plugin %s at %s (service %s, %d plugins)",
             driver,
@@ -190,10 +218,12 @@ class DRAPluginManager:
         found = next((p for p in plugins if p.endpoint == endpoint), None)
         if found is None:
             return
+        # Closed before it leaves the store: closing waits on its tasks, and a watcher
+        # woken meanwhile must not see the driver gone before the deregistration is done.
+        await self._close(found)
         plugins.remove(found)
         if not plugins:
             del self._store[driver]
-        await self._close(found)
         log.info("unregistered DRA plugin %s at %s (%d left)", driver, endpoint, len(plugins))
         await self._sync(driver)
 
@@ -240,11 +270,35 @@ class DRAPluginManager:
             await plugin.channel.wait_for_state_change(state)
             state = plugin.channel.get_state(try_to_connect=True)
 
+    async def _watch_health(self, plugin: DRAPlugin, handler: HealthHandler) -> None:
+        """Open the plugin's health stream, again `health_retry` after each end."""
+        while True:
+            call = dra_health_stub(plugin.channel).NodeWatchResources(
+                dra_health_pb2.NodeWatchResourcesRequest()
+            )
+            self.health_streams[plugin.driver] = self.health_streams.get(plugin.driver, 0) + 1
+            try:
+                await handler(plugin.driver, _responses(call))
+            except grpc.RpcError as exc:
+                text = rpc_error_text(exc)
+                log.error(
+                    "DRA plugin %s: error receiving from WatchResources stream: %s",
+                    plugin.driver,
+                    text,
+                )
+                self.health_errors.append((plugin.driver, text))
+                if self._on_change is not None:
+                    await self._on_change()
+            finally:
+                call.cancel()
+            await asyncio.sleep(self.health_retry)
+
     async def _close(self, plugin: DRAPlugin) -> None:
-        if plugin.monitor is not None:
-            plugin.monitor.cancel()
-            with contextlib.suppress(asyncio.CancelledError):
-                await plugin.monitor
+        for task in (plugin.monitor, plugin.health):
+            if task is not None:
+                task.cancel()
+                with contextlib.suppress(asyncio.CancelledError):
+                    await task
         plugin.connected = False
         await plugin.channel.close(None)
 
@@ -275,6 +329,14 @@ class DRAPluginManager:
         log.info("deleting ResourceSlices of %s", driver or "every driver")
         self._wipe(driver)
         self.wiped.append(driver)
+
+
+async def _responses(
+    call: Any,
+) -> AsyncIterator[dra_health_pb2.NodeWatchResourcesResponse]:
+    """The stream's responses, typed (the generated stub is not)."""
+    async for response in call:
+        yield cast(dra_health_pb2.NodeWatchResourcesResponse, response)
 
 
 def rpc_error_text(exc: BaseException) -> str:
