@@ -43,6 +43,7 @@ from kubegpu.devices import (
 )
 from kubegpu.dra.claims import AMD_DRIVER, NVIDIA_DRIVER
 from kubegpu.dra.driver import PLUGINS_DIRECTORY, REGISTRAR_DIRECTORY, DraDriver
+from kubegpu.dra.health import HealthServicer
 from kubegpu.dra.publisher import SlicePublisher, faults_of
 from kubegpu.dra.service import ClaimPreparer
 from kubegpu.errors import ConfigError, InitError, KubegpuError
@@ -232,6 +233,10 @@ class Daemon:
                     publisher = self._publisher(self.dra.driver, monitor)
                     self.dra.registration.on_registered = lambda: self._republish(publisher)
                     tasks.start("dra sockets", self.dra.run(), root=True)
+                    if self.dra.health is not None:
+                        # The stream's messages say why, as the health monitor tells it.
+                        self.dra.health.reason = monitor.tracker.reason
+                        tasks.start("dra health", self.dra.health.follow(), root=True)
                     tasks.start("resource slices", publisher.run(), root=True)
                 else:
                     tasks.start("plugins", self.manager.follow(self.store, since), root=True)
@@ -323,6 +328,7 @@ class Daemon:
             driver=driver,
             registrar_dir=s.registrar_dir,
             plugins_dir=s.kubelet_plugins_dir,
+            health=HealthServicer(self.store, driver=driver, pool=s.node_name),
         )
 
     def _publisher(self, driver: str, monitor: HealthMonitor) -> SlicePublisher:

@@ -21,6 +21,7 @@ from pathlib import Path
 
 import grpc
 
+from kubegpu.dra.health import HealthServicer
 from kubegpu.dra.registration import (
     RegistrationServicer,
     registration_server,
@@ -103,14 +104,19 @@ class DraDriver:
         registrar_dir: Path = Path(REGISTRAR_DIRECTORY),
         plugins_dir: Path = Path(PLUGINS_DIRECTORY),
         inotify: InotifyFactory = default_inotify,
+        health: HealthServicer | None = None,
     ) -> None:
         self.preparer = preparer
+        #: The device health stream served beside the DRAPlugin service, if any.
+        self.health = health
         self.driver = driver
         self.data_dir = plugins_dir / driver
         endpoint = self.data_dir / SERVICE_SOCKET
         self.servicer = DraServicer(preparer)
         self.registration = RegistrationServicer(driver, str(endpoint))
-        self.service = SocketServer(endpoint, lambda: dra_server(self.servicer), "DRA service")
+        self.service = SocketServer(
+            endpoint, lambda: dra_server(self.servicer, self.health), "DRA service"
+        )
         self.registrar = SocketServer(
             registrar_dir / registration_socket_name(driver),
             lambda: registration_server(self.registration),
@@ -167,8 +173,12 @@ class DraDriver:
                     backoff.reset()
 
     async def stop(self) -> None:
-        """Registration first (the kubelet stops calling), then the service."""
+        """Registration first (the kubelet stops calling), then the service, whose health
+        streams are ended first: they never end by themselves, and grpc's stop waits on
+        them for its whole grace."""
         await self.registrar.stop()
+        if self.health is not None:
+            self.health.close()
         await self.service.stop()
 
     def ready(self) -> tuple[bool, str]:

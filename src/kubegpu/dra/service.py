@@ -48,6 +48,7 @@ from kubegpu.dra.claims import (
     plan_claim,
     spec_file_name,
 )
+from kubegpu.dra.health import HealthServicer, add_health_servicer
 from kubegpu.dra.slices import DraDevice
 from kubegpu.errors import AllocationError
 from kubegpu.state import NodeState, NodeStore
@@ -416,9 +417,10 @@ class DraServicer:
         return response
 
 
-def dra_server(servicer: DraServicer) -> grpc.aio.Server:
-    """A grpc.aio server answering `servicer` under every name in `SERVICES`, inside the
-    `kubegpu.rpc` error boundary with the request size bound."""
+def dra_server(servicer: DraServicer, health: HealthServicer | None = None) -> grpc.aio.Server:
+    """A grpc.aio server answering `servicer` under every name in `SERVICES` (and the
+    device health stream, `health`, when given), inside the `kubegpu.rpc` error boundary
+    with the request size bound."""
     server = grpc.aio.server(
         interceptors=[
             rpc.Boundary(lambda: MAX_REQUEST_BYTES, status=_status, subject="the DRA plugin")
@@ -438,6 +440,8 @@ def dra_server(servicer: DraServicer) -> grpc.aio.Server:
     }
     for service in SERVICES:
         server.add_generic_rpc_handlers((grpc.method_handlers_generic_handler(service, methods),))
+    if health is not None:
+        add_health_servicer(health, server)
     return server
 
 

@@ -302,6 +302,24 @@ async def test_an_xid_taints_the_device_and_recovery_lifts_the_taint(world: Worl
     assert devices["ctr"][0].endswith("-gpu-2")
 
 
+async def test_a_pods_device_health_follows_an_xid_and_its_recovery(world: World) -> None:
+    put_claim(world.kube, "three", 'device.attributes["kubegpu.io"].index == "3"')
+    pod, devices = await world.run(claim_pod("holds-3", "three"))
+    [cdi_id] = devices["ctr"]
+
+    def health() -> list[tuple[str, str]]:
+        statuses = world.dra.allocated_resources_status(pod).get("ctr", [])
+        return [(r["resourceID"], r["health"]) for s in statuses for r in s["resources"]]
+
+    # The kubelet reads the daemon's health stream (NodeWatchResources) into the pod.
+    await eventually(lambda: health() == [(cdi_id, "Healthy")])
+    world.backend.inject_xid(3, 79)
+    await eventually(lambda: health() == [(cdi_id, "Unhealthy")])
+    world.backend.heal(3)
+    await eventually(lambda: health() == [(cdi_id, "Healthy")])
+    assert world.dra.health_errors == []
+
+
 class SlowClaims:
     """The plugin's view of the API, whose claim reads wait for `release` (the kubelet
     emulator reads the same FakeKube directly, undelayed)."""
