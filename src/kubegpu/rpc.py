@@ -121,8 +121,11 @@ class Calls:
             if self.active:
                 await self._changed.wait()
                 continue
+            # asyncio.timeout, not wait_for, which on Python 3.11 can lose a cancellation
+            # that arrives as a call begins or ends.
             try:
-                await asyncio.wait_for(self._changed.wait(), seconds)
+                async with asyncio.timeout(seconds):
+                    await self._changed.wait()
             except TimeoutError:
                 return
 

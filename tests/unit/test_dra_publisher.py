@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import asyncio
 import logging
+import threading
 from collections.abc import AsyncIterator
 from typing import Any
 
@@ -21,7 +22,7 @@ from kubegpu.kube.errors import status_error
 from kubegpu.state import NodeState, NodeStore
 from kubegpu.watch.backoff import Backoff
 from tests.builders import gpu, inventory
-from tests.waiting import eventually
+from tests.waiting import WAIT, eventually
 
 NODE = "node-1"
 MIXED = parse_config("version: v1\nflags:\n  migStrategy: mixed\n")
@@ -80,6 +81,37 @@ def test_first_sync_creates_the_pool_and_an_unchanged_one_writes_nothing(kube: F
     assert pub.sync(store.state) is False
     assert kube.calls[len(before) :] == [f"list resourceslices/{NVIDIA_DRIVER}/{NODE}"]
     assert pub.published[NVIDIA_DRIVER] == stored(kube)
+
+
+def test_two_syncs_at_once_never_publish_the_pool_twice() -> None:
+    """A kubelet restart wipes the slices and re-registers the driver: the registration's
+    sync and the watch's sync both find the pool empty. Run side by side they each created
+    it (seen on a 1.36.2 cluster: two slices of one pool, claims unschedulable until the
+    next resync); one sync must see what the other wrote."""
+    first_listed = threading.Event()
+    second_listed = threading.Event()
+
+    class RacingKube(FakeKube):
+        def list_resource_slices(self, driver: str, node: str) -> list[dict[str, Any]]:
+            found = super().list_resource_slices(driver, node)
+            if not first_listed.is_set():
+                first_listed.set()
+                # Hold the first sync's (empty) answer until the second sync has listed too,
+                # or long enough that it evidently cannot while this one runs.
+                second_listed.wait(timeout=2.0)
+            else:
+                second_listed.set()
+            return found
+
+    kube = RacingKube()
+    store = store_of(inventory(gpu(0), gpu(1)))
+    pub = publisher(kube, store)
+    other = threading.Thread(target=lambda: (first_listed.wait(WAIT), pub.sync(store.state)))
+    other.start()
+    pub.sync(store.state)
+    other.join(WAIT)
+    assert not other.is_alive()
+    assert len(stored(kube)) == 1
 
 
 def test_a_mig_layout_change_replaces_the_slice_with_the_next_generation(kube: FakeKube) -> None:

@@ -157,8 +157,11 @@ class HealthServicer(pb_grpc.DRAResourceHealthServicer):
                 if lines != sent or loop.time() >= due:
                     yield self.response(lines)
                     sent, due = lines, loop.time() + self.interval_s
+                # asyncio.timeout, not wait_for, which on Python 3.11 can lose a
+                # cancellation that arrives as `wake` is set (the stream never ends).
                 with contextlib.suppress(TimeoutError):
-                    await asyncio.wait_for(wake.wait(), max(0.0, due - loop.time()))
+                    async with asyncio.timeout(max(0.0, due - loop.time())):
+                        await wake.wait()
         finally:
             self.streams -= 1
 

@@ -30,6 +30,7 @@ import asyncio
 import contextlib
 import json
 import logging
+import threading
 from collections.abc import Callable, Mapping, Sequence
 from typing import Any, Final
 
@@ -89,6 +90,10 @@ class SlicePublisher:
         self._poke = asyncio.Event()
         #: How many times the slices were compared with the API (for tests and metrics).
         self.syncs = 0
+        # One sync at a time: the loop's and the registration's run in worker threads, and
+        # two that both read an empty pool (a starting kubelet has just wiped it) would
+        # both create it, leaving two slices of one pool that the scheduler refuses.
+        self._syncing = threading.Lock()
 
     def resync(self) -> None:
         """Compare with the API (and publish what is missing) now rather than at the next
@@ -134,8 +139,11 @@ class SlicePublisher:
 
     async def _poked(self, timeout: float) -> None:
         """Until the slices may differ from the API's, or `timeout` seconds."""
+        # asyncio.timeout, not wait_for: on Python 3.11 wait_for loses a cancellation that
+        # arrives as the event is set, and the loop then sleeps a whole resync at shutdown.
         with contextlib.suppress(TimeoutError):
-            await asyncio.wait_for(self._poke.wait(), timeout)
+            async with asyncio.timeout(timeout):
+                await self._poke.wait()
 
     async def _follow_store(self) -> None:
         """Poke the loop on every change of what the slices show."""
@@ -183,6 +191,10 @@ class SlicePublisher:
         Raises `KubeError` when the API cannot be read or written (after re-reading on
         `CONFLICT_RETRIES` conflicts).
         """
+        with self._syncing:
+            return self._sync(state)
+
+    def _sync(self, state: NodeState) -> bool:
         wrote = False
         self.syncs += 1
         for driver in self.drivers:

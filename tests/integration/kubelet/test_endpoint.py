@@ -18,6 +18,7 @@ from kubegpu.kubelet import (
     KubeletEmulator,
 )
 from tests.integration.kubelet.fakes import GPU, MakePlugin, dev, gpus
+from tests.waiting import eventually
 
 # ------------------------------------------------------------------------ ListAndWatch
 
@@ -284,6 +285,9 @@ async def test_from_1_37_an_older_plugin_ending_leaves_the_successor_alone(
     await old.serve_and_register()
     await new.serve_and_register()
     await kubelet.wait_for(lambda: len(kubelet.endpoints(GPU)) == 2)
+    # The successor's stream is open before the old plugin goes (on a loaded machine the
+    # endpoint can be recorded before its ListAndWatch reaches the plugin).
+    await eventually(lambda: new.calls["ListAndWatch"] == 1)
     await old.stop()
     await kubelet.wait_for(lambda: kubelet.endpoints(GPU) == {"new.sock": True})
     assert new.calls["ListAndWatch"] == 1
