@@ -57,7 +57,7 @@ RSS_MIB = 64.0
 #: The worst of the `watch.RESTARTS` socket deletions: no tail of a reconnect backoff or a
 #: server's grace (~1 s each).
 SOCKET_MAX_MS = 100.0
-#: NVIDIA's DRA driver on the same simulated node (issue's anchor): prepare, unprepare.
+#: NVIDIA's DRA driver on the same simulated 8×H100 node: prepare, unprepare.
 DRA_PREPARE_MS = 6.4
 DRA_UNPREPARE_MS = 4.3
 

@@ -1,4 +1,4 @@
-"""`kubegpu serve` keeps serving its last good config through every bad reload (issue 8).
+"""`kubegpu serve` keeps serving its last good config through every bad reload.
 
 Each input here once ended or stalled the daemon (allocatable 0 on the node); now each is
 rejected on one log line while the kubelet keeps seeing the same devices.

@@ -490,7 +490,7 @@ async def test_dp_disable_healthchecks_reaches_the_daemon(
         await node.kubelet.wait_for_resource(GPU, allocatable=3 if marked else 4)
 
 
-# -- the servicer alone, against hostile or stale requests (issue 8) -----------------------
+# -- the servicer alone, against hostile or stale requests ---------------------------------
 
 
 @contextlib.asynccontextmanager

@@ -267,7 +267,7 @@ def test_cli_simulate_t4_preset(tmp_path: Path) -> None:
     assert labels["nvidia.com/gpu.family"] == "turing"
 
 
-# --- the named config (issue 8): the labeller picks what `serve` picks -------------------
+# --- the named config: the labeller picks what `serve` picks ------------------------------
 
 SHARE_4 = """version: v1
 sharing:

@@ -1,6 +1,6 @@
 """Config loading is total and bounded: any bytes give a Config or one ConfigError line.
 
-The corpus holds the inputs of issue 8 that crashed or stalled the daemon; the property
+The corpus holds inputs that once crashed or stalled the daemon; the property
 tests throw arbitrary bytes and YAML-ish trees at the loader.
 """
 
@@ -43,7 +43,7 @@ def assert_total(data: bytes | str) -> Config | ConfigError:
         return exc
 
 
-# -- the corpus of issue 8 -------------------------------------------------------------------
+# -- the corpus ------------------------------------------------------------------------------
 
 CORPUS: list[tuple[str, bytes, str]] = [
     # (id, input, a fragment the one-line error must contain: the key path or the limit)

@@ -1,7 +1,7 @@
 """A shared resource must fit the kubelet's 4 MiB ListAndWatch message, or it is refused.
 
 Above that size the kubelet drops the stream and the node shows 0 GPUs while the plugin
-looks healthy (issue 8: 9,000 replicas on 8 GPUs), so the config is refused instead, at
+looks healthy (9,000 replicas on 8 GPUs), so the config is refused instead, at
 start and on reload, with one line naming the key and the largest count that fits.
 """
 

@@ -339,7 +339,7 @@ def test_symlinked_config_file_fingerprint_follows_target(tmp_path: Path) -> Non
     assert _stat(_Selection(link, "")) != before
 
 
-# -- reload safety (issue 8): empty files, half-written files, off-loop loading -----------------
+# -- reload safety: empty files, half-written files, off-loop loading -------------------------
 
 
 @pytest.mark.parametrize("empty", ["", "  \n\t\n"])
@@ -553,7 +553,7 @@ async def test_bad_files_on_reload_keep_the_last_good(tmp_path: Path, text: str)
         assert strategy(await next_update(s)) is MigStrategy.SINGLE
 
 
-# -- watched, not polled (issue 9): every kind of change wakes the source through inotify ---
+# -- watched, not polled: every kind of change wakes the source through inotify -----------
 
 NEVER = 3600.0  # a fallback poll period no test outlives: only inotify can wake the source
 

@@ -1,6 +1,6 @@
 """The PCI bus read from sysfs (`kubegpu.devices.pci`), against checked-in fixture trees.
 
-Moved from tests/unit/test_labels.py with the readers (issue 9: only `devices` reads sysfs).
+Beside the readers, since only `devices` reads sysfs.
 """
 
 from __future__ import annotations

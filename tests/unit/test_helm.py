@@ -393,7 +393,7 @@ def test_compat_with_cpu_manager_is_privileged_and_passes_device_specs(chart: An
     assert env(ds)["PASS_DEVICE_SPECS"] == "true"
 
 
-# --- deployment defaults (issue 8) ---------------------------------------------------------
+# --- deployment defaults -------------------------------------------------------------------
 
 
 def test_resources_default_to_a_memory_limit_unless_given_or_mps(chart: Any) -> None:

@@ -1,4 +1,4 @@
-"""Only `kubegpu.devices` reads sysfs (issue 9 step 3), checked on the source.
+"""Only `kubegpu.devices` reads sysfs, checked on the source.
 
 import-linter cannot see a file read, so this scans the AST: a string naming a sysfs
 path (`/sys/...`, `sys/bus/...`, `sys/class/...`, or a bare `sys` joined onto a root)

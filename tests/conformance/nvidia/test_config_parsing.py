@@ -1,4 +1,4 @@
-"""How a config file's bytes become data, against NVIDIA's parser (issue 8).
+"""How a config file's bytes become data, against NVIDIA's parser.
 
 NVIDIA's plugin reads its config with `sigs.k8s.io/yaml.Unmarshal` (YAML or JSON; an
 empty `version` means v1; any other version is refused): see
