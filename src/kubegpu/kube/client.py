@@ -13,12 +13,13 @@ the API's spelling, and sends the callers' bodies (NodeFeature, Event) exactly a
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import functools
 import logging
 import os
 import threading
 import weakref
-from collections.abc import AsyncIterator, Callable
+from collections.abc import AsyncGenerator, AsyncIterator, Callable
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, Final, TypeVar
@@ -331,28 +332,14 @@ class KubeClient:
     async def watch_resource_slices(self, driver: str, node: str) -> AsyncIterator[SliceEvent]:
         """List, then watch from the list's resourceVersion (an informer's list-and-watch,
         so nothing between the two is lost), in a daemon thread feeding the loop."""
-        loop = asyncio.get_running_loop()
-        queue: asyncio.Queue[SliceEvent] = asyncio.Queue()
-        state = _WatchState()
 
-        def emit(event: SliceEvent) -> None:
-            try:
-                loop.call_soon_threadsafe(queue.put_nowait, event)
-            except RuntimeError:  # the loop is gone: nobody is listening
-                state.stop.set()
+        def follow(emit: Callable[[SliceEvent], None], state: _WatchState) -> None:
+            self._follow_slices(driver, node, emit, state)
 
-        thread = threading.Thread(
-            target=self._follow_slices,
-            args=(driver, node, emit, state),
-            daemon=True,
-            name=f"slices-{driver}-{node}",
-        )
-        thread.start()
-        try:
-            while True:
-                yield await queue.get()
-        finally:
-            state.close()
+        # aclosing: closing this iterator must stop the thread now, not at collection.
+        async with contextlib.aclosing(_in_thread(follow, f"slices-{driver}-{node}")) as events:
+            async for event in events:
+                yield event
 
     def _follow_slices(
         self, driver: str, node: str, emit: Callable[[SliceEvent], None], state: _WatchState
@@ -410,28 +397,13 @@ class KubeClient:
 
     async def watch_node_label(self, node: str, label: str) -> AsyncIterator[str | None]:
         """Read the Node, then watch it by name, in a daemon thread feeding the loop."""
-        loop = asyncio.get_running_loop()
-        queue: asyncio.Queue[str | None] = asyncio.Queue()
-        state = _WatchState()
 
-        def emit(value: str | None) -> None:
-            try:
-                loop.call_soon_threadsafe(queue.put_nowait, value)
-            except RuntimeError:  # the loop is gone: nobody is listening
-                state.stop.set()
+        def follow(emit: Callable[[str | None], None], state: _WatchState) -> None:
+            self._follow(node, label, emit, state)
 
-        thread = threading.Thread(
-            target=self._follow,
-            args=(node, label, emit, state),
-            daemon=True,
-            name=f"labels-{node}",
-        )
-        thread.start()
-        try:
-            while True:
-                yield await queue.get()
-        finally:
-            state.close()
+        async with contextlib.aclosing(_in_thread(follow, f"labels-{node}")) as values:
+            async for value in values:
+                yield value
 
     def _follow(
         self, node: str, label: str, emit: Callable[[str | None], None], state: _WatchState
@@ -512,6 +484,29 @@ def _name_of(body: dict[str, Any]) -> str:
     """The object's name, or its `generateName` prefix followed by "*" when the server names it."""
     meta = body.get("metadata") or {}
     return str(meta.get("name") or f"{meta.get('generateName', '')}*")
+
+
+async def _in_thread(
+    follow: Callable[[Callable[[T], None], _WatchState], None], name: str
+) -> AsyncGenerator[T, None]:
+    """What a blocking `follow(emit, state)` emits, run in a daemon thread (lightkube's
+    watch is a blocking iterator), handed to the loop; closing the iterator stops it."""
+    loop = asyncio.get_running_loop()
+    queue: asyncio.Queue[T] = asyncio.Queue()
+    state = _WatchState()
+
+    def emit(item: T) -> None:
+        try:
+            loop.call_soon_threadsafe(queue.put_nowait, item)
+        except RuntimeError:  # the loop is gone: nobody is listening
+            state.stop.set()
+
+    threading.Thread(target=follow, args=(emit, state), daemon=True, name=name).start()
+    try:
+        while True:
+            yield await queue.get()
+    finally:
+        state.close()
 
 
 def _close_all(clients: dict[float, Client]) -> None:

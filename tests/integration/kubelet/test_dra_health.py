@@ -31,11 +31,6 @@ POOL = "node-1"
 
 
 @pytest.fixture
-def kube() -> FakeKube:
-    return FakeKube()
-
-
-@pytest.fixture
 async def node(socket_dir: Path, kube: FakeKube) -> AsyncIterator[DRAKubelet]:
     emulator = DRAKubelet(socket_dir, kube, retry_initial=0.05, health_retry=0.05)
     await emulator.start()
