@@ -20,6 +20,8 @@ from kubegpu.nvidia_paths import CDI_VENDOR as CDI_VENDOR
 from kubegpu.nvidia_paths import IMEX_CHANNEL_DIR as IMEX_CHANNEL_DIR
 from kubegpu.nvidia_paths import VOLUME_MOUNT_ROOT as VOLUME_MOUNT_ROOT
 from kubegpu.resources import AdvertisedDevice, ResourceSpec, Unit
+from kubegpu.untrusted import ECHO_CHARS
+from kubegpu.untrusted import escape as escape
 
 VISIBLE_DEVICES = "NVIDIA_VISIBLE_DEVICES"
 #: The plugin name in CDI annotation keys (`cdi.k8s.io/<name>_<response id>`), as NVIDIA's.
@@ -87,14 +89,7 @@ def validate_request(spec: ResourceSpec, ids: Sequence[str]) -> tuple[Advertised
 
 #: At most this many IDs, each cut to this many characters, are echoed in an error.
 ECHO_IDS = 5
-ECHO_ID_CHARS = 80
-
-
-def escape(text: str, limit: int = ECHO_ID_CHARS) -> str:
-    """`text` cut to `limit` characters with control characters escaped (one log line)."""
-    cut = text if len(text) <= limit else text[:limit] + "..."
-    # repr() escapes \n, \r, \x1b and other non-printables; strip its quotes.
-    return "".join(c if c.isprintable() else repr(c)[1:-1] for c in cut)
+ECHO_ID_CHARS = ECHO_CHARS
 
 
 def describe_ids(ids: Sequence[str]) -> str:

@@ -24,7 +24,6 @@ from typing import Any
 import grpc
 from google.protobuf.message import DecodeError
 
-from kubegpu.allocation import escape
 from kubegpu.errors import (
     AllocationError,
     ConfigError,
@@ -32,6 +31,7 @@ from kubegpu.errors import (
     KubegpuError,
     PreconditionError,
 )
+from kubegpu.untrusted import escape
 
 _log = logging.getLogger("kubegpu.rpc")
 

@@ -124,6 +124,23 @@ def test_claims_this_node_cannot_serve_are_refused(body: dict[str, Any], words: 
         plan(body)
 
 
+@pytest.mark.parametrize(
+    "status",
+    [
+        {"allocation": ["gpu-0"]},
+        {"allocation": {"devices": {"results": "gpu-0"}}},
+        {"allocation": {"devices": {"results": ["gpu-0"]}}},
+        {"allocation": {"devices": {"results": [None, {"driver": "gpu.nvidia.com"}]}}},
+    ],
+)
+def test_a_malformed_allocation_is_this_claims_error(status: dict[str, Any]) -> None:
+    """A broken API server or a proxy in front of it can send anything: the claim fails
+    with a line that says so, and the other claims of the call are prepared."""
+    body = {"metadata": ["not", "an", "object"], "status": status}
+    with pytest.raises(ClaimError, match="not shaped as the API server writes one"):
+        plan(body)
+
+
 def test_mps_sharing_adds_the_pipe_and_shm_mounts() -> None:
     config = parse_config(
         "version: v1\nflags:\n  mpsRoot: /run/nvidia/mps\nsharing:\n  mps:\n    resources:\n"

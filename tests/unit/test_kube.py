@@ -780,6 +780,33 @@ def test_resource_claim_read_as_stored_and_missing_is_404(api: ApiServer) -> Non
     assert info.value.status == 404
 
 
+@pytest.mark.parametrize(
+    ("namespace", "name"),
+    [
+        ("../../api/v1/namespaces/kube-system/secrets", "x"),
+        ("ns", "../../../../../api/v1/namespaces/kube-system/secrets"),
+        ("ns", "x/../../../../../../api/v1/namespaces/kube-system/secrets"),
+        ("ns", "c\nkubegpu: FORGED"),
+        ("ns", "c" * 254),
+        ("", "c"),
+    ],
+)
+def test_a_claim_name_kubernetes_refuses_sends_no_request(
+    api: ApiServer, namespace: str, name: str
+) -> None:
+    """The request's path is built from the namespace and name: a `../` in either would
+    send it, with the ServiceAccount's token, to another path of the API."""
+    refused = r"^get ResourceClaim: not sent: the (namespace|name) '"
+    with pytest.raises(KubeError, match=refused) as info:
+        client_of(api).get_resource_claim(namespace, name)
+    assert api.requests == []
+    assert "\n" not in str(info.value) and len(str(info.value)) < 400
+    fake = FakeKube()
+    with pytest.raises(KubeError, match=refused):
+        fake.get_resource_claim(namespace, name)
+    assert fake.calls == []
+
+
 def test_fake_resource_slices_as_the_api_server_keeps_them() -> None:
     kube = FakeKube()
     named = kube.create_resource_slice(resource_slice("a"))

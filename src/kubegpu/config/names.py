@@ -12,12 +12,12 @@ import re
 from fractions import Fraction
 from typing import Final
 
+from kubegpu.untrusted import is_dns_subdomain
+
 #: Names given without a domain belong to NVIDIA's, as in NVIDIA's plugin (`gpu`).
 DEFAULT_RESOURCE_PREFIX: Final = "nvidia.com"
 
 _NAME_PART = re.compile(r"[A-Za-z0-9]([-A-Za-z0-9_.]*[A-Za-z0-9])?")
-_DNS_LABEL = r"[a-z0-9]([-a-z0-9]*[a-z0-9])?"
-_DNS_SUBDOMAIN = re.compile(rf"{_DNS_LABEL}(\.{_DNS_LABEL})*")
 
 # The spellings of a UUID that NVIDIA's config accepts after `GPU-` / `MIG-` (those of
 # github.com/google/uuid's Parse): dashed, braced, `urn:uuid:`-prefixed, or bare hex.
@@ -69,7 +69,7 @@ def qualify_resource_name(name: str) -> str:
             f"name part {short!r} must be letters, digits, '-', '_' or '.', "
             "starting and ending with a letter or digit"
         )
-    if len(prefix) > 253 or not _DNS_SUBDOMAIN.fullmatch(prefix):
+    if not is_dns_subdomain(prefix):
         raise ValueError(f"domain {prefix!r} is not a lowercase DNS subdomain")
     if prefix == "kubernetes.io" or prefix.endswith(".kubernetes.io"):
         raise ValueError("the kubernetes.io domain is reserved for Kubernetes' own resources")
@@ -82,7 +82,7 @@ _LABEL_VALUE = re.compile(r"([A-Za-z0-9]([-A-Za-z0-9_.]{0,61}[A-Za-z0-9])?)?")
 def is_label_key(text: str) -> bool:
     """A Kubernetes label key: `[prefix/]name`, the prefix a DNS subdomain."""
     prefix, slash, name = text.rpartition("/")
-    if slash and not (0 < len(prefix) <= 253 and _DNS_SUBDOMAIN.fullmatch(prefix)):
+    if slash and not is_dns_subdomain(prefix):
         return False
     return len(name) <= 63 and _NAME_PART.fullmatch(name) is not None
 

@@ -82,24 +82,38 @@ class PreparedDevice:
         )
 
 
+def _field(obj: object, key: str) -> Any:
+    """`obj[key]` of a JSON object, None when `obj` is no object or lacks it: a claim is
+    read from the API (or a proxy in front of it) and its shape is not taken on trust."""
+    return obj.get(key) if isinstance(obj, Mapping) else None
+
+
 def claim_label(claim: Mapping[str, Any]) -> str:
-    meta = claim.get("metadata") or {}
-    return f"{meta.get('namespace', '')}/{meta.get('name', '')}"
+    meta = _field(claim, "metadata")
+    return f"{_field(meta, 'namespace') or ''}/{_field(meta, 'name') or ''}"
 
 
 def allocation_results(claim: Mapping[str, Any], driver: str) -> tuple[Result, ...]:
-    """Our driver's results in the claim's allocation; `ClaimError` when unallocated.
+    """Our driver's results in the claim's allocation; `ClaimError` when unallocated or
+    not shaped as the API server writes it.
 
     A subrequest (`gpu/large`) is answered under its request (`gpu`), as the kubelet
     matches containers to requests by the base name.
     """
-    allocation = (claim.get("status") or {}).get("allocation")
+    allocation = _field(_field(claim, "status"), "allocation")
     if not allocation:
         raise ClaimError(
             f"claim {claim_label(claim)} is not allocated; the scheduler allocates it "
             f"before the pod reaches this node"
         )
-    results = ((allocation.get("devices") or {}).get("results")) or []
+    results = _field(_field(allocation, "devices"), "results") or []
+    shaped = isinstance(allocation, Mapping) and isinstance(results, list)
+    if not shaped or not all(isinstance(r, Mapping) for r in results):
+        raise ClaimError(
+            f"claim {claim_label(claim)}: its status.allocation is not shaped as the API "
+            f"server writes one (devices.results, a list of results); a proxy in front of "
+            f"the API server, or the server itself, sent a malformed claim"
+        )
     return tuple(
         Result(
             request=str(r.get("request", "")).split("/", 1)[0],

@@ -175,11 +175,12 @@ class DraDriver:
     async def stop(self) -> None:
         """Registration first (the kubelet stops calling), then the service, whose health
         streams are ended first: they never end by themselves, and grpc's stop waits on
-        them for its whole grace."""
+        them for its whole grace; last, the preparer's threads."""
         await self.registrar.stop()
         if self.health is not None:
             self.health.close()
         await self.service.stop()
+        self.preparer.close()
 
     def ready(self) -> tuple[bool, str]:
         if not self.started.is_set():

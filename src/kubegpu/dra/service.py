@@ -6,14 +6,25 @@ may pick (`k8s.io.kubelet.pkg.apis.dra.v1.DRAPlugin`, and `...v1beta1.DRAPlugin`
 kubelets of 1.32 and 1.33: the messages are identical).
 
 Failures of one claim (deleted, replaced by a claim of the same name, not allocated, a
-device this node lacks, a full disk) go in that claim's `error`, and the kubelet retries
-it; a malformed request (a claim without UID) is refused whole with INVALID_ARGUMENT at
-the `kubegpu.rpc` boundary, which also bounds the request's size.
+device this node lacks, a full disk, a UID prepared under another namespace or name) go
+in that claim's `error`, and the kubelet retries it; a malformed request (a namespace,
+name or UID that Kubernetes would not allow, `kubegpu.untrusted`) is refused whole with
+INVALID_ARGUMENT at the `kubegpu.rpc` boundary, which also bounds the request's size.
+Those checks come first: the names then go into the claim's API path, its CDI spec's
+file name, the checkpoint and the log, and could otherwise steer any of them.
 
-Calls are serialized, as the kubelet's own helper does for Go drivers; the API reads for
-a prepare happen before taking the turn, so one slow API call does not hold back an
-unprepare. A claim already prepared is answered from the checkpoint without the API, so
-a kubelet restart re-preparing every running pod's claims costs no API call.
+Writes are serialized, as the kubelet's own helper does for Go drivers, and run on a
+thread of their own; the API reads for a prepare happen before taking the turn, in a
+pool of their own (`READ_THREADS`), at most `READS_PER_PREPARE` at a time for one
+request, and for at most `MAX_CLAIMS_READ` claims of it. So an unprepare never waits on
+an API read, and a one-claim prepare waits on a few reads of other requests at most,
+never on all the claims of a large one. A claim already prepared is answered from the
+checkpoint without the API, so a kubelet restart re-preparing every running pod's claims
+costs no API call, and the claims a large request had beyond `MAX_CLAIMS_READ` are
+prepared by the kubelet's next call.
+
+Each call logs one line of what it did (and one of what failed), naming a few claims
+escaped and bounded, whatever the number of claims; each claim's own line is DEBUG.
 """
 
 from __future__ import annotations
@@ -21,10 +32,10 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import logging
-import re
-from collections.abc import Mapping, Sequence
+from collections.abc import Callable, Mapping, Sequence
+from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
-from typing import Any, Protocol
+from typing import Any, Protocol, TypeVar
 
 import grpc
 
@@ -52,8 +63,10 @@ from kubegpu.dra.health import HealthServicer, add_health_servicer
 from kubegpu.dra.slices import DraDevice
 from kubegpu.errors import AllocationError
 from kubegpu.state import NodeState, NodeStore
+from kubegpu.untrusted import escape, object_problem
 
 log = logging.getLogger("kubegpu.dra")
+T = TypeVar("T")
 
 #: The service names the kubelet may call, newest first (the order GetInfo lists them
 #: in, and the kubelet picks the first it supports).
@@ -64,11 +77,20 @@ SERVICES = (
 #: As the registration lists them: `<proto package version>.<service>`.
 SUPPORTED_VERSIONS = ("v1.DRAPlugin", "v1beta1.DRAPlugin")
 
-#: A Kubernetes object UID, and nothing that could leave the CDI directory in a file name.
-_UID = re.compile(r"[A-Za-z0-9][A-Za-z0-9-]{0,127}")
 #: The largest request worth decoding: the kubelet sends one pod's claims (each a
 #: namespace, name and UID, under 400 bytes), so a megabyte is hundreds of times more.
 MAX_REQUEST_BYTES = 1024 * 1024
+#: Threads reading claims from the API, for all requests together.
+READ_THREADS = 16
+#: API reads one prepare has in flight at once: a large request takes this share of the
+#: read threads, and the others keep the rest.
+READS_PER_PREPARE = 4
+#: Claims one prepare reads from the API (those not prepared yet); the others of the
+#: request are answered with an error, and prepared by the kubelet's next call, which
+#: gets those of this call from the checkpoint. A pod rarely has more than a few claims.
+MAX_CLAIMS_READ = 128
+#: Claims one log line names before "and N more".
+LOGGED_CLAIMS = 5
 
 
 class ClaimSource(Protocol):
@@ -77,14 +99,40 @@ class ClaimSource(Protocol):
     def get_resource_claim(self, namespace: str, name: str) -> dict[str, Any]: ...
 
 
-def _check_claims(claims: Sequence[dra_pb2.Claim]) -> None:
+def _checked(claims: Sequence[dra_pb2.Claim]) -> list[dra_pb2.Claim]:
+    """The request's claims, each UID once (its first entry; the answer is keyed by UID),
+    or `AllocationError` naming the first claim whose namespace, name or UID Kubernetes
+    would not allow."""
+    unique: dict[str, dra_pb2.Claim] = {}
     for i, claim in enumerate(claims):
-        if not _UID.fullmatch(claim.uid):
+        problem = object_problem(claim.namespace, claim.name, claim.uid)
+        if problem is not None:
             raise AllocationError(
-                f"claim {i} ({rpc.bounded(claim.namespace, 64)}/{rpc.bounded(claim.name, 64)})"
-                f" has an invalid UID {rpc.bounded(claim.uid, 64)!r}; send the claim's "
-                f"metadata.uid"
+                f"claim {i} of {len(claims)}: its {problem}; send the claim's "
+                f"metadata.namespace, .name and .uid as the API server holds them"
             )
+        unique.setdefault(claim.uid, claim)
+    return list(unique.values())
+
+
+def _label(claim: dra_pb2.Claim | ClaimRecord) -> str:
+    """`namespace/name (uid)`, escaped: a record's names come from the checkpoint file."""
+    return escape(f"{claim.namespace}/{claim.name} ({claim.uid})", 160)
+
+
+def _renamed(claim: dra_pb2.Claim, record: ClaimRecord) -> bool:
+    """The request names the recorded UID differently. A record adopted from a spec file
+    knows no names: any is taken."""
+    named = bool(record.namespace or record.name)
+    return named and (record.namespace, record.name) != (claim.namespace, claim.name)
+
+
+def _some(items: Sequence[str]) -> str:
+    """The first `LOGGED_CLAIMS` of `items`, each cut to a few hundred characters, and how
+    many more: one log line, whatever the request held."""
+    shown = "; ".join(escape(item, 300) for item in items[:LOGGED_CLAIMS])
+    more = len(items) - LOGGED_CLAIMS
+    return f"{shown}; and {more} more" if more > 0 else shown
 
 
 class ClaimPreparer:
@@ -108,6 +156,10 @@ class ClaimPreparer:
         #: This node's pool (the node name); empty accepts any pool name.
         self.pool = pool
         self._turn = asyncio.Lock()
+        #: API reads, and the turn's writes (commit, release): separate, so that a write
+        #: never queues behind reads, nor reads behind anything else in the process.
+        self._reads: ThreadPoolExecutor | None = None
+        self._writes: ThreadPoolExecutor | None = None
         self._checkpoint: Checkpoint | None = None
         #: (inventory, config) -> (devices by name, node CDI spec), rebuilt on a change.
         self._node: tuple[Inventory, Config, Mapping[str, DraDevice], dict[str, Any]] | None = None
@@ -120,12 +172,28 @@ class ClaimPreparer:
     def start(self) -> None:
         """Load the checkpoint, undoing what a stopped process left half done (blocking;
         before the kubelet can call)."""
+        self.close()
+        self._reads = ThreadPoolExecutor(READ_THREADS, thread_name_prefix="dra-read")
+        self._writes = ThreadPoolExecutor(1, thread_name_prefix="dra-write")
         self.data_dir.mkdir(parents=True, exist_ok=True)
         self._checkpoint = recover(self.data_dir, self.cdi_dir)
         prepared = len(self._checkpoint.claims)
         if prepared:
             log.info("%d prepared claim(s) in the checkpoint", prepared)
         self._restore_specs()
+
+    def close(self) -> None:
+        """Stop the worker threads: queued reads are dropped, a write under way finishes."""
+        for pool in (self._reads, self._writes):
+            if pool is not None:
+                pool.shutdown(wait=False, cancel_futures=True)
+        self._reads = self._writes = None
+
+    async def _run(
+        self, pool: ThreadPoolExecutor | None, call: Callable[..., T], *args: object
+    ) -> T:
+        assert pool is not None, "ClaimPreparer.start() was not called"
+        return await asyncio.get_running_loop().run_in_executor(pool, call, *args)
 
     def _restore_specs(self) -> None:
         """Write again the CDI spec of every prepared claim whose spec is gone.
@@ -139,9 +207,15 @@ class ClaimPreparer:
         for uid, record in sorted(self.checkpoint.claims.items()):
             if record.state is not ClaimState.PREPARED or not record.devices:
                 continue
+            label = f"claim {_label(record)}"
+            problem = object_problem(record.namespace, record.name, uid)
+            if problem is not None:  # the file was edited: its names are not a claim's
+                log.error(
+                    "%s in the checkpoint: its %s; its CDI spec is not written", label, problem
+                )
+                continue
             if (self.cdi_dir / spec_file_name(uid)).exists():
                 continue
-            label = f"claim {record.namespace}/{record.name} ({uid})"
             try:
                 devices, node_spec = self._node_view(state)
                 plan = plan_claim(
@@ -172,15 +246,20 @@ class ClaimPreparer:
         self, claims: Sequence[dra_pb2.Claim]
     ) -> dict[str, tuple[tuple[PreparedDevice, ...], str]]:
         """Claim UID -> (devices, error) for every claim of the request."""
-        _check_claims(claims)
+        claims = _checked(claims)
         answers: dict[str, tuple[tuple[PreparedDevice, ...], str]] = {}
         todo = [c for c in claims if self._prepared(c.uid) is None]
-        fetched = await asyncio.gather(*(self._fetch(c) for c in todo))
+        todo, deferred = todo[:MAX_CLAIMS_READ], todo[MAX_CLAIMS_READ:]
+        fetched = await self._read(todo)
         async with self._turn:
             plans: list[tuple[dra_pb2.Claim, ClaimPlan]] = []
             for claim in claims:
                 done = self._prepared(claim.uid)
-                if done is not None:
+                if done is None:
+                    continue
+                if _renamed(claim, done):
+                    answers[claim.uid] = ((), self._misnamed(claim, done))
+                else:
                     answers[claim.uid] = (done.devices, "")
             for claim, got in zip(todo, fetched, strict=True):
                 if claim.uid in answers:
@@ -192,9 +271,13 @@ class ClaimPreparer:
                     plans.append((claim, self._plan(claim, got)))
                 except ClaimError as exc:
                     answers[claim.uid] = ((), self._refuse(claim, str(exc)))
+            for claim in deferred:
+                if claim.uid not in answers:
+                    answers[claim.uid] = ((), self._deferred(claim, len(todo) + len(deferred)))
             if plans:
-                answers.update(await asyncio.to_thread(self._commit, plans))
-        return answers
+                answers.update(await self._run(self._writes, self._commit, plans))
+        self._log_prepared(claims, answers, {c.uid for c, _ in plans})
+        return {c.uid: answers[c.uid] for c in claims}
 
     def _prepared(self, uid: str) -> ClaimRecord | None:
         """The record of a claim whose preparation is complete, with its spec on disk."""
@@ -205,15 +288,26 @@ class ClaimPreparer:
             return None  # removed behind our back: prepare it again
         return record
 
+    async def _read(self, claims: Sequence[dra_pb2.Claim]) -> list[dict[str, Any] | str]:
+        """Each claim from the API (or its error line), `READS_PER_PREPARE` at a time."""
+        slots = asyncio.Semaphore(READS_PER_PREPARE)
+
+        async def one(claim: dra_pb2.Claim) -> dict[str, Any] | str:
+            async with slots:
+                return await self._fetch(claim)
+
+        return list(await asyncio.gather(*(one(c) for c in claims)))
+
     async def _fetch(self, claim: dra_pb2.Claim) -> dict[str, Any] | str:
         """The claim from the API, or this claim's error line."""
         try:
-            got = await asyncio.to_thread(
-                self._claims.get_resource_claim, claim.namespace, claim.name
+            got = await self._run(
+                self._reads, self._claims.get_resource_claim, claim.namespace, claim.name
             )
         except Exception as exc:  # KubeError, or no credentials: this claim fails
             return self._refuse(claim, f"cannot read it from the API: {exc}")
-        uid = (got.get("metadata") or {}).get("uid")
+        meta = got.get("metadata") if isinstance(got, Mapping) else None
+        uid = meta.get("uid") if isinstance(meta, Mapping) else None
         if uid != claim.uid:
             return self._refuse(
                 claim,
@@ -224,9 +318,52 @@ class ClaimPreparer:
         return got
 
     def _refuse(self, claim: dra_pb2.Claim, reason: str) -> str:
-        message = rpc.bounded(f"claim {claim.namespace}/{claim.name} ({claim.uid}): {reason}")
-        log.warning("NodePrepareResources: %s", message)
-        return message
+        """This claim's error line, for the answer (the call's summary logs it)."""
+        return rpc.bounded(f"claim {claim.namespace}/{claim.name} ({claim.uid}): {reason}")
+
+    def _misnamed(self, claim: dra_pb2.Claim, record: ClaimRecord) -> str:
+        return self._refuse(
+            claim,
+            f"this UID was prepared as claim {record.namespace}/{record.name}; the kubelet "
+            f"names a claim as the API holds it: left as it is",
+        )
+
+    def _deferred(self, claim: dra_pb2.Claim, unprepared: int) -> str:
+        return self._refuse(
+            claim,
+            f"not prepared in this call: one call reads at most {MAX_CLAIMS_READ} claims from "
+            f"the API and this one has {unprepared} not prepared yet; the kubelet's next call "
+            f"prepares it",
+        )
+
+    def _log_prepared(
+        self,
+        claims: Sequence[dra_pb2.Claim],
+        answers: Mapping[str, tuple[tuple[PreparedDevice, ...], str]],
+        planned: set[str],
+    ) -> None:
+        """One line for the claims this call prepared, one for those it could not."""
+        done: list[str] = []
+        failed: list[str] = []
+        for claim in claims:
+            devices, error = answers[claim.uid]
+            if error:
+                failed.append(error)
+                log.debug("NodePrepareResources: %s", error)
+            elif claim.uid in planned:
+                named = ", ".join(d.device for d in devices) or "no device of ours"
+                done.append(f"{_label(claim)}: {escape(named, 200)}")
+                log.debug("prepared claim %s", done[-1])
+        if done:
+            log.info("NodePrepareResources: prepared %d claim(s): %s", len(done), _some(done))
+        if failed:
+            log.warning(
+                "NodePrepareResources: %d of %d claim(s) not prepared (the kubelet retries "
+                "them): %s",
+                len(failed),
+                len(claims),
+                _some(failed),
+            )
 
     def _unsaved(self, exc: OSError) -> str:
         return (
@@ -298,31 +435,51 @@ class ClaimPreparer:
                 with contextlib.suppress(OSError):
                     remove_spec(self.cdi_dir, claim.uid)
                 answers[claim.uid] = ((), self._refuse(claim, self._unsaved(exc)))
-            return answers
-        for claim, plan in plans:
-            if not answers[claim.uid][1]:
-                log.info(
-                    "prepared claim %s/%s (%s): %s",
-                    claim.namespace,
-                    claim.name,
-                    claim.uid,
-                    ", ".join(d.device for d in plan.devices) or "no device of ours",
-                )
         return answers
 
     # -- unprepare ------------------------------------------------------------------------
 
     async def unprepare(self, claims: Sequence[dra_pb2.Claim]) -> dict[str, str]:
         """Claim UID -> error ("" when done); an unknown claim is done already."""
-        _check_claims(claims)
+        claims = _checked(claims)
         async with self._turn:
-            return await asyncio.to_thread(self._release, claims)
+            answers, released = await self._run(self._writes, self._release, claims)
+        done = [_label(c) for c in claims if c.uid in released]
+        failed = [answers[c.uid] for c in claims if answers[c.uid]]
+        for line in done:
+            log.debug("unprepared claim %s", line)
+        for line in failed:
+            log.debug("NodeUnprepareResources: %s", line)
+        if done:
+            log.info("NodeUnprepareResources: unprepared %d claim(s): %s", len(done), _some(done))
+        if failed:
+            log.warning(
+                "NodeUnprepareResources: %d of %d claim(s) not unprepared: %s",
+                len(failed),
+                len(claims),
+                _some(failed),
+            )
+        return answers
 
-    def _release(self, claims: Sequence[dra_pb2.Claim]) -> dict[str, str]:
-        """Drop the records first, then the specs: a crash in between leaves a spec that
-        no record accounts for, which the next start removes."""
+    def _release(self, claims: Sequence[dra_pb2.Claim]) -> tuple[dict[str, str], set[str]]:
+        """(claim UID -> error, the UIDs whose record or spec was removed) (blocking; holds
+        the turn).
+
+        A claim recorded under another namespace or name is left alone: the kubelet names
+        a claim as the API holds it, so such a request is not about that claim. Drop the
+        records first, then the specs: a crash in between leaves a spec that no record
+        accounts for, which the next start removes.
+        """
         checkpoint = self.checkpoint
-        dropped = [checkpoint.claims.pop(c.uid, None) for c in claims]
+        answers: dict[str, str] = {}
+        releasing: list[dra_pb2.Claim] = []
+        for claim in claims:
+            record = checkpoint.claims.get(claim.uid)
+            if record is not None and _renamed(claim, record):
+                answers[claim.uid] = self._misnamed(claim, record)
+            else:
+                releasing.append(claim)
+        dropped = [checkpoint.claims.pop(c.uid, None) for c in releasing]
         if any(r is not None for r in dropped):
             try:
                 checkpoint.save()
@@ -331,23 +488,21 @@ class ClaimPreparer:
                     if record is not None:
                         checkpoint.claims[record.uid] = record
                 line = self._unsaved(exc)
-                log.warning("NodeUnprepareResources: %s", line)
-                return {c.uid: rpc.bounded(f"claim {c.namespace}/{c.name}: {line}") for c in claims}
-        answers = {}
-        for claim, record in zip(claims, dropped, strict=True):
+                answers.update((c.uid, self._refuse(c, line)) for c in releasing)
+                return {c.uid: answers[c.uid] for c in claims}, set()
+        released: set[str] = set()
+        for claim, record in zip(releasing, dropped, strict=True):
             try:
                 removed = remove_spec(self.cdi_dir, claim.uid)
             except OSError as exc:
-                answers[claim.uid] = rpc.bounded(
-                    f"claim {claim.namespace}/{claim.name} ({claim.uid}): cannot remove its "
-                    f"CDI spec from {self.cdi_dir} ({exc.strerror or exc})"
+                answers[claim.uid] = self._refuse(
+                    claim, f"cannot remove its CDI spec from {self.cdi_dir} ({exc.strerror or exc})"
                 )
-                log.warning("NodeUnprepareResources: %s", answers[claim.uid])
                 continue
             answers[claim.uid] = ""
             if record is not None or removed:
-                log.info("unprepared claim %s/%s (%s)", claim.namespace, claim.name, claim.uid)
-        return answers
+                released.add(claim.uid)
+        return {c.uid: answers[c.uid] for c in claims}, released
 
 
 def _recorded_claim(record: ClaimRecord, driver: str) -> dict[str, Any]:

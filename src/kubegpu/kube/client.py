@@ -50,6 +50,7 @@ from kubegpu.kube.objects import (
     NFD_VERSION,
     RESOURCE_GROUP,
     RESOURCE_VERSION,
+    check_object_name,
     label_of,
 )
 from kubegpu.kube.protocol import RELIST, SliceEvent
@@ -319,6 +320,7 @@ class KubeClient:
         return True
 
     def get_resource_claim(self, namespace: str, name: str) -> dict[str, Any]:
+        check_object_name("get ResourceClaim", namespace, name)
         return self._call(
             f"get ResourceClaim {namespace}/{name}",
             lambda client: _whole(

@@ -25,6 +25,7 @@ from kubegpu.kube.objects import (
     MISSING_RESOURCE_CLAIM,
     MISSING_RESOURCE_SLICE,
     RESOURCE_API_VERSION,
+    check_object_name,
 )
 from kubegpu.kube.protocol import RELIST, SliceEvent
 
@@ -278,6 +279,7 @@ class FakeKube:
         return True
 
     def get_resource_claim(self, namespace: str, name: str) -> dict[str, Any]:
+        check_object_name("get ResourceClaim", namespace, name)
         self._enter(f"get resourceclaim/{namespace}/{name}")
         with self._lock:
             claim = self.resource_claims.get((namespace, name))

@@ -4,7 +4,9 @@ from __future__ import annotations
 
 from typing import Any, Final
 
+from kubegpu.kube.errors import KubeError
 from kubegpu.kube.protocol import Kube
+from kubegpu.untrusted import object_problem
 
 #: NFD's NodeFeature custom resource (nfd.k8s-sigs.io/v1alpha1, namespaced).
 NFD_GROUP: Final = "nfd.k8s-sigs.io"
@@ -23,6 +25,15 @@ MISSING_NODE_FEATURE: Final = "; does it exist (is NFD installed)?"
 MISSING_DRA_API: Final = "; does the API server serve resource.k8s.io/v1 (Kubernetes 1.34+)?"
 MISSING_RESOURCE_SLICE: Final = "; was it deleted? list the node's slices again"
 MISSING_RESOURCE_CLAIM: Final = "; does it exist (was the pod or its claim deleted)?"
+
+
+def check_object_name(what: str, namespace: str, name: str) -> None:
+    """`KubeError` naming the call `what` when `namespace` or `name` is not one Kubernetes
+    allows. Checked before the request is built: its path is made of them, and a `../` in
+    either would send the request, with its credentials, to another path of the API."""
+    problem = object_problem(namespace, name)
+    if problem is not None:
+        raise KubeError(f"{what}: not sent: the {problem}")
 
 
 def label_of(metadata: Any, label: str) -> str | None:

@@ -5,12 +5,15 @@ from __future__ import annotations
 
 import asyncio
 import json
+import logging
+import threading
 from collections.abc import AsyncIterator, Callable
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
 import grpc
+import httpx2
 import pytest
 
 from kubegpu.api import dra_pb2
@@ -21,14 +24,25 @@ from kubegpu.config.loader import parse_config
 from kubegpu.dra.checkpoint import CHECKPOINT_FILE, Checkpoint, ClaimState
 from kubegpu.dra.claims import spec_file_name
 from kubegpu.dra.driver import DraDriver
-from kubegpu.dra.service import MAX_REQUEST_BYTES, SERVICES, ClaimPreparer
-from kubegpu.kube import FakeKube, KubeError
+from kubegpu.dra.service import (
+    MAX_CLAIMS_READ,
+    MAX_REQUEST_BYTES,
+    READS_PER_PREPARE,
+    SERVICES,
+    ClaimPreparer,
+    ClaimSource,
+)
+from kubegpu.kube import FakeKube, KubeClient, KubeError
 from kubegpu.state import NodeStore
 from tests.builders import gpu, inventory
-from tests.waiting import eventually
+from tests.waiting import WAIT, eventually
 
 DRIVER = "gpu.nvidia.com"
 NODE = "node-a"
+#: UIDs of claims the API does not hold (deleted, or replaced by a claim of the same name).
+UNKNOWN_UID = "3d9d1a52-5cf0-4a2b-9a4e-2f1d8b1e0c01"
+OLD_UID = "3d9d1a52-5cf0-4a2b-9a4e-2f1d8b1e0c02"
+GONE_UID = "3d9d1a52-5cf0-4a2b-9a4e-2f1d8b1e0c03"
 
 
 @dataclass
@@ -87,7 +101,7 @@ def put_claim(kube: FakeKube, name: str, *devices: str) -> dra_pb2.Claim:
     return dra_pb2.Claim(namespace="ns", name=name, uid=stored["metadata"]["uid"])
 
 
-def make_driver(root: Path, store: NodeStore, kube: FakeKube) -> DraDriver:
+def make_driver(root: Path, store: NodeStore, kube: ClaimSource) -> DraDriver:
     preparer = ClaimPreparer(
         store, kube, data_dir=root / "plugins" / DRIVER, cdi_dir=root / "cdi", pool=NODE
     )
@@ -188,22 +202,22 @@ async def test_unprepare_removes_the_spec_and_an_unknown_claim_is_fine(plugin: P
     assert answer.claims[claim.uid].error == ""
     assert not spec.exists()
     assert claim.uid not in plugin.driver.preparer.checkpoint.claims
-    again = await plugin.unprepare(claim, dra_pb2.Claim(namespace="ns", name="x", uid="nope-1"))
-    assert {u: c.error for u, c in again.claims.items()} == {claim.uid: "", "nope-1": ""}
+    again = await plugin.unprepare(claim, dra_pb2.Claim(namespace="ns", name="x", uid=UNKNOWN_UID))
+    assert {u: c.error for u, c in again.claims.items()} == {claim.uid: "", UNKNOWN_UID: ""}
 
 
 async def test_per_claim_errors_leave_the_other_claims_prepared(plugin: Plugin) -> None:
     good = plugin.put_claim("good", "gpu-0")
     stale = plugin.put_claim("stale", "gpu-1")
-    replaced = dra_pb2.Claim(namespace="ns", name="stale", uid="0000-old-uid")
-    missing = dra_pb2.Claim(namespace="ns", name="gone", uid="1111-gone")
+    replaced = dra_pb2.Claim(namespace="ns", name="stale", uid=OLD_UID)
+    missing = dra_pb2.Claim(namespace="ns", name="gone", uid=GONE_UID)
     wrong = plugin.put_claim("wrong", "gpu-9")
     answer = await plugin.prepare(good, replaced, missing, wrong)
     errors = {uid: c.error for uid, c in answer.claims.items()}
     assert errors[good.uid] == ""
-    assert "another claim of that name" in errors["0000-old-uid"]
-    assert stale.uid in errors["0000-old-uid"]
-    assert "cannot read it from the API" in errors["1111-gone"]
+    assert "another claim of that name" in errors[OLD_UID]
+    assert stale.uid in errors[OLD_UID]
+    assert "cannot read it from the API" in errors[GONE_UID]
     assert "'gpu-9' does not exist" in errors[wrong.uid]
     assert sorted(p.name for p in plugin.cdi_dir.iterdir()) == [spec_file_name(good.uid)]
 
@@ -212,7 +226,7 @@ async def test_bad_requests_get_a_status_and_the_server_keeps_serving(plugin: Pl
     with pytest.raises(grpc.aio.AioRpcError) as bad_uid:
         await plugin.prepare(dra_pb2.Claim(namespace="ns", name="x", uid="../../etc/passwd"))
     assert bad_uid.value.code() is grpc.StatusCode.INVALID_ARGUMENT
-    assert "invalid UID" in (bad_uid.value.details() or "")
+    assert "is not a Kubernetes object UID" in (bad_uid.value.details() or "")
     raw = plugin.channel.unary_unary(
         f"/{SERVICES[0]}/NodePrepareResources",
         request_serializer=lambda b: b,
@@ -427,3 +441,246 @@ async def test_a_lost_checkpoint_keeps_the_prepared_claims_specs(socket_dir: Pat
         assert not spec.exists()
     finally:
         await stop(again, task)
+
+
+# -- names from outside are data ------------------------------------------------------------
+
+
+async def refused(call: Any) -> grpc.aio.AioRpcError:
+    with pytest.raises(grpc.aio.AioRpcError) as info:
+        await call
+    assert info.value.code() is grpc.StatusCode.INVALID_ARGUMENT
+    return info.value
+
+
+async def test_a_line_break_in_a_name_forges_no_log_line_and_releases_nothing(
+    plugin: Plugin, caplog: pytest.LogCaptureFixture
+) -> None:
+    caplog.set_level(logging.DEBUG, logger="kubegpu")
+    claim = plugin.put_claim("one", "gpu-0")
+    await plugin.prepare(claim)
+    forged = "ns\n2026-01-01 00:00:00 INFO kubegpu.dra: all GPUs healthy"
+    error = await refused(
+        plugin.unprepare(dra_pb2.Claim(namespace=forged, name="x", uid=claim.uid))
+    )
+    assert "namespace 'ns\\n2026" in (error.details() or "")
+    assert plugin.specs() == [spec_file_name(claim.uid)]
+    assert claim.uid in plugin.driver.preparer.checkpoint.claims
+    assert all("\n" not in r.getMessage() for r in caplog.records)
+
+
+async def test_a_huge_name_is_refused_before_it_reaches_the_api_or_a_log_line(
+    plugin: Plugin, caplog: pytest.LogCaptureFixture
+) -> None:
+    caplog.set_level(logging.DEBUG, logger="kubegpu")
+    claim = plugin.put_claim("c" * 100_000, "gpu-0")  # the fake stores any name
+    await refused(plugin.prepare(claim))
+    assert plugin.specs() == [] and plugin.kube.calls == []
+    assert max(len(r.getMessage()) for r in caplog.records) < 2000
+
+
+@pytest.mark.parametrize(
+    ("namespace", "name"),
+    [
+        ("../../api/v1/namespaces/kube-system/secrets", "x"),
+        ("ns", "../../../../../api/v1/namespaces/kube-system/secrets"),
+    ],
+)
+async def test_a_path_in_a_name_sends_no_api_request(
+    socket_dir: Path, namespace: str, name: str, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """The plugin reads claims with its ServiceAccount's token: a `../` must not take that
+    request to another path of the API."""
+    kubeconfig = socket_dir / "kubeconfig"
+    kubeconfig.write_text(
+        json.dumps(
+            {
+                "clusters": [{"name": "c", "cluster": {"server": "https://kube.test"}}],
+                "users": [{"name": "u", "user": {"token": "t"}}],
+                "contexts": [{"name": "x", "context": {"cluster": "c", "user": "u"}}],
+                "current-context": "x",
+            }
+        )
+    )
+    monkeypatch.delenv("KUBERNETES_SERVICE_HOST", raising=False)
+    monkeypatch.setenv("KUBECONFIG", str(kubeconfig))
+    sent: list[str] = []
+
+    def answer(request: httpx2.Request) -> httpx2.Response:
+        sent.append(request.url.path)
+        return httpx2.Response(404, json={"kind": "Status", "status": "Failure", "code": 404})
+
+    store = NodeStore()
+    store.update(inventory=inventory(gpu(0)), config=Config())
+    driver = make_driver(socket_dir, store, KubeClient(transport=httpx2.MockTransport(answer)))
+    task = await running(driver)
+    try:
+        async with grpc.aio.insecure_channel(f"unix://{driver.service.path}") as channel:
+            call = channel.unary_unary(
+                f"/{SERVICES[0]}/NodePrepareResources",
+                request_serializer=dra_pb2.NodePrepareResourcesRequest.SerializeToString,
+                response_deserializer=dra_pb2.NodePrepareResourcesResponse.FromString,
+            )
+            claim = dra_pb2.Claim(namespace=namespace, name=name, uid=UNKNOWN_UID)
+            await refused(call(dra_pb2.NodePrepareResourcesRequest(claims=[claim])))
+            assert sent == []
+            # A well-named claim is read at its own path.
+            claim = dra_pb2.Claim(namespace="ns", name="c", uid=UNKNOWN_UID)
+            answer_ = await call(dra_pb2.NodePrepareResourcesRequest(claims=[claim]))
+            assert "cannot read it from the API" in answer_.claims[UNKNOWN_UID].error
+            assert sent == ["/apis/resource.k8s.io/v1/namespaces/ns/resourceclaims/c"]
+    finally:
+        await stop(driver, task)
+
+
+async def test_a_uid_named_unlike_its_record_is_neither_released_nor_answered(
+    plugin: Plugin,
+) -> None:
+    claim = plugin.put_claim("one", "gpu-0")
+    await plugin.prepare(claim)
+    spec = spec_file_name(claim.uid)
+    for namespace, name in [("ns", "other"), ("other", "one")]:
+        impostor = dra_pb2.Claim(namespace=namespace, name=name, uid=claim.uid)
+        error = (await plugin.unprepare(impostor)).claims[claim.uid].error
+        assert "this UID was prepared as claim ns/one" in error
+        assert plugin.specs() == [spec]
+        answer = (await plugin.prepare(impostor)).claims[claim.uid]
+        assert "this UID was prepared as claim ns/one" in answer.error
+        assert list(answer.devices) == []
+    assert claim.uid in plugin.driver.preparer.checkpoint.claims
+    assert (await plugin.unprepare(claim)).claims[claim.uid].error == ""
+    assert plugin.specs() == []
+
+
+# -- no request waits on an unrelated one -----------------------------------------------------
+
+
+def put_unused_claim(kube: FakeKube, name: str) -> dra_pb2.Claim:
+    """An allocated claim with no device of this driver: prepared without a CDI spec."""
+    result = {"request": "nic", "driver": "nic.example.com", "pool": NODE, "device": "nic-0"}
+    stored = kube.put_resource_claim(
+        {
+            "metadata": {"namespace": "ns", "name": name},
+            "spec": {},
+            "status": {"allocation": {"devices": {"results": [result]}}},
+        }
+    )
+    return dra_pb2.Claim(namespace="ns", name=name, uid=stored["metadata"]["uid"])
+
+
+class HeldReads:
+    """The claims of `kube`, each read of a claim named `held-*` kept waiting (in the
+    reading thread, as a slow API server would) until `release` is set."""
+
+    def __init__(self, kube: FakeKube) -> None:
+        self.kube = kube
+        self.release = threading.Event()
+        self.started = 0
+        self.most = 0
+        self._now = 0
+        self._lock = threading.Lock()
+
+    def get_resource_claim(self, namespace: str, name: str) -> dict[str, Any]:
+        if name.startswith("held-"):
+            with self._lock:
+                self.started += 1
+                self._now += 1
+                self.most = max(self.most, self._now)
+            try:
+                self.release.wait(WAIT)
+            finally:
+                with self._lock:
+                    self._now -= 1
+        return self.kube.get_resource_claim(namespace, name)
+
+
+@pytest.fixture
+async def held(socket_dir: Path) -> AsyncIterator[tuple[Plugin, HeldReads]]:
+    store = NodeStore()
+    store.update(inventory=inventory(gpu(0), gpu(1)), config=Config())
+    kube = FakeKube()
+    reads = HeldReads(kube)
+    driver = make_driver(socket_dir, store, reads)
+    task = await running(driver)
+    channel = grpc.aio.insecure_channel(f"unix://{driver.service.path}")
+    try:
+        yield Plugin(driver, kube, store, socket_dir, socket_dir / "cdi", channel), reads
+    finally:
+        reads.release.set()
+        await channel.close(None)
+        await stop(driver, task)
+
+
+async def test_an_unprepare_does_not_wait_for_prepares_held_on_api_reads(
+    held: tuple[Plugin, HeldReads],
+) -> None:
+    """More prepares than any default thread pool has threads, each held on its claim's
+    read: an unprepare needs no read, and is answered while they all still wait."""
+    plugin, reads = held
+    done = plugin.put_claim("done", "gpu-0")
+    assert (await plugin.prepare(done)).claims[done.uid].error == ""
+    waiting = [put_unused_claim(plugin.kube, f"held-{i}") for i in range(40)]
+    prepares = [asyncio.create_task(plugin.driver.preparer.prepare([c])) for c in waiting]
+    await eventually(lambda: reads.started > 0)
+    answer = await asyncio.wait_for(plugin.unprepare(done), WAIT)
+    assert answer.claims[done.uid].error == ""
+    assert plugin.specs() == []
+    assert not any(p.done() for p in prepares)
+    reads.release.set()
+    for answers in await asyncio.gather(*prepares):
+        assert [error for _, error in answers.values()] == [""]
+
+
+async def test_a_one_claim_prepare_does_not_wait_for_a_large_one(
+    held: tuple[Plugin, HeldReads],
+) -> None:
+    plugin, reads = held
+    large = [put_unused_claim(plugin.kube, f"held-{i}") for i in range(MAX_CLAIMS_READ)]
+    everything = asyncio.create_task(plugin.driver.preparer.prepare(large))
+    await eventually(lambda: reads.started > 0)
+    small = plugin.put_claim("small", "gpu-0")
+    answer = await asyncio.wait_for(plugin.prepare(small), WAIT)
+    assert answer.claims[small.uid].error == ""
+    assert not everything.done()
+    reads.release.set()
+    answers = await everything
+    assert all(error == "" for _, error in answers.values()) and len(answers) == len(large)
+    # The large request never held more than its share of the reading threads.
+    assert reads.most <= READS_PER_PREPARE
+
+
+async def test_a_request_reads_a_bounded_number_of_claims_and_the_next_call_the_rest(
+    plugin: Plugin,
+) -> None:
+    claims = [put_unused_claim(plugin.kube, f"c{i}") for i in range(MAX_CLAIMS_READ + 3)]
+
+    def reads() -> int:
+        return sum(c.startswith("get resourceclaim/") for c in plugin.kube.calls)
+
+    first = await plugin.driver.preparer.prepare(claims)
+    assert reads() == MAX_CLAIMS_READ
+    errors = {uid: error for uid, (_, error) in first.items() if error}
+    assert set(errors) == {c.uid for c in claims[MAX_CLAIMS_READ:]}
+    assert all("not prepared in this call" in e for e in errors.values())
+    # The kubelet sends the same claims again: those prepared come from the checkpoint.
+    second = await plugin.driver.preparer.prepare(claims)
+    assert reads() == MAX_CLAIMS_READ + 3
+    assert all(error == "" for _, error in second.values()) and len(second) == len(claims)
+
+
+async def test_a_request_logs_one_line_whatever_its_number_of_claims(
+    plugin: Plugin, caplog: pytest.LogCaptureFixture
+) -> None:
+    caplog.set_level(logging.INFO, logger="kubegpu")
+    claims = [put_unused_claim(plugin.kube, f"c{i}") for i in range(20)]
+    claims.append(dra_pb2.Claim(namespace="ns", name="gone", uid=GONE_UID))
+    await plugin.prepare(*claims)
+    lines = [r.getMessage() for r in caplog.records if r.name.startswith("kubegpu")]
+    assert len(lines) == 2, lines
+    assert lines[0].startswith("NodePrepareResources: prepared 20 claim(s): ns/c0 (")
+    assert lines[0].endswith("; and 15 more")
+    assert lines[1].startswith("NodePrepareResources: 1 of 21 claim(s) not prepared")
+    caplog.clear()
+    await plugin.unprepare(*claims)
+    lines = [r.getMessage() for r in caplog.records if r.name.startswith("kubegpu")]
+    assert len(lines) == 1 and lines[0].startswith("NodeUnprepareResources: unprepared 20 claim(s)")
