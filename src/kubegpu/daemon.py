@@ -137,7 +137,8 @@ class Daemon:
         self.metrics = metrics or Metrics()
         self.events = events or NodeEvents.disabled()
         self._backend = backend
-        #: This process's role in the plugin directory and the socket slot it serves.
+        #: This process's role in the plugin directory and the socket slot it serves. In DRA
+        #: mode, the driver's own directory, taken once start-up knows the driver.
         self.directory = (
             PluginDirectory(
                 settings.kubelet_plugins_dir,
@@ -206,7 +207,8 @@ class Daemon:
         http: list[HttpServer] = []
         try:
             self._check_plugin_dir()
-            if self.directory.acquire() is Role.SUCCESSOR:
+            # DRA mode takes the driver's own directory once start-up knows the driver.
+            if self.settings.mode != "dra" and self.directory.acquire() is Role.SUCCESSOR:
                 log.info(
                     "another kubegpu serve owns %s: starting beside it on socket slot %d, "
                     "to take over",
@@ -281,7 +283,9 @@ class Daemon:
         # A config that cannot serve this node raises here and ends start-up.
         state = self.store.update(inventory=inventory, config=config)
         if self.settings.mode == "dra":
-            self.dra = self._dra_driver(inventory)
+            dra = self._dra_driver(inventory)
+            self._take_driver_dir(dra)
+            self.dra = dra
             self._check_dra_socket_paths(self.dra)
         else:
             self._check_socket_paths(state.planned)
@@ -359,28 +363,25 @@ class Daemon:
 
         spawn("republish slices", sync())
 
+    def _take_driver_dir(self, dra: DraDriver) -> None:
+        """Own the driver's directory under the kubelet's plugins directory (its sockets
+        and checkpoint): created if missing, locked against a second `serve`. Nothing is
+        written beside it, so a deployment may mount that one directory alone."""
+        flag = "--kubelet-plugins-directory-path"
+        what = "DRA driver directory"
+        _usable_dir(dra.data_dir, what, f"{dra.data_dir} from the host", flag)
+        self.directory = PluginDirectory(dra.data_dir, what=what, flag=flag)
+        self.directory.acquire()
+
     def _check_dra_socket_paths(self, dra: DraDriver) -> None:
         for path in (dra.service.path, dra.registrar.path):
             too_long = socket_path_too_long(path)
             if too_long is not None:
                 raise StartupError(f"DRA driver {dra.driver}: {too_long}")
 
-    @property
-    def _own_dir(self) -> Path:
-        """The directory this daemon owns and locks: the device-plugin directory, or in
-        DRA mode the kubelet's plugins directory that holds our data directory."""
-        if self.settings.mode == "dra":
-            return self.settings.kubelet_plugins_dir
-        return self.settings.plugin_dir
-
     def _check_plugin_dir(self) -> None:
         if self.settings.mode == "dra":
-            _usable_dir(
-                self.settings.kubelet_plugins_dir,
-                "kubelet directory",
-                "the kubelet's directory",
-                "--kubelet-plugins-directory-path",
-            )
+            # The driver's own directory is checked once start-up knows the driver.
             _usable_dir(
                 self.settings.registrar_dir,
                 "kubelet directory",
