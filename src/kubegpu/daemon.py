@@ -46,6 +46,7 @@ from kubegpu.dra.driver import PLUGINS_DIRECTORY, REGISTRAR_DIRECTORY, DraDriver
 from kubegpu.dra.health import HealthServicer
 from kubegpu.dra.publisher import SlicePublisher, faults_of
 from kubegpu.dra.service import ClaimPreparer
+from kubegpu.dra.stale import EXTENDED_RESOURCES, StaleResourceCheck
 from kubegpu.errors import ConfigError, InitError, KubegpuError
 from kubegpu.events import NodeEvents, Reason
 from kubegpu.health import HealthMonitor, health_flags_from_env
@@ -134,6 +135,8 @@ class Daemon:
         self.kube: Kube = kube if kube is not None else KubeClient()
         #: The DRA kubelet plugin, once start-up knows the node's vendor (DRA mode only).
         self.dra: DraDriver | None = None
+        #: DRA mode: device-plugin resources the Node's status still shows.
+        self.stale: StaleResourceCheck | None = None
         self.metrics = metrics or Metrics()
         self.events = events or NodeEvents.disabled()
         self._backend = backend
@@ -233,7 +236,14 @@ class Daemon:
                 # Subscribers first (they miss nothing), then the writers.
                 if self.dra is not None:
                     publisher = self._publisher(self.dra.driver, monitor)
-                    self.dra.registration.on_registered = lambda: self._republish(publisher)
+                    stale = self.stale = self._stale_check(self.dra.driver)
+
+                    def registered() -> None:
+                        self._republish(publisher)
+                        stale.poke()
+
+                    self.dra.registration.on_registered = registered
+                    tasks.start("stale node resources", stale.run())
                     tasks.start("dra sockets", self.dra.run(), root=True)
                     if self.dra.health is not None:
                         # The stream's messages say why, as the health monitor tells it.
@@ -348,6 +358,19 @@ class Daemon:
             # A simulated node's bus IDs are not this host's: no pcieRoot rather than a
             # wrong one.
             pcie_roots=None if simulated else (lambda buses: pci.pcie_roots("/", buses)),
+        )
+
+    def _stale_check(self, driver: str) -> StaleResourceCheck:
+        """Device-plugin resources left in the Node's status: the extended resource of the
+        driver's whole-GPU DeviceClass, and whatever the config makes the device plugin
+        mode advertise (MIG, shared and renamed resources)."""
+
+        def names() -> set[str]:
+            own = EXTENDED_RESOURCES.get(driver)
+            return {spec.name for spec in self.store.state.specs} | ({own} if own else set())
+
+        return StaleResourceCheck(
+            self.kube, self.settings.node_name, names, events=self.events, metrics=self.metrics
         )
 
     def _republish(self, publisher: SlicePublisher) -> None:
@@ -480,7 +503,11 @@ class Daemon:
         if waiting:
             return False, f"MPS control daemon not ready: {', '.join(waiting)}"
         if self.dra is not None:
-            return self.dra.ready()
+            ok, reason = self.dra.ready()
+            detail = self.stale.detail() if self.stale is not None else None
+            # Still ready: see kubegpu.dra.stale for why a stale Node status is not a reason
+            # to take the pod out of service.
+            return (ok, f"{reason}; {detail}") if ok and detail else (ok, reason)
         return self.manager.ready()
 
     # -- changes ------------------------------------------------------------------------
