@@ -27,6 +27,8 @@ REPO = Path(__file__).resolve().parents[3]
 CHART = REPO / "deployments" / "helm" / "kubegpu"
 HELM_DATA = DATA / "nvidia" / "helm"
 KUBE_VERSION = "1.33.0"
+#: Every install is valid on 1.36 too (kubernetes-validate 1.37.0 ships up to 1.37.0).
+NEWER_KUBE_VERSION = "1.36.0"
 RELEASE = "nvdp"
 NAMESPACE = "nvidia-device-plugin"
 CRD_KINDS = {"ServiceMonitor"}
@@ -129,6 +131,7 @@ def api_server_accepts(doc: Doc) -> None:
     template's labels.
     """
     kubernetes_validate.validate(doc, KUBE_VERSION, strict=True)
+    kubernetes_validate.validate(doc, NEWER_KUBE_VERSION, strict=True)
     if doc["kind"] != "DaemonSet":
         return
     for c in pod(doc)["containers"]:
