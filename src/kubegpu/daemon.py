@@ -46,6 +46,7 @@ from kubegpu.dra.driver import PLUGINS_DIRECTORY, REGISTRAR_DIRECTORY, DraDriver
 from kubegpu.dra.health import HealthServicer
 from kubegpu.dra.publisher import SlicePublisher, faults_of
 from kubegpu.dra.service import ClaimPreparer
+from kubegpu.dra.stale import EXTENDED_RESOURCES, StaleResourceCheck
 from kubegpu.errors import ConfigError, InitError, KubegpuError
 from kubegpu.events import NodeEvents, Reason
 from kubegpu.health import HealthMonitor, health_flags_from_env
@@ -134,10 +135,13 @@ class Daemon:
         self.kube: Kube = kube if kube is not None else KubeClient()
         #: The DRA kubelet plugin, once start-up knows the node's vendor (DRA mode only).
         self.dra: DraDriver | None = None
+        #: DRA mode: device-plugin resources the Node's status still shows.
+        self.stale: StaleResourceCheck | None = None
         self.metrics = metrics or Metrics()
         self.events = events or NodeEvents.disabled()
         self._backend = backend
-        #: This process's role in the plugin directory and the socket slot it serves.
+        #: This process's role in the plugin directory and the socket slot it serves. In DRA
+        #: mode, the driver's own directory, taken once start-up knows the driver.
         self.directory = (
             PluginDirectory(
                 settings.kubelet_plugins_dir,
@@ -206,7 +210,8 @@ class Daemon:
         http: list[HttpServer] = []
         try:
             self._check_plugin_dir()
-            if self.directory.acquire() is Role.SUCCESSOR:
+            # DRA mode takes the driver's own directory once start-up knows the driver.
+            if self.settings.mode != "dra" and self.directory.acquire() is Role.SUCCESSOR:
                 log.info(
                     "another kubegpu serve owns %s: starting beside it on socket slot %d, "
                     "to take over",
@@ -231,7 +236,14 @@ class Daemon:
                 # Subscribers first (they miss nothing), then the writers.
                 if self.dra is not None:
                     publisher = self._publisher(self.dra.driver, monitor)
-                    self.dra.registration.on_registered = lambda: self._republish(publisher)
+                    stale = self.stale = self._stale_check(self.dra.driver)
+
+                    def registered() -> None:
+                        self._republish(publisher)
+                        stale.poke()
+
+                    self.dra.registration.on_registered = registered
+                    tasks.start("stale node resources", stale.run())
                     tasks.start("dra sockets", self.dra.run(), root=True)
                     if self.dra.health is not None:
                         # The stream's messages say why, as the health monitor tells it.
@@ -281,7 +293,9 @@ class Daemon:
         # A config that cannot serve this node raises here and ends start-up.
         state = self.store.update(inventory=inventory, config=config)
         if self.settings.mode == "dra":
-            self.dra = self._dra_driver(inventory)
+            dra = self._dra_driver(inventory)
+            self._take_driver_dir(dra)
+            self.dra = dra
             self._check_dra_socket_paths(self.dra)
         else:
             self._check_socket_paths(state.planned)
@@ -346,6 +360,19 @@ class Daemon:
             pcie_roots=None if simulated else (lambda buses: pci.pcie_roots("/", buses)),
         )
 
+    def _stale_check(self, driver: str) -> StaleResourceCheck:
+        """Device-plugin resources left in the Node's status: the extended resource of the
+        driver's whole-GPU DeviceClass, and whatever the config makes the device plugin
+        mode advertise (MIG, shared and renamed resources)."""
+
+        def names() -> set[str]:
+            own = EXTENDED_RESOURCES.get(driver)
+            return {spec.name for spec in self.store.state.specs} | ({own} if own else set())
+
+        return StaleResourceCheck(
+            self.kube, self.settings.node_name, names, events=self.events, metrics=self.metrics
+        )
+
     def _republish(self, publisher: SlicePublisher) -> None:
         """The kubelet (re)registered us: a starting kubelet has just deleted the node's
         slices (and one that lost us a while deletes ours), so write them again now
@@ -359,28 +386,25 @@ class Daemon:
 
         spawn("republish slices", sync())
 
+    def _take_driver_dir(self, dra: DraDriver) -> None:
+        """Own the driver's directory under the kubelet's plugins directory (its sockets
+        and checkpoint): created if missing, locked against a second `serve`. Nothing is
+        written beside it, so a deployment may mount that one directory alone."""
+        flag = "--kubelet-plugins-directory-path"
+        what = "DRA driver directory"
+        _usable_dir(dra.data_dir, what, f"{dra.data_dir} from the host", flag)
+        self.directory = PluginDirectory(dra.data_dir, what=what, flag=flag)
+        self.directory.acquire()
+
     def _check_dra_socket_paths(self, dra: DraDriver) -> None:
         for path in (dra.service.path, dra.registrar.path):
             too_long = socket_path_too_long(path)
             if too_long is not None:
                 raise StartupError(f"DRA driver {dra.driver}: {too_long}")
 
-    @property
-    def _own_dir(self) -> Path:
-        """The directory this daemon owns and locks: the device-plugin directory, or in
-        DRA mode the kubelet's plugins directory that holds our data directory."""
-        if self.settings.mode == "dra":
-            return self.settings.kubelet_plugins_dir
-        return self.settings.plugin_dir
-
     def _check_plugin_dir(self) -> None:
         if self.settings.mode == "dra":
-            _usable_dir(
-                self.settings.kubelet_plugins_dir,
-                "kubelet directory",
-                "the kubelet's directory",
-                "--kubelet-plugins-directory-path",
-            )
+            # The driver's own directory is checked once start-up knows the driver.
             _usable_dir(
                 self.settings.registrar_dir,
                 "kubelet directory",
@@ -479,7 +503,11 @@ class Daemon:
         if waiting:
             return False, f"MPS control daemon not ready: {', '.join(waiting)}"
         if self.dra is not None:
-            return self.dra.ready()
+            ok, reason = self.dra.ready()
+            detail = self.stale.detail() if self.stale is not None else None
+            # Still ready: see kubegpu.dra.stale for why a stale Node status is not a reason
+            # to take the pod out of service.
+            return (ok, f"{reason}; {detail}") if ok and detail else (ok, reason)
         return self.manager.ready()
 
     # -- changes ------------------------------------------------------------------------

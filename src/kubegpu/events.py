@@ -53,6 +53,8 @@ class Reason(StrEnum):
     CONFIG_APPLIED = "ConfigApplied"
     REGISTRATION_FAILED = "RegistrationFailed"
     MPS_DAEMON_FAILED = "MPSDaemonFailed"
+    #: DRA mode: the Node's status still shows a device plugin's resource (kubegpu.dra.stale).
+    STALE_DEVICE_PLUGIN_RESOURCE = "StaleDevicePluginResource"
 
 
 #: The name events' failures had before `kubegpu.kube`: every API failure is a `KubeError`.

@@ -18,7 +18,7 @@ import math
 import os
 import threading
 import time
-from collections.abc import Iterator
+from collections.abc import Iterable, Iterator
 from typing import Any
 
 from prometheus_client import CollectorRegistry, generate_latest
@@ -121,6 +121,13 @@ _FAMILIES: tuple[tuple[str, str, str, tuple[str, ...]], ...] = (
         ("reason",),
     ),
     (
+        "kubegpu_stale_node_resources",
+        "DRA mode: 1 for each device-plugin resource the Node's status still shows, which "
+        "the scheduler then serves to pods without a GPU (kubectl patch removes it).",
+        "gauge",
+        ("resource",),
+    ),
+    (
         "kubegpu_build_info",
         "Always 1; the version label says which kubegpu is running.",
         "gauge",
@@ -211,6 +218,12 @@ class Metrics:
     def event_dropped(self, reason: str) -> None:
         """Count a Kubernetes Event given up on (`queue-full`, `api-error`)."""
         self._inc("kubegpu_events_dropped", (reason,))
+
+    def set_stale_resources(self, resources: Iterable[str]) -> None:
+        """DRA mode: the device-plugin resources the Node's status shows now (the whole set)."""
+        series: _Series = {(r,): 1.0 for r in resources}
+        with self._lock:
+            self._values["kubegpu_stale_node_resources"] = series
 
     @property
     def registry(self) -> CollectorRegistry:

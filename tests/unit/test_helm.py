@@ -18,9 +18,11 @@ kubernetes_validate = pytest.importorskip("kubernetes_validate")
 REPO = Path(__file__).resolve().parents[2]
 CHART = REPO / "deployments" / "helm" / "kubegpu"
 SCENARIOS = sorted(p.name for p in (CHART / "ci").glob("*-values.yaml"))
+#: The oldest release the device-plugin mode's objects are checked against.
 KUBE_VERSION = "1.33.0"
-#: resource.k8s.io/v1 (DRA) objects: GA in 1.34; DeviceClass.extendedResourceName is beta in
-#: 1.36, the first release the chart's DRA mode is made for.
+#: Every object is checked against 1.36 too: resource.k8s.io/v1 (DRA) is GA in 1.34, and
+#: DeviceClass.extendedResourceName beta in 1.36, the first release the chart's DRA mode is
+#: made for. (kubernetes-validate 1.37.0 ships schemas up to 1.37.0.)
 DRA_KUBE_VERSION = "1.36.0"
 #: The variables of `kubegpu serve`'s DRA flags (NVIDIA's DRA driver's names for the last two).
 DRA_FLAGS = {"KUBEGPU_MODE", "KUBELET_REGISTRAR_DIRECTORY_PATH", "KUBELET_PLUGINS_DIRECTORY_PATH"}
@@ -76,6 +78,13 @@ def volumes(ds: Doc) -> dict[str, Doc]:
     return {v["name"]: v for v in ds["spec"]["template"]["spec"].get("volumes", [])}
 
 
+def validate(doc: Doc) -> None:
+    """`doc` against the 1.36 schemas, and a device-plugin mode object against 1.33's too."""
+    kubernetes_validate.validate(doc, DRA_KUBE_VERSION, strict=True)
+    if not doc["apiVersion"].startswith(("resource.k8s.io/", "admissionregistration.k8s.io/")):
+        kubernetes_validate.validate(doc, KUBE_VERSION, strict=True)
+
+
 def rules(docs: list[Doc], kind: str, name: str) -> dict[str, set[str]]:
     """resource -> verbs of one Role/ClusterRole."""
     out: dict[str, set[str]] = {}
@@ -100,8 +109,7 @@ def test_scenario_passes_schema_and_renders_valid_objects(chart: Any, scenario: 
             assert doc["metadata"]["name"] and doc["metadata"]["namespace"]
             assert isinstance(doc["spec"], dict)
             continue
-        dra = doc["apiVersion"].startswith("resource.k8s.io/")
-        kubernetes_validate.validate(doc, DRA_KUBE_VERSION if dra else KUBE_VERSION, strict=True)
+        validate(doc)
 
 
 @pytest.mark.parametrize("scenario", SCENARIOS)
@@ -126,7 +134,8 @@ def test_every_daemonset_is_least_privilege_and_tolerates_gpu_taints(
                 assert volume["hostPath"]["path"] in {
                     "/var/lib/kubelet/device-plugins",
                     "/var/lib/kubelet/plugins_registry",
-                    "/var/lib/kubelet/plugins",
+                    "/var/lib/kubelet/plugins/gpu.nvidia.com",
+                    "/var/lib/kubelet/plugins/gpu.amd.com",
                     "/",
                     "/run/nvidia/driver",
                     "/var/run/cdi",
@@ -237,19 +246,30 @@ def test_defaults_plugin_daemonset(chart: Any) -> None:
     assert not [d for d in docs if d["metadata"]["name"].endswith("-labeller")]
 
 
-def test_defaults_rbac_is_write_events_only(chart: Any) -> None:
+def test_defaults_rbac_is_create_node_events_only(chart: Any) -> None:
+    """Node events are all the plugin writes, and they live in `default` (as the kubelet's):
+    a Role there, `create` on core events; nothing cluster-wide, no other group or verb."""
+    from kubegpu.events import NAMESPACE
+
     docs = render(chart)
-    assert rules(docs, "ClusterRole", "kubegpu") == {"events": {"create", "patch"}}
-    # Named configs follow the node's label: then the plugin reads its Node.
-    with_configs = render(chart, values("seed-003-values.yaml"))
-    assert rules(with_configs, "ClusterRole", "kubegpu") == {
-        "nodes": {"get", "list", "watch"},
-        "events": {"create", "patch"},
+    events = one(docs, "Role", "kubegpu-events")
+    assert events["metadata"]["namespace"] == NAMESPACE == "default"
+    assert events["rules"] == [{"apiGroups": [""], "resources": ["events"], "verbs": ["create"]}]
+    binding = one(docs, "RoleBinding", "kubegpu-events")
+    assert binding["metadata"]["namespace"] == "default"
+    assert binding["roleRef"] == {
+        "apiGroup": "rbac.authorization.k8s.io",
+        "kind": "Role",
+        "name": "kubegpu-events",
     }
-    binding = one(docs, "ClusterRoleBinding", "kubegpu")
     assert binding["subjects"] == [
         {"kind": "ServiceAccount", "name": "kubegpu", "namespace": "kube-system"}
     ]
+    assert not [d for d in docs if d["kind"].startswith("ClusterRole")]
+    # Named configs follow the node's label: then the plugin reads Nodes, and only that.
+    with_configs = render(chart, values("seed-003-values.yaml"))
+    assert rules(with_configs, "ClusterRole", "kubegpu") == {"nodes": {"get", "list", "watch"}}
+    assert one(with_configs, "ClusterRoleBinding", "kubegpu")["subjects"] == binding["subjects"]
     assert one(docs, "ServiceAccount", "kubegpu")
 
 
@@ -769,7 +789,7 @@ def test_static_manifests_are_in_sync_with_the_chart() -> None:
 def test_static_manifests_are_valid_and_carry_no_helm_labels() -> None:
     for path in sorted((REPO / "deployments" / "static").glob("*.yaml")):
         for doc in (d for d in yaml.safe_load_all(path.read_text()) if d):
-            kubernetes_validate.validate(doc, KUBE_VERSION, strict=True)
+            validate(doc)
             labels = doc["metadata"].get("labels", {})
             assert "helm.sh/chart" not in labels and "app.kubernetes.io/managed-by" not in labels
 
@@ -805,35 +825,59 @@ def test_dra_mode_installs_nvidias_device_classes(chart: Any) -> None:
     assert gpu["apiVersion"] == mig["apiVersion"] == "resource.k8s.io/v1"
 
 
-def test_dra_mode_mounts_the_kubelet_plugin_dirs_and_cdi_not_device_plugins(chart: Any) -> None:
+def host_paths(ds: Doc) -> dict[str, str]:
+    """host path -> hostPath type of a DaemonSet's volumes."""
+    return {
+        v["hostPath"]["path"]: v["hostPath"]["type"]
+        for v in volumes(ds).values()
+        if "hostPath" in v
+    }
+
+
+def test_dra_mode_mounts_its_own_driver_dir_the_registrar_and_cdi_only(chart: Any) -> None:
+    """The driver's own directory in the kubelet's plugins directory, not all of it: other
+    drivers' sockets (which would answer this pod's calls) and state stay out of the pod."""
     ds = one(render(chart, values("dra-values.yaml")), "DaemonSet", "kubegpu")
     assert env(ds)["KUBEGPU_MODE"] == "dra"
     assert env(ds)["KUBELET_REGISTRAR_DIRECTORY_PATH"] == "/var/lib/kubelet/plugins_registry"
     assert env(ds)["KUBELET_PLUGINS_DIRECTORY_PATH"] == "/var/lib/kubelet/plugins"
     assert "DEVICE_PLUGIN_PATH" not in env(ds)
-    paths = {
-        v["hostPath"]["path"]: v["hostPath"]["type"]
-        for v in volumes(ds).values()
-        if "hostPath" in v
+    assert host_paths(ds) == {
+        "/var/lib/kubelet/plugins_registry": "Directory",
+        "/var/lib/kubelet/plugins/gpu.nvidia.com": "DirectoryOrCreate",
+        # Every claim's devices reach the runtime through a CDI spec.
+        "/var/run/cdi": "DirectoryOrCreate",
     }
-    assert paths["/var/lib/kubelet/plugins_registry"] == "Directory"
-    assert paths["/var/lib/kubelet/plugins"] == "Directory"
-    assert "/var/lib/kubelet/device-plugins" not in paths
-    assert "/var/run/cdi" in paths  # every claim's devices reach it through a CDI spec
-    assert set(mounts(ds)) >= {
-        "/var/lib/kubelet/plugins_registry",
-        "/var/lib/kubelet/plugins",
-        "/var/run/cdi",
+    # Each at the host's own path: the kubelet dials the socket path the driver names.
+    assert {m: v.get("readOnly", False) for m, v in mounts(ds).items()} == {
+        "/var/lib/kubelet/plugins_registry": False,
+        "/var/lib/kubelet/plugins/gpu.nvidia.com": False,
+        "/var/run/cdi": False,
+        "/tmp": False,
+        "/available-configs": True,
     }
+    amd = one(render(chart, {"mode": "dra", "backend": "amd"}), "DaemonSet", "kubegpu")
+    assert "/var/lib/kubelet/plugins/gpu.amd.com" in host_paths(amd)
+    moved = {"mode": "dra", "dra": {"kubeletPluginsDirectoryPath": "/data/kubelet/plugins/"}}
+    ds = one(render(chart, moved), "DaemonSet", "kubegpu")
+    assert env(ds)["KUBELET_PLUGINS_DIRECTORY_PATH"] == "/data/kubelet/plugins/"
+    assert "/data/kubelet/plugins/gpu.nvidia.com" in host_paths(ds)
+    assert "/data/kubelet/plugins/gpu.nvidia.com" in mounts(ds)
 
 
-def test_dra_mode_may_write_resourceslices_and_read_claims_only(chart: Any) -> None:
-    docs = render(chart, values("dra-values.yaml"))
-    granted = rules(docs, "ClusterRole", "kubegpu")
-    assert granted["resourceslices"] == {"get", "list", "watch", "create", "update", "delete"}
-    assert granted["resourceclaims"] == {"get"}
-    plain = rules(render(chart), "ClusterRole", "kubegpu")
-    assert "resourceslices" not in plain and "resourceclaims" not in plain
+def test_dra_mode_may_write_resourceslices_and_read_claims_and_nodes_only(chart: Any) -> None:
+    docs = render(chart, {"mode": "dra"})
+    assert rules(docs, "ClusterRole", "kubegpu") == {
+        "resourceslices": {"get", "list", "watch", "create", "update", "delete"},
+        "resourceclaims": {"get"},
+        # Its own Node's status, for device-plugin resources it still shows.
+        "nodes": {"get"},
+    }
+    assert rules(render(chart, values("dra-values.yaml")), "ClusterRole", "kubegpu")["nodes"] == {
+        "get",
+        "list",
+        "watch",
+    }  # named configs: the label watch
 
 
 def test_plugin_mode_is_the_default_and_installs_no_dra_objects(chart: Any) -> None:
@@ -876,3 +920,171 @@ def test_dra_notes_warn_about_cdi_and_the_checkpoint(chart: Any) -> None:
     assert "containerd 1.6" in notes and "checkpoint" in notes
     plain = chart.render({}, name="kubegpu", namespace="kube-system", is_install=True)
     assert "mode=dra" not in next(t for n, t in plain.items() if n.endswith("NOTES.txt"))
+
+
+# --- mode: dra, the ResourceSlice admission policy --------------------------------------------
+
+PLUGIN_USER = "system:serviceaccount:kube-system:kubegpu"
+NODE_NAME_KEY = "authentication.kubernetes.io/node-name"
+
+
+def slice_policy(docs: list[Doc]) -> Doc:
+    policy = one(docs, "ValidatingAdmissionPolicy", "kubegpu-resourceslices")
+    binding = one(docs, "ValidatingAdmissionPolicyBinding", "kubegpu-resourceslices")
+    assert binding["spec"] == {
+        "policyName": "kubegpu-resourceslices",
+        "validationActions": ["Deny"],
+    }
+    return policy
+
+
+def test_dra_mode_installs_the_slice_policy_for_resourceslice_writes_only(chart: Any) -> None:
+    docs = render(chart, values("dra-values.yaml"))
+    spec = slice_policy(docs)["spec"]
+    assert spec["failurePolicy"] == "Fail"
+    # Every version of the API, every write the ClusterRole grants.
+    assert spec["matchConstraints"] == {
+        "matchPolicy": "Equivalent",
+        "resourceRules": [
+            {
+                "apiGroups": ["resource.k8s.io"],
+                "apiVersions": ["*"],
+                "operations": ["CREATE", "UPDATE", "DELETE"],
+                "resources": ["resourceslices"],
+            }
+        ],
+    }
+    granted = rules(docs, "ClusterRole", "kubegpu")["resourceslices"]
+    assert {v.upper() for v in granted} - {"GET", "LIST", "WATCH"} == {
+        "CREATE",
+        "UPDATE",
+        "DELETE",
+    }
+    for doc in docs:
+        if doc["apiVersion"].startswith("admissionregistration.k8s.io/"):
+            validate(doc)
+    for plain in (
+        render(chart),
+        render(chart, {"mode": "dra", "dra": {"sliceAdmissionPolicy": False}}),
+    ):
+        assert not [d for d in plain if d["kind"].startswith("ValidatingAdmissionPolicy")]
+
+
+def _cel(expression: str, activation: dict[str, Any]) -> Any:
+    import celpy
+    from celpy.evaluation import CELEvalError
+
+    env = celpy.Environment()
+    result = env.program(env.compile(expression)).evaluate(activation)
+    if isinstance(result, CELEvalError):
+        raise result
+    return result
+
+
+def admit(
+    policy: Doc,
+    operation: str,
+    user: str,
+    *,
+    node: str | None,
+    obj: Doc | None = None,
+    old: Doc | None = None,
+) -> str | None:
+    """The policy's verdict on one request, evaluated as the API server does (match
+    conditions, then the variables in order, then each validation): None when allowed,
+    else the denial's message."""
+    from celpy import celtypes
+    from celpy.adapter import json_to_cel
+
+    user_info: Doc = {"username": user, "groups": ["system:serviceaccounts"]}
+    if node is not None:
+        user_info["extra"] = {NODE_NAME_KEY: [node]}
+    request = {"operation": operation, "userInfo": user_info}
+    activation: dict[str, Any] = {
+        "request": json_to_cel(request),
+        "object": json_to_cel(obj),
+        "oldObject": json_to_cel(old),
+    }
+    spec = policy["spec"]
+    if not all(_cel(c["expression"], activation) for c in spec["matchConditions"]):
+        return None
+    variables = celtypes.MapType()
+    for variable in spec["variables"]:
+        value = _cel(variable["expression"], {**activation, "variables": variables})
+        variables[celtypes.StringType(variable["name"])] = value
+    activation["variables"] = variables
+    for check in spec["validations"]:
+        if not _cel(check["expression"], activation):
+            if "messageExpression" in check:
+                return str(_cel(check["messageExpression"], activation))
+            return str(check["message"])
+    return None
+
+
+def resource_slice(node: str | None, driver: str = "gpu.nvidia.com") -> Doc:
+    spec: Doc = {"driver": driver, "pool": {"name": node or "all", "generation": 1,
+                                            "resourceSliceCount": 1}}  # fmt: skip
+    if node is None:
+        spec["allNodes"] = True
+    else:
+        spec["nodeName"] = node
+    return {"apiVersion": "resource.k8s.io/v1", "kind": "ResourceSlice",
+            "metadata": {"name": f"{node}-gpu.nvidia.com-x"}, "spec": spec}  # fmt: skip
+
+
+def test_the_slice_policy_lets_a_nodes_plugin_write_only_its_own_nodes_slices(
+    chart: Any,
+) -> None:
+    policy = slice_policy(render(chart, values("dra-values.yaml")))
+    a, b = resource_slice("node-a"), resource_slice("node-b")
+    # Its own node's slice: create, update, delete.
+    assert admit(policy, "CREATE", PLUGIN_USER, node="node-a", obj=a) is None
+    assert admit(policy, "UPDATE", PLUGIN_USER, node="node-a", obj=a, old=a) is None
+    assert admit(policy, "DELETE", PLUGIN_USER, node="node-a", old=a) is None
+    # Another node's: refused, saying which node the pod is on.
+    for operation, obj, old in (("CREATE", b, None), ("UPDATE", b, b), ("DELETE", None, b)):
+        denied = admit(policy, operation, PLUGIN_USER, node="node-a", obj=obj, old=old)
+        assert denied == (
+            "the kubegpu plugin on node node-a may write only the ResourceSlices of that "
+            "node (spec.nodeName)"
+        ), operation
+    # An update that would move a slice between nodes, either way.
+    assert admit(policy, "UPDATE", PLUGIN_USER, node="node-a", obj=a, old=b)
+    assert admit(policy, "UPDATE", PLUGIN_USER, node="node-a", obj=b, old=a)
+    # A slice for no node in particular, or another driver's slice on its own node.
+    assert admit(policy, "CREATE", PLUGIN_USER, node="node-a", obj=resource_slice(None))
+    other = resource_slice("node-a", driver="gpu.example.com")
+    assert "its own driver (gpu.nvidia.com)" in str(
+        admit(policy, "CREATE", PLUGIN_USER, node="node-a", obj=other)
+    )
+    # A token that names no node (the plugin run outside a pod): nothing at all.
+    denied = admit(policy, "CREATE", PLUGIN_USER, node=None, obj=a)
+    assert denied is not None and "ServiceAccountTokenPodNodeInfo" in denied
+
+
+def test_the_slice_policy_leaves_other_users_and_drivers_alone(chart: Any) -> None:
+    policy = slice_policy(render(chart, values("dra-values.yaml")))
+    b = resource_slice("node-b", driver="gpu.example.com")
+    for user, node in (
+        ("system:node:node-b", None),  # the kubelet, deleting its node's slices
+        ("system:serviceaccount:dra:example-driver", "node-a"),  # another driver
+        ("system:serviceaccount:kube-system:kubegpu-labeller", "node-a"),
+        ("kubernetes-admin", None),
+    ):
+        assert admit(policy, "CREATE", user, node=node, obj=b) is None, user
+        assert admit(policy, "DELETE", user, node=node, old=b) is None, user
+
+
+def test_the_slice_policy_names_the_release_account_and_the_amd_driver(chart: Any) -> None:
+    out = chart.render(
+        {"mode": "dra", "backend": "amd"}, name="gpus", namespace="gpu-system", is_install=True
+    )
+    docs = [d for t, text in out.items() if t.endswith(".yaml") for d in yaml.safe_load_all(text)]
+    policy = one([d for d in docs if d], "ValidatingAdmissionPolicy", "gpus-kubegpu-resourceslices")
+    user = "system:serviceaccount:gpu-system:gpus-kubegpu"
+    amd = resource_slice("node-a", driver="gpu.amd.com")
+    assert admit(policy, "CREATE", user, node="node-a", obj=amd) is None
+    assert admit(policy, "CREATE", user, node="node-a", obj=resource_slice("node-a"))
+    assert admit(policy, "CREATE", user, node="node-a", obj=resource_slice("node-b", "gpu.amd.com"))
+    # The default release's account is another user to this release's policy.
+    assert admit(policy, "CREATE", PLUGIN_USER, node="node-a", obj=resource_slice("node-b")) is None

@@ -364,6 +364,29 @@ def test_node_metadata_and_merge_patch(api: ApiServer) -> None:
     assert patch.headers["authorization"] == "Bearer t"
 
 
+def test_node_status_is_capacity_and_allocatable(api: ApiServer) -> None:
+    status = {"capacity": {"nvidia.com/gpu": "8", "cpu": "4"}, "allocatable": {"cpu": "3"}}
+    api.objects["/api/v1/nodes/gpu-1"] = {**node("gpu-1", None), "status": status}
+    api.objects["/api/v1/nodes/bare"] = node("bare", None)
+    client = client_of(api)
+    assert client.get_node_status("gpu-1") == status
+    assert client.get_node_status("bare") == {"capacity": {}, "allocatable": {}}
+    with pytest.raises(KubeError, match=r"^get Node gone: HTTP 404") as missing:
+        client.get_node_status("gone")
+    assert missing.value.status == 404
+    kube = FakeKube()
+    kube.add_node("gpu-1")
+    assert kube.get_node_status("gpu-1") == {"capacity": {}, "allocatable": {}}
+    kube.set_node_status("gpu-1", {"nvidia.com/gpu": "8"})
+    assert kube.get_node_status("gpu-1") == {
+        "capacity": {"nvidia.com/gpu": "8"},
+        "allocatable": {"nvidia.com/gpu": "8"},
+    }
+    with pytest.raises(KubeError, match=r"^get Node gone: HTTP 404"):
+        kube.get_node_status("gone")
+    assert kube.calls == ["get node/gpu-1/status"] * 2 + ["get node/gone/status"]
+
+
 def test_pod_metadata_in_api_spelling(api: ApiServer) -> None:
     owner = {"apiVersion": "apps/v1", "kind": "DaemonSet", "name": "gfd", "uid": "ds-1"}
     meta = {"name": "gfd-x", "namespace": "gpu", "uid": "pod-1", "ownerReferences": [owner]}

@@ -169,6 +169,13 @@ def _reference(version: str) -> tuple[CollectorRegistry, dict[str, Any]]:
             ["reason"],
             registry=r,
         ),
+        "stale": Gauge(
+            "kubegpu_stale_node_resources",
+            "DRA mode: 1 for each device-plugin resource the Node's status still shows, which "
+            "the scheduler then serves to pods without a GPU (kubectl patch removes it).",
+            ["resource"],
+            registry=r,
+        ),
     }
     Gauge(
         "kubegpu_build_info",
@@ -223,6 +230,9 @@ def test_exposition_is_the_one_prometheus_client_metrics_give() -> None:
     f["restarts"].inc()
     m.event_dropped("queue-full")
     f["dropped"].labels(reason="queue-full").inc()
+    m.set_stale_resources([gpu, shared])
+    m.set_stale_resources([shared])  # the whole set: gpu's series goes
+    f["stale"].labels(resource=shared).set(1)
 
     def masked(text: bytes) -> str:
         return _CREATED.sub(r"\1 <created>", text.decode())

@@ -193,6 +193,15 @@ class KubeClient:
 
         return self._call(f"get Node {name}", read, missing=MISSING_NODE)
 
+    def get_node_status(self, name: str) -> dict[str, Any]:
+        def read(client: Client) -> dict[str, Any]:
+            status = client.get(Node, name).status
+            capacity = status.capacity if status is not None else None
+            allocatable = status.allocatable if status is not None else None
+            return {"capacity": dict(capacity or {}), "allocatable": dict(allocatable or {})}
+
+        return self._call(f"get Node {name}", read, missing=MISSING_NODE)
+
     def merge_patch_node(self, name: str, patch: dict[str, Any]) -> None:
         self._call(
             f"patch Node {name}",

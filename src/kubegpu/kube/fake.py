@@ -52,6 +52,8 @@ class FakeKube:
 
     #: Node name -> {"labels": {...}, "annotations": {...}}.
     nodes: dict[str, dict[str, Any]] = field(default_factory=dict)
+    #: Node name -> {"capacity": {...}, "allocatable": {...}}; set with `set_node_status`.
+    node_statuses: dict[str, dict[str, Any]] = field(default_factory=dict)
     node_features: dict[tuple[str, str], dict[str, Any]] = field(default_factory=dict)
     #: Pods' metadata by (namespace, name), as `get_pod_metadata` returns it.
     pods: dict[tuple[str, str], dict[str, Any]] = field(default_factory=dict)
@@ -84,6 +86,22 @@ class FakeKube:
             self.nodes[name] = {"labels": dict(labels or {}), "annotations": {}}
         self._notify(name)
 
+    def set_node_status(
+        self,
+        name: str,
+        capacity: Mapping[str, str] | None = None,
+        allocatable: Mapping[str, str] | None = None,
+    ) -> None:
+        """Set an existing Node's status, as the kubelet reports it (allocatable defaults
+        to the capacity)."""
+        with self._lock:
+            if name not in self.nodes:
+                raise KeyError(name)
+            self.node_statuses[name] = {
+                "capacity": dict(capacity or {}),
+                "allocatable": dict((capacity if allocatable is None else allocatable) or {}),
+            }
+
     def set_node_label(self, name: str, label: str, value: str | None) -> None:
         """Set (None: remove) one label of an existing Node, as `kubectl label` would."""
         with self._lock:
@@ -97,6 +115,7 @@ class FakeKube:
     def delete_node(self, name: str) -> None:
         with self._lock:
             self.nodes.pop(name, None)
+            self.node_statuses.pop(name, None)
         self._notify(name)
 
     def fail_next(self, prefix: str, error: BaseException) -> None:
@@ -122,6 +141,17 @@ class FakeKube:
             if name not in self.nodes:
                 raise status_error(f"get Node {name}", 404, "Not Found", missing=MISSING_NODE)
             return copy.deepcopy(self.nodes[name])
+
+    def get_node_status(self, name: str) -> dict[str, Any]:
+        self._enter(f"get node/{name}/status")
+        with self._lock:
+            if name not in self.nodes:
+                raise status_error(f"get Node {name}", 404, "Not Found", missing=MISSING_NODE)
+            status = self.node_statuses.get(name, {})
+            return {
+                "capacity": dict(status.get("capacity", {})),
+                "allocatable": dict(status.get("allocatable", {})),
+            }
 
     def merge_patch_node(self, name: str, patch: dict[str, Any]) -> None:
         self._enter(f"patch node/{name}")

@@ -36,6 +36,11 @@ class Kube(Protocol):
         """`metadata` of the Node: `labels` and `annotations` (both always present)."""
         ...
 
+    def get_node_status(self, name: str) -> dict[str, Any]:
+        """`status` of the Node: `capacity` and `allocatable` (both always present), each
+        resource name -> quantity as the API spells it ("8", "16Gi")."""
+        ...
+
     def merge_patch_node(self, name: str, patch: dict[str, Any]) -> None:
         """Apply a JSON merge patch (RFC 7386: `null` deletes a key) to the Node."""
         ...

@@ -104,7 +104,7 @@ class PluginDirectory:
     ) -> None:
         self.path = path
         #: How messages name the directory and the flag that moves it (DRA mode locks the
-        #: kubelet's plugins directory, which holds the driver's data directory).
+        #: driver's own directory in the kubelet's plugins directory).
         self.what = what
         self.flag = flag
         # Only the device plugin's sockets have slots a successor can serve beside ours.

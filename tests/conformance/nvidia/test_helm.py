@@ -27,6 +27,8 @@ REPO = Path(__file__).resolve().parents[3]
 CHART = REPO / "deployments" / "helm" / "kubegpu"
 HELM_DATA = DATA / "nvidia" / "helm"
 KUBE_VERSION = "1.33.0"
+#: Every install is valid on 1.36 too (kubernetes-validate 1.37.0 ships up to 1.37.0).
+NEWER_KUBE_VERSION = "1.36.0"
 RELEASE = "nvdp"
 NAMESPACE = "nvidia-device-plugin"
 CRD_KINDS = {"ServiceMonitor"}
@@ -129,6 +131,7 @@ def api_server_accepts(doc: Doc) -> None:
     template's labels.
     """
     kubernetes_validate.validate(doc, KUBE_VERSION, strict=True)
+    kubernetes_validate.validate(doc, NEWER_KUBE_VERSION, strict=True)
     if doc["kind"] != "DaemonSet":
         return
     for c in pod(doc)["containers"]:
@@ -737,3 +740,23 @@ def test_labeller_rbac_is_within_gfds(chart: Any, named: bool, nfd_api: bool) ->
     assert (("", "pods", "get") in granted) == nfd_api
     assert (("nfd.k8s-sigs.io", "nodefeatures", "create") in granted) == nfd_api
     assert pod(r.labeller())["automountServiceAccountToken"] is bool(named or nfd_api)
+
+
+@pytest.mark.deliberate("helm-plugin-rbac-node-events")
+@pytest.mark.parametrize("named", [False, True], ids=["no-configs", "named-configs"])
+def test_plugin_rbac_is_nvidias_plus_node_events_in_default(chart: Any, named: bool) -> None:
+    """NVIDIA role.yml gives the device plugin's account nodes get/list/watch only with a
+    config map; kubegpu's plugin gets the same cluster-wide, and besides only `create` on
+    core Events in `default`, where its Node events go (NVIDIA's plugin records none)."""
+    facts = GFD["plugin_rbac"]["with_config_map" if named else "without_config_map"]
+    nvidia = {(r["apiGroup"], r["resource"], verb) for r in facts for verb in r["verbs"]}
+    vals: dict[str, Any] = {"config": {"name": "site-configs", "default": "base"}} if named else {}
+    r = render(chart, vals)
+    cluster: set[tuple[str, str, str]] = set()
+    for doc in r.of_kind("ClusterRole"):
+        if not doc["metadata"]["name"].endswith("-labeller"):
+            cluster |= _rules(doc)
+    assert cluster == nvidia
+    (events,) = r.of_kind("Role")
+    assert events["metadata"]["namespace"] == "default"
+    assert _rules(events) == {("", "events", "create")}

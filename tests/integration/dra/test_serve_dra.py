@@ -109,10 +109,21 @@ async def test_two_dra_daemons_cannot_share_the_plugins_directory(
     second = Daemon(settings(socket_dir), kube=FakeKube())
     with pytest.raises(
         PluginDirectoryError,
-        match=r"kubelet plugins directory .* in use by another kubegpu serve; stop it first, "
-        r"give this one another --kubelet-plugins-directory-path$",
+        match=r"DRA driver directory .*/gpu\.nvidia\.com is in use by another kubegpu serve; "
+        r"stop it first, give this one another --kubelet-plugins-directory-path$",
     ):
         await second.run(asyncio.Event())
+    # The first one still serves: the refused one stopped nothing of it.
+    running, _ = daemon
+    assert running.ready() == (True, "ok")
+
+
+async def test_the_daemon_writes_nothing_in_the_plugins_directory_beside_its_own(
+    daemon: tuple[Daemon, FakeKube], socket_dir: Path
+) -> None:
+    """The chart mounts `<plugins>/<driver>` alone (other drivers' sockets and state stay
+    out of the pod): the lock and everything else live in the driver's directory."""
+    assert sorted(p.name for p in (socket_dir / "plugins").iterdir()) == ["gpu.nvidia.com"]
 
 
 async def test_a_dra_socket_path_over_the_unix_limit_is_refused(socket_dir: Path) -> None:

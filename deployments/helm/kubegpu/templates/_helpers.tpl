@@ -189,6 +189,17 @@ Pass (list $ (list "strategy" ...)).
 {{- end -}}
 
 {{/*
+DRA mode: the driver name this release's pods serve under, as `serve --mode dra` picks it
+from the node's GPUs: gpu.amd.com with backend=amd, else NVIDIA's gpu.nvidia.com (the
+DeviceClasses of deviceclasses.yaml follow the same rule). It names the plugin's own
+directory under dra.kubeletPluginsDirectoryPath and the slices the admission policy lets
+it write.
+*/}}
+{{- define "kubegpu.draDriver" -}}
+{{- ternary "gpu.amd.com" "gpu.nvidia.com" (eq (toString .Values.backend) "amd") -}}
+{{- end -}}
+
+{{/*
 Host path to mount read-only at /driver-root, or "" for none. As in NVIDIA's chart the host's
 driver root is mounted only when nvidiaDriverRoot names one (the GPU Operator's
 /run/nvidia/driver); with the driver on the host itself the NVIDIA runtime hands the
