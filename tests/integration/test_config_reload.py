@@ -106,3 +106,32 @@ async def test_a_fifo_or_a_device_on_reload_keeps_serving_and_sigterm_still_stop
         code, out = await serve.stop()
     assert code == 0, out
     assert "Traceback" not in out
+
+
+async def test_a_file_held_open_beside_the_config_does_not_stop_its_reloads(
+    kubelet: KubeletEmulator, socket_dir: Path
+) -> None:
+    """The README's "edit the config file, send SIGHUP" once failed whenever any file in
+    the config's directory was held open for writing (serve's own log, an editor's swap
+    file): every reload "kept changing". Both the edit and the SIGHUP now land."""
+    config = socket_dir / "config.yaml"
+    serve = await start_time_sliced(kubelet, config)
+    try:
+        await kubelet.wait_for_resource(GPU, capacity=16, allocatable=16)
+        with (socket_dir / "other.log").open("a") as log:
+            log.write("a line\n")
+            log.flush()
+            config.write_text(SHARED.format(replicas=2))
+            await kubelet.wait_for_resource(GPU, capacity=8, allocatable=8)
+            log.write("another line\n")
+            log.flush()
+            serve.proc.send_signal(signal.SIGHUP)
+            await serve.wait_for_line("SIGHUP: re-reading the config")
+            config.write_text(SHARED.format(replicas=3))
+            serve.proc.send_signal(signal.SIGHUP)
+            await kubelet.wait_for_resource(GPU, capacity=12, allocatable=12)
+        assert not any("kept changing" in line for line in serve.lines)
+    finally:
+        code, out = await serve.stop()
+    assert code == 0, out
+    assert "Traceback" not in out
