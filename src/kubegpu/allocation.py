@@ -10,8 +10,10 @@ same flags (device list strategies, device specs, GDS/MOFED/GDRCopy, IMEX channe
 from __future__ import annotations
 
 import posixpath
+import stat
 from collections.abc import Callable, Collection, Mapping, Sequence
 from dataclasses import dataclass, field
+from pathlib import Path
 
 from kubegpu.config import Config, DeviceIDStrategy, DeviceListStrategy
 from kubegpu.devices import Vendor
@@ -118,23 +120,39 @@ class ImexChannel:
         return f"{IMEX_CHANNEL_DIR}/channel{self.id}"
 
 
-def select_imex_channels(config: Config, exists: Callable[[str], bool]) -> tuple[ImexChannel, ...]:
-    """The configured IMEX channels whose device node exists (checked by `exists`).
+def select_imex_channels(
+    config: Config, exists: Callable[[str], bool] | None = None
+) -> tuple[ImexChannel, ...]:
+    """The configured IMEX channels on this node, where NVIDIA's plugin looks for them: a
+    character device under the dev root (the host's /dev as mounted here) or at its own
+    path (a /dev this container was given). `exists` (a path -> bool) replaces that check.
 
-    A missing channel is skipped, unless `imex.required` is set: then the whole answer is
-    refused, as NVIDIA's plugin refuses to start.
+    A missing channel is skipped, unless `imex.required` is set: then `PreconditionError`,
+    on one line naming the places looked at; `serve` refuses to start on it (and a reload
+    keeps its last good config), as NVIDIA's plugin refuses to start.
     """
+    present = _is_char_device if exists is None else exists
+    root = config.flags.dev_root
     out = []
     for n in config.imex.channel_ids:
         channel = ImexChannel(str(n))
-        if exists(channel.path):
+        places = list(dict.fromkeys((under_root(root, channel.path), channel.path)))
+        if any(present(place) for place in places):
             out.append(channel)
         elif config.imex.required:
             raise PreconditionError(
-                f"imex.channelIDs: IMEX channel {n} is required but {channel.path} does not "
-                f"exist on this node; create the channel or unset imex.required"
+                f"imex.required: IMEX channel {n} does not exist on this node (no character "
+                f"device at {' or '.join(places)}); create the channel on the node or unset "
+                "imex.required"
             )
     return tuple(out)
+
+
+def _is_char_device(path: str) -> bool:
+    try:
+        return stat.S_ISCHR(Path(path).stat().st_mode)
+    except (OSError, ValueError):  # ValueError: a NUL in a configured root
+        return False
 
 
 #: The strategies that name devices by CDI (built once: `build_response` runs per Allocate).

@@ -9,11 +9,11 @@ a node of that shape would advertise, which is how a ConfigMap is tested in CI.
 from __future__ import annotations
 
 import sys
-from collections.abc import Sequence
+from collections.abc import Mapping, Sequence
 from pathlib import Path
-from typing import TextIO
+from typing import Any, TextIO
 
-from kubegpu.config import config_to_json, effective_config
+from kubegpu.config import config_to_json, load_config
 from kubegpu.devices import Inventory, open_backend
 from kubegpu.errors import ConfigError, InitError
 from kubegpu.resources import ResourceSpec, build_resources
@@ -43,18 +43,22 @@ def format_resources(specs: Sequence[ResourceSpec], inventory: Inventory) -> str
 def run_check(
     path: Path,
     *,
+    overrides: Mapping[str, Any] | None = None,
     simulate: str | None,
     backend: str = "auto",
     driver_root: str = "/",
     out: TextIO | None = None,
     err: TextIO | None = None,
 ) -> int:
-    """Exit status: 0 valid (and what it advertises), 1 with one line saying what is wrong."""
+    """Exit status: 0 valid (and what it advertises), 1 with one line saying what is wrong.
+
+    `overrides` are the flag and env values by dotted config key (`flags.mpsRoot` from
+    `--mps-root`/`MPS_ROOT`), applied on top of the file as `serve` applies them."""
     # Looked up per call, not bound at import: tests and callers swap sys.stdout.
     out = out or sys.stdout
     err = err or sys.stderr
     try:
-        config = effective_config(path, {}, {})
+        config = load_config(path, overrides or {})
     except ConfigError as exc:
         print(f"kubegpu: {exc}", file=err)
         return 1

@@ -25,6 +25,7 @@ from pathlib import Path
 from typing import Any
 
 from kubegpu import labeller
+from kubegpu.allocation import select_imex_channels
 from kubegpu.api import DEVICE_PLUGIN_PATH
 from kubegpu.cdi import DEFAULT_DIRECTORY as DEFAULT_CDI_DIRECTORY
 from kubegpu.cdi import CdiWriter
@@ -47,7 +48,7 @@ from kubegpu.dra.health import HealthServicer
 from kubegpu.dra.publisher import SlicePublisher, faults_of
 from kubegpu.dra.service import ClaimPreparer
 from kubegpu.dra.stale import EXTENDED_RESOURCES, StaleResourceCheck
-from kubegpu.errors import ConfigError, InitError, KubegpuError
+from kubegpu.errors import ConfigError, InitError, KubegpuError, PreconditionError
 from kubegpu.events import NodeEvents, Reason
 from kubegpu.health import HealthMonitor, health_flags_from_env
 from kubegpu.httpserver import HttpServer
@@ -289,6 +290,10 @@ class Daemon:
             raise first.error or ConfigError("no configuration")
         config = first.config
         log.info("effective config (%s): %s", first.origin, config_to_json(config))
+        try:
+            self._check_node_has(config)
+        except PreconditionError as exc:
+            raise StartupError(str(exc)) from exc
         inventory = await self._open_backend(config)
         # A config that cannot serve this node raises here and ends start-up.
         state = self.store.update(inventory=inventory, config=config)
@@ -537,8 +542,9 @@ class Daemon:
                 self._reject(update.origin, update.error)
                 continue
             try:
+                self._check_node_has(update.config)
                 self.store.update(config=update.config)
-            except ConfigError as exc:
+            except (ConfigError, PreconditionError) as exc:
                 self._reject(update.origin, exc)
                 continue
             self.metrics.config_reload(ok=True)
@@ -546,6 +552,13 @@ class Daemon:
             # The counterpart of ConfigRejected: an operator watching the Node sees the
             # reload land, not only the ones refused.
             self.events.emit(Reason.CONFIG_APPLIED, f"{update.origin}: applied")
+
+    def _check_node_has(self, config: Config) -> None:
+        """`PreconditionError` when `config` requires IMEX channels this node lacks: every
+        Allocate would be refused while the GPUs stay advertised, so, as NVIDIA's plugin,
+        such a config is not served (DRA mode does not inject IMEX channels)."""
+        if self.settings.mode != "dra":
+            select_imex_channels(config)
 
     def _reject(self, origin: str, error: Exception | None) -> None:
         self.metrics.config_reload(ok=False)

@@ -3,10 +3,12 @@
 from __future__ import annotations
 
 import asyncio
+import json
 import os
 import shutil
 import signal
 import socket
+import subprocess
 import sys
 from pathlib import Path
 
@@ -146,26 +148,147 @@ async def hup_storm_until_registered(serve: Serve, kubelet: KubeletEmulator) -> 
     return sent
 
 
-async def test_sighup_storm_from_the_first_python_line_never_kills_start_up(
-    kubelet: KubeletEmulator,
+#: Records, in a fresh interpreter with SIGHUP at its default, each module loaded (the
+#: `import` audit event) and whether SIGHUP was ignored when it started loading, while the
+#: entry point in argv[2] runs ("script": the installed console script, "module": `python
+#: -m kubegpu.cli`); writes them as JSON to argv[1].
+IMPORTS_UNTIL_HUP_IS_IGNORED = """
+import _signal, sys
+_signal.signal(_signal.SIGHUP, _signal.SIG_DFL)
+seen = []
+sys.addaudithook(
+    lambda event, args: event == "import"
+    and seen.append((args[0], _signal.getsignal(_signal.SIGHUP) == _signal.SIG_IGN))
+)
+out, entry, script = sys.argv[1:4]
+sys.argv = [script, "--version"]
+try:
+    import runpy
+    if entry == "script":
+        runpy.run_path(script, run_name="__main__")
+    else:
+        runpy.run_module("kubegpu.cli", run_name="__main__", alter_sys=True)
+except SystemExit:
+    pass
+import json
+with open(out, "w") as f:
+    json.dump(seen, f)
+"""
+
+
+@pytest.mark.parametrize("entry", ["script", "module"])
+def test_nothing_loads_between_kubegpus_first_line_and_ignoring_sighup(
+    tmp_path: Path, entry: str
 ) -> None:
-    """HUPs from the moment the process ignores them (its first imports; before that only
-    the interpreter's own start runs) until it has registered: it starts as if none came."""
+    """Property: `kubegpu serve` ignores SIGHUP from its first instruction on. Before the
+    package's first line only the interpreter's own start runs (it is not kubegpu's to
+    shorten); from that line no module loads, not even `signal`, until HUP is ignored."""
+    script = Path(sys.executable).with_name("kubegpu")
+    if entry == "script" and not script.is_file():
+        pytest.skip(f"no console script beside {sys.executable} (install the package)")
+    out = tmp_path / "imports.json"
+    subprocess.run(
+        [sys.executable, "-c", IMPORTS_UNTIL_HUP_IS_IGNORED, str(out), entry, str(script)],
+        check=True,
+        capture_output=True,
+        timeout=WAIT,
+    )
+    seen = [(name, ignored) for name, ignored in json.loads(out.read_text())]
+    first = next(i for i, (name, _) in enumerate(seen) if name.split(".")[0] == "kubegpu")
+    assert not seen[first][1], "the test interpreter must start with HUP at its default"
+    exposed = [name for name, ignored in seen[first:] if not ignored]
+    assert sorted(exposed) == ["kubegpu", "kubegpu.cli"], exposed
+    assert all(ignored for _, ignored in seen[first + 2 :])
+
+
+async def wait_for_hup_reload(serve: Serve, kubelet: KubeletEmulator, config: Path) -> None:
+    """A config change no file watch sees (written through a hard link in another
+    directory) reaches the kubelet only through a SIGHUP's re-read: a later HUP reloads."""
+    elsewhere = config.parent.parent / f"{config.parent.name}-link"
+    elsewhere.mkdir()
+    link = elsewhere / config.name
+    os.link(config, link)
+    link.write_text(SHARED.format(replicas=2))
+    serve.proc.send_signal(signal.SIGHUP)
+    await kubelet.wait_for_resource(GPU, capacity=8, allocatable=8)
+
+
+def config_dir(tmp_path: Path) -> Path:
+    """An all-defaults config file in a directory of its own."""
+    directory = tmp_path / "etc"
+    directory.mkdir()
+    config = directory / "config.yaml"
+    config.write_text("version: v1\n")
+    return config
+
+
+async def test_sighup_storm_from_the_first_python_line_never_kills_start_up(
+    kubelet: KubeletEmulator, tmp_path: Path
+) -> None:
+    """HUPs from the moment the process ignores them (its package's first line, see the
+    test above; before that only the interpreter's own start runs) until it has
+    registered: it starts as if none came, and a later HUP still re-reads the config."""
+    config = config_dir(tmp_path)
     # Spawned with SIGHUP at its default, not this process's (importing kubegpu.cli here
     # ignores it, and an ignored disposition is inherited across exec).
     previous = signal.signal(signal.SIGHUP, signal.SIG_DFL)
     try:
-        serve = await start(serve_cmd(kubelet.plugin_dir, "--simulate", "a10g-4"))
+        serve = await start(
+            serve_cmd(kubelet.plugin_dir, "--simulate", "a10g-4", "--config-file", str(config))
+        )
     finally:
         signal.signal(signal.SIGHUP, previous)
     try:
         sent = await hup_storm_until_registered(serve, kubelet)
         assert serve.proc.returncode is None
+        await wait_for_hup_reload(serve, kubelet, config)
     finally:
         code, out = await serve.stop()
     assert sent >= 1
     assert code == 0, out
     assert "stopped cleanly" in out and "Traceback" not in out
+
+
+async def test_started_with_hup_and_term_blocked_a_hup_from_exec_on_never_kills_it(
+    kubelet: KubeletEmulator, tmp_path: Path
+) -> None:
+    """A start command may hand the process SIGHUP and SIGTERM blocked (the mask survives
+    exec). HUPs from the instant after exec wait, pending, and are discarded once ignored;
+    serve lets both signals in once it handles them, so a later HUP re-reads the config
+    and SIGTERM stops it (blocked, neither would ever arrive)."""
+    config = config_dir(tmp_path)
+    previous = signal.signal(signal.SIGHUP, signal.SIG_DFL)
+    mask = signal.pthread_sigmask(signal.SIG_BLOCK, {signal.SIGHUP, signal.SIGTERM})
+    try:
+        serve = await start(
+            serve_cmd(kubelet.plugin_dir, "--simulate", "a10g-4", "--config-file", str(config))
+        )
+    finally:
+        signal.pthread_sigmask(signal.SIG_SETMASK, mask)
+        signal.signal(signal.SIGHUP, previous)
+    try:
+        registered = asyncio.ensure_future(kubelet.wait_for_resource(GPU, capacity=4))
+        died = asyncio.ensure_future(serve.proc.wait())
+        sent = 0
+        try:
+            while not registered.done() and not died.done():
+                serve.proc.send_signal(signal.SIGHUP)
+                sent += 1
+                await asyncio.wait({registered, died}, timeout=0.005)  # paces the storm
+            assert not died.done(), "".join(serve.lines)
+            await registered
+        finally:
+            registered.cancel()
+            died.cancel()
+        await wait_for_hup_reload(serve, kubelet, config)
+    finally:
+        try:
+            code, out = await serve.stop()
+        except TimeoutError:
+            serve.proc.kill()  # SIGTERM still blocked: do not leave it running
+            raise
+    assert sent >= 1
+    assert code == 0, out
 
 
 async def test_started_as_the_image_starts_it_a_hup_from_exec_on_never_kills_it(

@@ -12,10 +12,11 @@ from kubegpu.allocation import (
     build_response,
     cdi_device_name,
     merge,
+    select_imex_channels,
     validate_request,
 )
 from kubegpu.config import Config, parse_config
-from kubegpu.errors import AllocationError
+from kubegpu.errors import AllocationError, PreconditionError
 from kubegpu.resources import ResourceSpec, build_resources
 from tests.builders import gpu, inventory
 
@@ -236,6 +237,32 @@ def test_imex_channel_names_match_the_cdi_spec() -> None:
     assert spec is not None
     (name,) = [n for n in imex_answer(CDI_BOTH, None).cdi_devices if "imex" in n]
     assert name == f"{spec['kind']}={spec['devices'][0]['name']}"
+
+
+REQUIRED_UNDER_A_DEV_ROOT = (
+    "version: v1\nflags: {nvidiaDevRoot: /run/nvidia/driver}\n"
+    "imex: {channelIDs: [0], required: true}\n"
+)
+CHANNEL_0 = "/dev/nvidia-caps-imex-channels/channel0"
+
+
+@pytest.mark.parametrize("found", [f"/run/nvidia/driver{CHANNEL_0}", CHANNEL_0])
+def test_an_imex_channel_is_found_under_the_dev_root_or_at_its_own_path(found: str) -> None:
+    """Where NVIDIA's internal/imex looks: the host's /dev as mounted under the dev root,
+    and the path itself (a /dev this container was given)."""
+    config = parse_config(REQUIRED_UNDER_A_DEV_ROOT)
+    assert select_imex_channels(config, lambda path: path == found) == (ImexChannel("0"),)
+
+
+def test_a_required_imex_channel_found_nowhere_is_one_line_naming_both_places() -> None:
+    config = parse_config(REQUIRED_UNDER_A_DEV_ROOT)
+    with pytest.raises(PreconditionError) as caught:
+        select_imex_channels(config, lambda path: False)
+    message = str(caught.value)
+    assert "\n" not in message and message.startswith("imex.required: IMEX channel 0")
+    assert f"/run/nvidia/driver{CHANNEL_0} or {CHANNEL_0}" in message
+    optional = parse_config("version: v1\nimex: {channelIDs: [0]}\n")
+    assert select_imex_channels(optional, lambda path: False) == ()
 
 
 def test_amd_answers_carry_no_imex_channel() -> None:

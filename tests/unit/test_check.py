@@ -102,3 +102,33 @@ def test_without_a_gpu_it_validates_and_says_how_to_see_devices(
 def test_a_missing_file_exits_1(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
     assert main(["check", str(tmp_path / "absent.yaml"), "--simulate", "t4-1"]) == 1
     assert "cannot read the config file" in capsys.readouterr().err
+
+
+MPS = (
+    "version: v1\nsharing:\n  mps:\n    resources:\n    - name: nvidia.com/gpu\n      replicas: 4\n"
+)
+
+
+@pytest.mark.parametrize("how", ["--mps-root", "MPS_ROOT"])
+def test_an_mps_config_takes_its_root_from_the_flag_or_env_var_as_serve_does(
+    tmp_path: Path, how: str, monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture[str]
+) -> None:
+    config = write(tmp_path, MPS)
+    args = ["check", str(config), "--simulate", "h100-8"]
+    if how == "MPS_ROOT":
+        monkeypatch.setenv("MPS_ROOT", "/run/nvidia/mps")
+    else:
+        args += ["--mps-root", "/run/nvidia/mps"]
+    assert main(args) == 0
+    out = capsys.readouterr().out
+    assert '"mpsRoot":"/run/nvidia/mps"' in out.replace(" ", "")
+    assert table(out) == {"nvidia.com/gpu": ["32", "32", "mps", "4"]}
+
+
+def test_an_mps_config_without_a_root_names_the_flag_check_takes(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture[str]
+) -> None:
+    monkeypatch.delenv("MPS_ROOT", raising=False)
+    assert main(["check", str(write(tmp_path, MPS)), "--simulate", "h100-8"]) == 1
+    (line,) = capsys.readouterr().err.splitlines()
+    assert "flags.mpsRoot" in line and "--mps-root/MPS_ROOT" in line

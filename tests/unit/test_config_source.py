@@ -589,6 +589,37 @@ async def test_a_file_change_is_seen_without_polling(tmp_path: Path, change: Any
         assert strategy(await next_update(s)) is MigStrategy.NONE
 
 
+async def test_a_file_held_open_for_writing_beside_the_config_does_not_hold_its_reloads(
+    tmp_path: Path,
+) -> None:
+    """`serve`'s own log beside its config (or an editor's swap file) once made every reload
+    fail with "kept changing, or stayed open for writing": the directory's writes were all
+    taken for the config's. Only the config's own file counts, on a change as on SIGHUP."""
+    path = tmp_path / "config.yaml"
+    path.write_text(mig("single"))
+    source = ConfigSource(config_file=path, overrides={}, poll_interval=NEVER)
+    with (tmp_path / "serve.log").open("a") as log:
+
+        def log_line() -> None:
+            log.write("a line\n")
+            log.flush()
+
+        async with running(source) as s:
+            assert strategy(await next_update(s)) is MigStrategy.SINGLE
+            log_line()
+            _replace_by_rename(path, mig("mixed"))
+            assert strategy(await next_update(s)) is MigStrategy.MIXED
+            log_line()
+            _edit_in_place(path, mig("none"))
+            assert strategy(await next_update(s)) is MigStrategy.NONE
+            # SIGHUP: the poke is taken before the source wakes, so this reload is a
+            # forced one (two reads that agree), which the open log once failed as well.
+            log_line()
+            source.poke()
+            _replace_by_rename(path, mig("single"))
+            assert strategy(await next_update(s)) is MigStrategy.SINGLE
+
+
 async def test_configmap_swaps_are_seen_without_polling(tmp_path: Path) -> None:
     mount = tmp_path / "mount"
     mount.mkdir()

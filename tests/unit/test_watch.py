@@ -204,6 +204,55 @@ async def test_a_file_modified_and_still_open_is_not_quiet_until_closed(tmp_path
         await wakes.after(watch.quiet)  # IN_CLOSE_WRITE: the write is complete
 
 
+async def test_another_file_held_open_for_writing_beside_it_is_not_a_write_of_it(
+    tmp_path: Path,
+) -> None:
+    """A log held open in the watched file's directory once left the watch never quiet and
+    always writing, so every reload of the file waited for the log to close."""
+    target = tmp_path / "config.yaml"
+    target.write_text("a")
+    wakes = Wakes()
+    with (
+        PathWatch(lambda: [target], wakes, poll_interval=3600, name="t") as watch,
+        (tmp_path / "serve.log").open("a") as log,
+    ):
+        log.write("a line\n")
+        log.flush()
+        await wakes.after(lambda: True)  # the log's write reached the watch
+        assert not watch.writing()
+        assert watch.quiet()
+        with target.open("a") as writer:  # the watched file itself still counts
+            writer.write("half")
+            writer.flush()
+            await wakes.after(lambda: target.read_text() == "ahalf")
+            assert watch.writing() and not watch.quiet()
+        await wakes.after(watch.quiet)
+
+
+async def test_a_configmap_target_open_for_writing_counts_and_its_siblings_do_not(
+    tmp_path: Path,
+) -> None:
+    """Through `config.yaml -> ..data/config.yaml`, the file written is the target in the
+    timestamped directory: that one counts, another key of the same ConfigMap does not."""
+    mount = tmp_path / "mount"
+    target = _configmap_mount(mount, "2026_11_23_04_00_00.1", "one")
+    wakes = Wakes()
+    with (
+        PathWatch(lambda: [target], wakes, poll_interval=3600, name="t") as watch,
+        (mount / "..data" / "other.yaml").open("w") as sibling,
+    ):
+        sibling.write("x")
+        sibling.flush()
+        await wakes.after(lambda: True)
+        assert not watch.writing() and watch.quiet()
+        with target.open("a") as writer:
+            writer.write("+")
+            writer.flush()
+            await wakes.after(lambda: target.read_text() == "one+")
+            assert watch.writing() and not watch.quiet()
+        await wakes.after(watch.quiet)
+
+
 async def test_a_write_queued_after_the_wake_is_not_quiet_and_wakes_the_owner(
     tmp_path: Path,
 ) -> None:

@@ -4,25 +4,39 @@ Options are declared once per command with click (`kubegpu.cli.options`), with t
 var names NVIDIA's plugin and GFD read, shown in `--help`. Every mistake is one line on
 stderr and exit status 2; a problem with the node is one line and exit status 1; never a
 traceback. Commands are imported when run (click's lazy group), so `kubegpu serve` loads
-no other command. Importing this package ignores SIGHUP before anything else loads.
+no other command.
+
+SIGHUP's default action ends the process, and `serve` re-reads its config on it, so a HUP
+must never find the default in place. Importing this package ignores it in its first
+statement, before it imports anything (the console script `kubegpu` and `python -m
+kubegpu.cli` both import it first); `serve` installs its reload handler once its loop runs,
+and the other commands get the disposition found here back. What stays open is the
+interpreter's own start before this package runs (loading libpython, `site` and its `.pth`
+files, the console script's own first lines): tens of milliseconds on a busy node. Only a
+start command that ignores HUP before it runs the interpreter closes that window: the
+image's and the chart's `env --ignore-signal=HUP kubegpu serve`, the same prefix in a
+systemd unit's `ExecStart=` or a hand start.
 """
 
-from __future__ import annotations
+# The first statement, through the interpreter's built-in `_signal` (set up before any
+# Python code runs, so this loads nothing): `signal` would load `enum`, and asking for the
+# main thread `threading`, each a few milliseconds more in which a HUP ends the process.
+# Only a default disposition is replaced (an ignore or a handler the caller set is theirs),
+# and only from the main thread (`_signal.signal` raises ValueError elsewhere). Typeshed
+# has no stub for `_signal`; its functions are the ones `signal` re-exports.
+import _signal  # type: ignore[import-not-found]
 
-# SIGHUP's default action kills the process, and `serve` re-reads its config on it: ignore
-# it before any other import (click and logging alone take tens of ms) so that a HUP sent
-# while the process starts never kills it. `main` hands the disposition found here back.
-import signal
-import threading
-
-_HUP_BEFORE = (
-    signal.signal(signal.SIGHUP, signal.SIG_IGN)
-    if threading.current_thread() is threading.main_thread()
-    and signal.getsignal(signal.SIGHUP) is signal.SIG_DFL
-    else None
-)
+_HUP_IGNORED_HERE = False
+if _signal.getsignal(_signal.SIGHUP) == _signal.SIG_DFL:
+    try:
+        _signal.signal(_signal.SIGHUP, _signal.SIG_IGN)
+        _HUP_IGNORED_HERE = True
+    except ValueError:
+        pass
 
 import os  # noqa: E402
+import signal  # noqa: E402
+import threading  # noqa: E402
 
 # gRPC's C core logs transport notices (a GOAWAY when the kubelet restarts) at INFO on
 # some builds; they are not errors and would read as one. grpc reads this when it loads,
@@ -100,8 +114,8 @@ def main(argv: Sequence[str] | None = None) -> int:
     # Ignored from the import of this package (see the top) until `serve`'s loop handler
     # is in; the disposition to hand back is the one found before that import, if any.
     previous_hup = _set_hup(signal.SIG_IGN)
-    if _HUP_BEFORE is not None and previous_hup is signal.SIG_IGN:
-        previous_hup = _HUP_BEFORE
+    if _HUP_IGNORED_HERE and previous_hup is signal.SIG_IGN:
+        previous_hup = signal.SIG_DFL
     args = list(sys.argv[1:] if argv is None else argv)
     try:
         with kubegpu.make_context("kubegpu", args) as ctx:

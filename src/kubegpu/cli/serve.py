@@ -352,6 +352,10 @@ def _daemon_main(
         events = NodeEvents.from_environment(env, node=values["node_name"], lazy=True)
         daemon = Daemon(settings, events=events)
         loop.add_signal_handler(signal.SIGHUP, daemon.poke_config)
+        # A start command can hand these down blocked (the mask survives exec), which
+        # would leave SIGTERM unable to stop us and SIGHUP unable to reload: handled now,
+        # so let them in (one blocked while ignored is pending, and delivered here).
+        signal.pthread_sigmask(signal.SIG_UNBLOCK, {signal.SIGTERM, signal.SIGINT, signal.SIGHUP})
         await daemon.run(stop)
 
     return main

@@ -13,6 +13,8 @@ on a reload woken by inotify whose events show every write finished (closed, or 
 into place as a ConfigMap swap does) one read is enough; otherwise (the first load, a
 SIGHUP, polling, a file modified and still open) it must read the same twice,
 `SETTLE_INTERVAL` apart, so a file rewritten in place is never applied half-written.
+Only writes to the config's own file count (the path and, through a ConfigMap's symlinks,
+the file it resolves to): a log or an editor's swap file held open beside it does not.
 On a reload an empty or whitespace-only file is refused, keeping the last good config
 (a ConfigMap being replaced can show up empty for a moment; taking it as "all defaults"
 would silently turn sharing off).

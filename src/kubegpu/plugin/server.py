@@ -28,7 +28,6 @@ from kubegpu.allocation import (
     build_response,
     describe_ids,
     select_imex_channels,
-    under_root,
     validate_request,
 )
 from kubegpu.api import add_device_plugin_servicer, pb, pb_grpc
@@ -266,10 +265,7 @@ class DevicePluginServicer(pb_grpc.DevicePluginServicer):
         """The configured IMEX channels present on this node (under the dev root or /)."""
         if not config.imex.channel_ids:
             return ()
-        root = config.flags.dev_root
-        return select_imex_channels(
-            config, lambda path: _is_char_device(under_root(root, path)) or _is_char_device(path)
-        )
+        return select_imex_channels(config)
 
     async def PreStartContainer(
         self,
@@ -315,13 +311,6 @@ def _prefer(
         return []
     # Fewer devices left than asked for: prefer all of them; the kubelet decides.
     return list(preferred_allocation(spec, available, must_include, min(size, pool), policy))
-
-
-def _is_char_device(path: str) -> bool:
-    try:
-        return stat.S_ISCHR(Path(path).stat().st_mode)
-    except (OSError, ValueError):
-        return False
 
 
 #: Room in a request for what is not a device ID: sizes, field tags, several containers.

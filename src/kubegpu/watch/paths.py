@@ -19,7 +19,9 @@ reached), the watch says so once in the log and compares `stat` fingerprints eve
 The events also tell whether a write is complete: a file modified (IN_MODIFY) stays
 "being written" until it is closed (IN_CLOSE_WRITE), renamed or deleted, while a file
 renamed into place (a ConfigMap swap, an editor's save) arrives whole. `PathWatch.quiet()`
-lets an owner read such a file once instead of twice, a settle interval apart.
+lets an owner read such a file once instead of twice, a settle interval apart. Only the
+watched paths' own files count (each path and, through its symlinks, the file it resolves
+to): a log or an editor's swap file held open beside a config file says nothing about it.
 """
 
 from __future__ import annotations
@@ -111,6 +113,19 @@ def watched_dirs(paths: Iterable[Path]) -> Coverage:
     return {d: None if n is None else frozenset(n) for d, n in names.items()}
 
 
+def written_files(paths: Iterable[Path]) -> set[tuple[str, str]]:
+    """(real directory, entry name) of each file whose writes decide whether `paths` are
+    whole: the path itself and, through every symlink (a ConfigMap's `..data` chain), the
+    file it resolves to. Symlinks themselves are never written in place, so the ends of the
+    chain are enough; a path that does not exist yet is named where it would be created."""
+    out: set[tuple[str, str]] = set()
+    for path in paths:
+        path = path.absolute()
+        for each in (path, Path(os.path.realpath(path))):
+            out.add((os.path.realpath(each.parent), each.name))
+    return out
+
+
 def fingerprint(paths: Iterable[Path]) -> Fingerprint:
     """What the polling fallback compares: every covered path's and directory's stat."""
     listed = [p.absolute() for p in paths]
@@ -141,20 +156,24 @@ class _Core:
         self._names: dict[int, frozenset[str] | None] = {}
         #: Why this watch polls (one line), or None while inotify serves it.
         self.polling: str | None = None
-        #: (watch descriptor, entry name) of files modified and not yet closed or moved.
+        #: (watch descriptor, entry name) of files modified and not yet closed or moved,
+        #: any entry of a watched directory (filtered by `_files` when asked).
         self._writing: set[tuple[int, str]] = set()
+        #: (watch descriptor, entry name) of the watched paths' own files (`written_files`).
+        self._files: frozenset[tuple[int, str]] = frozenset()
         #: The queue overflowed since the last look: writes may have gone unseen.
         self._overflowed = False
 
     def open_writes(self) -> bool:
-        """Whether a watched file was modified and not yet closed, moved or deleted."""
-        return bool(self._writing)
+        """Whether a watched path's file was modified and not yet closed, moved or deleted
+        (another entry of its directory held open for writing does not count)."""
+        return not self._files.isdisjoint(self._writing)
 
     def settled(self) -> bool:
         """No watched file half-written (as of the events drained so far); a queue overflow
         counts as a possible write once."""
         overflowed, self._overflowed = self._overflowed, False
-        return not self._writing and not overflowed
+        return not self.open_writes() and not overflowed
 
     @property
     def fd(self) -> int | None:
@@ -179,14 +198,19 @@ class _Core:
         for _ in range(8):
             wanted: dict[int, Any] = {}
             names: dict[int, frozenset[str] | None] = {}
+            #: Real directory path -> the watch descriptor that reports its entries.
+            entries: dict[str, int] = {}
             try:
+                paths = list(self.paths())
                 # Narrow watches first: when two paths are one inode, the wider mask wins.
-                coverage = sorted(watched_dirs(self.paths()).items(), key=lambda i: i[1] is None)
+                coverage = sorted(watched_dirs(paths).items(), key=lambda i: i[1] is None)
                 for directory, only in coverage:
                     watch = self._inotify.add_watch(directory, ancestor if only else full)
                     before = names.get(watch.wd, frozenset())
                     names[watch.wd] = None if only is None or before is None else before | only
                     wanted[watch.wd] = watch
+                    if only is None:
+                        entries[os.path.realpath(directory)] = watch.wd
             except (FileNotFoundError, NotADirectoryError):
                 continue  # a directory went away between looking and watching: look again
             except OSError as exc:  # ENOSPC: max_user_watches reached
@@ -200,6 +224,11 @@ class _Core:
         self._watches = wanted
         self._names = names
         self._writing = {key for key in self._writing if key[0] in wanted}
+        self._files = frozenset(
+            (entries[directory], name)
+            for directory, name in written_files(paths)
+            if directory in entries
+        )
 
     def _matters(self, event: Any) -> bool:
         """Whether an event can change what the owner looks at (a sibling's churn cannot)."""
@@ -247,6 +276,7 @@ class _Core:
             self._inotify = None
         self._watches = {}
         self._writing = set()
+        self._files = frozenset()
 
     def _fall_back(self, exc: BaseException) -> None:
         reason = exc.strerror if isinstance(exc, OSError) and exc.strerror else str(exc)

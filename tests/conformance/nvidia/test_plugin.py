@@ -243,5 +243,5 @@ def test_imex_required_channel_missing_is_refused() -> None:
     config = parse_config(
         yaml.safe_dump({"version": "v1", "imex": {"channelIDs": [0], "required": True}})
     )
-    with pytest.raises(PreconditionError, match=r"IMEX channel 0 is required"):
+    with pytest.raises(PreconditionError, match=r"IMEX channel 0 does not exist"):
         select_imex_channels(config, lambda _: False)
