@@ -120,7 +120,6 @@ class ClaimPreparer:
     def start(self) -> None:
         """Load the checkpoint, undoing what a stopped process left half done (blocking;
         before the kubelet can call)."""
-        self.data_dir.mkdir(parents=True, exist_ok=True)
         self._checkpoint = recover(self.data_dir, self.cdi_dir)
         prepared = len(self._checkpoint.claims)
         if prepared:
