@@ -2,9 +2,18 @@
 
 The kubelet may ask to unprepare a claim after the plugin restarted, when the claim is
 already deleted from the API: only this file says which CDI spec was written for it. It
-lives in the plugin's data directory (`<plugins dir>/<driver>/checkpoint.json`, next to
-`dra.sock`), written atomically (temp file, fsync, rename, fsync of the directory) with a
-checksum of its content, so a crash leaves the old or the new file, never half of one.
+lives in the plugin's data directory (`<plugins dir>/<driver>/kubegpu-checkpoint.json`,
+next to `dra.sock`), written atomically (temp file, fsync, rename, fsync of the directory)
+with a checksum of its content, so a crash leaves the old or the new file, never half of
+one.
+
+The name is kubegpu's own because the directory is NVIDIA's DRA driver's too (same driver
+name, same kubelet paths): its `checkpoint.json` there is read by NVIDIA's driver at start,
+which refuses to start on a file in any other format. A kubegpu that used that name before
+left its file there: one recognised as kubegpu's by its content is moved to the new name
+at start, and any other file under that name is never opened for writing, moved or deleted.
+A stop with no claim prepared removes the checkpoint, so an uninstall leaves nothing in
+the directory for the next driver to trip on.
 
 A claim's CDI spec is written (atomically, fsync'd) before its record, and its record is
 dropped before its spec is removed, so the one thing a crash can leave is a spec no
@@ -59,10 +68,17 @@ from kubegpu.files import NotRegularFile, read_regular
 
 log = logging.getLogger("kubegpu.dra")
 
-CHECKPOINT_FILE = "checkpoint.json"
+#: kubegpu's own file name in the driver's data directory (see the module doc).
+CHECKPOINT_FILE = "kubegpu-checkpoint.json"
+#: NVIDIA's DRA driver's checkpoint (`{"checksum": <number>, "v1": ...}`, written by the
+#: kubelet's checkpointmanager), and the name kubegpu used before.
+LEGACY_FILE = "checkpoint.json"
 #: Written into the file, checked on load: another program's JSON is not ours.
 KIND = "kubegpu.dra/checkpoint"
 VERSION = 1
+#: How every checkpoint `save` wrote begins (the keys in their order, no spaces), so a
+#: file of ours is known even when it was cut short.
+_SIGNATURE = f'{{"kind":{json.dumps(KIND)}'.encode()
 #: The largest checkpoint read. A record is a few hundred bytes; a node with thousands of
 #: claims stays under a megabyte or two. A bigger file is treated as corrupt.
 MAX_BYTES = 32 * 1024 * 1024
@@ -264,6 +280,7 @@ def recover(data_dir: Path, cdi_dir: Path) -> Checkpoint:
     `DraCheckpointError` when its path holds no file or its directory cannot be written."""
     with _writing(data_dir):
         data_dir.mkdir(parents=True, exist_ok=True)
+    _adopt_legacy(data_dir)
     path = data_dir / CHECKPOINT_FILE
     missing = not os.path.lexists(path)
     try:
@@ -299,6 +316,60 @@ def recover(data_dir: Path, cdi_dir: Path) -> Checkpoint:
     return checkpoint
 
 
+def retire(checkpoint: Checkpoint, cdi_dir: Path) -> bool:
+    """At a stop, after the last call: remove the checkpoint when it records no claim and
+    no claim spec is on disk, so an uninstall leaves nothing behind (the next start writes
+    it again at once); True when removed. A spec without a record keeps it: the next start
+    must know that spec for a crash's leftover and remove it."""
+    try:
+        if checkpoint.claims or any(True for _ in claim_specs(cdi_dir)):
+            return False
+        checkpoint.path.unlink(missing_ok=True)
+    except OSError as exc:
+        log.warning("cannot remove DRA checkpoint %s (%s)", checkpoint.path, exc.strerror or exc)
+        return False
+    log.info("removed DRA checkpoint %s: no claim is prepared", checkpoint.path)
+    # Empty now unless someone else keeps files there; a mount point stays as it is.
+    with contextlib.suppress(OSError):
+        checkpoint.directory.rmdir()
+    return True
+
+
+def written_by_kubegpu(data: bytes) -> bool:
+    """Whether a file's bytes are a kubegpu checkpoint (of any version), told by content."""
+    if data.startswith(_SIGNATURE):
+        return True  # as `save` writes it, even cut short
+    try:
+        raw = json.loads(data)
+    except (ValueError, RecursionError):
+        return False
+    return isinstance(raw, dict) and raw.get("kind") == KIND
+
+
+def _adopt_legacy(data_dir: Path) -> None:
+    """Move a checkpoint an earlier kubegpu left under NVIDIA's name to ours. Anything
+    else under that name, NVIDIA's DRA driver's checkpoint first, is only read."""
+    legacy = data_dir / LEGACY_FILE
+    try:
+        data = read_regular(legacy, MAX_BYTES, follow_links=False)
+    except OSError:
+        return  # absent, unreadable, or no regular file: nothing kubegpu wrote
+    if len(data) > MAX_BYTES or not written_by_kubegpu(data):
+        return
+    path = data_dir / CHECKPOINT_FILE
+    with _writing(data_dir):
+        # Only an older kubegpu writes the old name, so a file there is newer than ours.
+        superseded = _set_aside(path, "superseded") if os.path.lexists(path) else None
+        legacy.replace(path)
+        _fsync_dir(data_dir)
+    log.warning(
+        "moved kubegpu's DRA checkpoint %s to %s: that name is NVIDIA's DRA driver's%s",
+        legacy,
+        path,
+        f" (the checkpoint it replaces is kept as {superseded})" if superseded else "",
+    )
+
+
 def _set_aside(path: Path, reason: str) -> Path:
     """Rename `path` to `<name>.<reason>-<UTC time>` beside it, keeping the newest
     `KEPT_ASIDE` of that reason; the new name."""
@@ -332,6 +403,7 @@ def _writing(data_dir: Path) -> Iterator[None]:
 
 __all__ = [
     "CHECKPOINT_FILE",
+    "LEGACY_FILE",
     "Checkpoint",
     "ClaimRecord",
     "ClaimState",
@@ -341,4 +413,6 @@ __all__ = [
     "claim_specs",
     "recover",
     "remove_spec",
+    "retire",
+    "written_by_kubegpu",
 ]

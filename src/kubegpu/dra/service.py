@@ -38,6 +38,7 @@ from kubegpu.dra.checkpoint import (
     ClaimState,
     recover,
     remove_spec,
+    retire,
 )
 from kubegpu.dra.claims import (
     NVIDIA_DRIVER,
@@ -125,6 +126,11 @@ class ClaimPreparer:
         if prepared:
             log.info("%d prepared claim(s) in the checkpoint", prepared)
         self._restore_specs()
+
+    def stop(self) -> None:
+        """After the last call: remove the checkpoint if no claim is prepared (blocking)."""
+        if self._checkpoint is not None:
+            retire(self._checkpoint, self.cdi_dir)
 
     def _restore_specs(self) -> None:
         """Write again the CDI spec of every prepared claim whose spec is gone.

@@ -6,6 +6,7 @@ import asyncio
 import json
 import os
 import signal
+import stat
 import sys
 from collections.abc import AsyncIterator, Callable
 from pathlib import Path
@@ -19,7 +20,7 @@ from kubegpu.api import pluginregistration_pb2_grpc as reg_grpc
 from kubegpu.cli.options import parse
 from kubegpu.cli.serve import serve
 from kubegpu.daemon import Daemon, DaemonSettings, StartupError
-from kubegpu.dra.checkpoint import CHECKPOINT_FILE
+from kubegpu.dra.checkpoint import CHECKPOINT_FILE, LEGACY_FILE
 from kubegpu.dra.claims import spec_file_name
 from kubegpu.kube import FakeKube
 from kubegpu.plugin.directory import PluginDirectoryError
@@ -29,6 +30,11 @@ from tests.waiting import WAIT
 
 NODE = "node-a"
 DRIVER = "gpu.nvidia.com"
+#: What NVIDIA's DRA driver keeps in `<plugins>/gpu.nvidia.com/checkpoint.json`.
+NVIDIA_CHECKPOINT = (
+    b'{"version":"v2","checksum":2319426367,"v1":{"preparedClaims":{}},'
+    b'"v2":{"checksum":1876543210,"preparedClaims":{}}}'
+)
 
 
 def settings(root: Path, plugins: Path | None = None) -> DaemonSettings:
@@ -155,6 +161,67 @@ async def test_dra_mode_needs_the_node_name() -> None:
     check_serve(parse(serve, ["--mode", "dra", "--node-name", "n1"], {}), {})
 
 
+async def test_a_clean_stop_with_no_claim_prepared_leaves_nothing_for_nvidias_driver(
+    socket_dir: Path,
+) -> None:
+    """After an uninstall NVIDIA's DRA driver must start on the node: its checkpoint is
+    untouched, and nothing of ours is left in its directory, the registry or the CDI
+    directory."""
+    data = socket_dir / "plugins" / DRIVER
+    data.mkdir(parents=True)
+    nvidia = data / LEGACY_FILE
+    nvidia.write_bytes(NVIDIA_CHECKPOINT)
+    kube = FakeKube()
+    running = Daemon(settings(socket_dir), kube=kube)
+    stop = asyncio.Event()
+    task = asyncio.create_task(running.run(stop))
+    await running.started.wait()
+    assert running.dra is not None
+    assert (data / CHECKPOINT_FILE).exists()
+    claim = put_claim(kube, "c", "gpu-0")
+    assert (await running.dra.preparer.prepare([claim]))[claim.uid][1] == ""
+    assert await running.dra.preparer.unprepare([claim]) == {claim.uid: ""}
+    stop.set()
+    await task
+    assert sorted(p.name for p in data.iterdir()) == [LEGACY_FILE]
+    assert nvidia.read_bytes() == NVIDIA_CHECKPOINT
+    assert list((socket_dir / "registry").iterdir()) == []
+    assert list((socket_dir / "cdi").iterdir()) == []
+
+
+async def test_a_kubegpu_checkpoint_at_nvidias_name_is_adopted_with_its_claims(
+    socket_dir: Path,
+) -> None:
+    """An earlier kubegpu kept its checkpoint as `checkpoint.json`: the next start moves
+    it to kubegpu's own name and answers its claims from it."""
+    kube = FakeKube()
+    first = Daemon(settings(socket_dir), kube=kube)
+    stop = asyncio.Event()
+    task = asyncio.create_task(first.run(stop))
+    await first.started.wait()
+    assert first.dra is not None
+    claim = put_claim(kube, "c", "gpu-3")
+    await first.dra.preparer.prepare([claim])
+    stop.set()
+    await task
+    data = socket_dir / "plugins" / DRIVER
+    (data / CHECKPOINT_FILE).rename(data / LEGACY_FILE)
+    # No claim in this API: only the adopted checkpoint can answer it.
+    second = Daemon(settings(socket_dir), kube=FakeKube())
+    stop = asyncio.Event()
+    task = asyncio.create_task(second.run(stop))
+    try:
+        await second.started.wait()
+        assert second.dra is not None
+        devices, error = (await second.dra.preparer.prepare([claim]))[claim.uid]
+        assert error == "" and [d.device for d in devices] == ["gpu-3"]
+        assert not os.path.lexists(data / LEGACY_FILE)
+        assert claim.uid in json.loads((data / CHECKPOINT_FILE).read_text())["claims"]
+    finally:
+        stop.set()
+        await task
+
+
 # -- `serve --mode dra` as a process, with hostile files where the checkpoints go -----------
 
 
@@ -243,3 +310,25 @@ async def test_no_regular_file_at_the_checkpoint_path_ends_serve_with_one_line(
     )
     assert "Traceback" not in out
     assert os.path.lexists(path)
+
+
+@pytest.mark.parametrize("what", [fifo, urandom_link], ids=["fifo", "urandom-link"])
+async def test_a_fifo_or_device_link_at_nvidias_checkpoint_name_is_left_alone(
+    socket_dir: Path, what: Callable[[Path], None]
+) -> None:
+    """`checkpoint.json` is NVIDIA's DRA driver's name: whatever is there is not ours,
+    and `serve` starts beside it without blocking on it; SIGTERM then ends it."""
+    path = plant(socket_dir, LEGACY_FILE, what)
+    before = os.lstat(path)
+    serve = await start_dra_serve(socket_dir)
+    try:
+        await serve.wait_for_line(f"DRA driver {DRIVER}: serving")
+    finally:
+        code, out = await stopped(serve)
+    assert code == 0, out
+    after = os.lstat(path)
+    assert (after.st_ino, stat.S_IFMT(after.st_mode)) == (
+        before.st_ino,
+        stat.S_IFMT(before.st_mode),
+    )
+    assert not os.path.lexists(path.parent / CHECKPOINT_FILE)  # a clean stop, no claim
