@@ -20,6 +20,8 @@
     ├── PluginDirectoryError the device-plugin directory is taken: another serve, a handover
     │                        under way, both socket slots served; exit 1
     │                        (kubegpu.plugin.directory)
+    ├── DraCheckpointError   the DRA checkpoint's path holds no regular file, or its
+    │                        directory cannot be written; exit 1 (kubegpu.dra.checkpoint)
     └── AdmissionError, ContainerStartError, CheckpointError, PrepareError,
         UnprepareError, UnschedulableError
                              the kubelet emulator's own failures (kubegpu.kubelet,

@@ -20,8 +20,6 @@ import copy
 import dataclasses
 import difflib
 import json
-import os
-import stat
 import types
 import typing
 from collections.abc import Iterator, Mapping, Sequence
@@ -31,6 +29,7 @@ from typing import Any, Final
 import pydantic
 from pydantic.fields import FieldInfo
 
+from kubegpu import files
 from kubegpu.config import yamlsafe
 from kubegpu.config.v1 import CONFIG_ADAPTER, SUPPORTED_VERSIONS, VERSION, Config
 from kubegpu.errors import ConfigError
@@ -70,41 +69,20 @@ def read_bytes(path: str | Path) -> bytes:
 
     Only a regular file is read (through links, as a ConfigMap mount has them): a FIFO
     would block the reader until some writer came, and a device such as /dev/urandom
-    never ends and never reads the same twice. Opened non-blocking so that even a FIFO
-    is refused at once instead of waiting for a writer.
+    never ends and never reads the same twice (`kubegpu.files.read_regular`).
     """
     p = Path(path)
     try:
-        fd = os.open(p, os.O_RDONLY | os.O_NONBLOCK | os.O_CLOEXEC)
+        return files.read_regular(p, yamlsafe.MAX_BYTES)
+    except files.NotRegularFile as exc:
+        raise ConfigError(
+            f"{p}: the config file is not a regular file ({exc.kind}); "
+            "point --config-file at a file"
+        ) from exc
     except OSError as exc:
         raise ConfigError(
             f"{p}: cannot read the config file ({exc.strerror}); check the path and mount"
         ) from exc
-    mode = os.fstat(fd).st_mode
-    if not stat.S_ISREG(mode):
-        os.close(fd)
-        raise ConfigError(
-            f"{p}: the config file is not a regular file ({_file_kind(mode)}); "
-            "point --config-file at a file"
-        )
-    with os.fdopen(fd, "rb") as f:
-        try:
-            return f.read(yamlsafe.MAX_BYTES + 1)
-        except OSError as exc:
-            raise ConfigError(
-                f"{p}: cannot read the config file ({exc.strerror}); check the path and mount"
-            ) from exc
-
-
-def _file_kind(mode: int) -> str:
-    kinds = {
-        stat.S_ISDIR: "a directory",
-        stat.S_ISFIFO: "a FIFO",
-        stat.S_ISCHR: "a character device",
-        stat.S_ISBLK: "a block device",
-        stat.S_ISSOCK: "a socket",
-    }
-    return next((name for test, name in kinds.items() if test(mode)), "not a plain file")
 
 
 def load_config(config_file: str | Path | None, overrides: Mapping[str, Any]) -> Config:

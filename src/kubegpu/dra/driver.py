@@ -7,7 +7,8 @@ order of k8s.io/dynamic-resource-allocation/kubeletplugin). Run: both sockets ar
 (`kubegpu.watch`, inotify), and one that is deleted is served again at once: the kubelet
 deregisters a driver whose registration socket disappears and registers it again when
 the socket comes back. Stop: the registration socket goes first, so the kubelet stops
-sending work before the service closes; prepared claims stay in the checkpoint.
+sending work before the service closes; prepared claims stay in the checkpoint, which is
+removed when there are none.
 """
 
 from __future__ import annotations
@@ -175,12 +176,14 @@ class DraDriver:
     async def stop(self) -> None:
         """Registration first (the kubelet stops calling), then the service, whose health
         streams are ended first: they never end by themselves, and grpc's stop waits on
-        them for its whole grace; last, the preparer's threads."""
+        them for its whole grace. Last the preparer: its threads, then the checkpoint,
+        removed if no claim is prepared, so a stop before an uninstall leaves nothing in the
+        data directory."""
         await self.registrar.stop()
         if self.health is not None:
             self.health.close()
         await self.service.stop()
-        self.preparer.close()
+        await asyncio.to_thread(self.preparer.stop)
 
     def ready(self) -> tuple[bool, str]:
         if not self.started.is_set():

@@ -49,6 +49,7 @@ from kubegpu.dra.checkpoint import (
     ClaimState,
     recover,
     remove_spec,
+    retire,
 )
 from kubegpu.dra.claims import (
     NVIDIA_DRIVER,
@@ -175,19 +176,28 @@ class ClaimPreparer:
         self.close()
         self._reads = ThreadPoolExecutor(READ_THREADS, thread_name_prefix="dra-read")
         self._writes = ThreadPoolExecutor(1, thread_name_prefix="dra-write")
-        self.data_dir.mkdir(parents=True, exist_ok=True)
         self._checkpoint = recover(self.data_dir, self.cdi_dir)
         prepared = len(self._checkpoint.claims)
         if prepared:
             log.info("%d prepared claim(s) in the checkpoint", prepared)
         self._restore_specs()
 
-    def close(self) -> None:
-        """Stop the worker threads: queued reads are dropped, a write under way finishes."""
-        for pool in (self._reads, self._writes):
-            if pool is not None:
-                pool.shutdown(wait=False, cancel_futures=True)
+    def close(self, wait: bool = False) -> None:
+        """Stop the worker threads: queued reads are dropped and a read under way is not
+        waited for (the API may be slow); a write under way finishes, waited for with
+        `wait`."""
+        if self._reads is not None:
+            self._reads.shutdown(wait=False, cancel_futures=True)
+        if self._writes is not None:
+            self._writes.shutdown(wait=wait, cancel_futures=True)
         self._reads = self._writes = None
+
+    def stop(self) -> None:
+        """After the last call (blocking): the threads, the write under way waited for, then
+        the checkpoint, removed if no claim is prepared."""
+        self.close(wait=True)
+        if self._checkpoint is not None:
+            retire(self._checkpoint, self.cdi_dir)
 
     async def _run(
         self, pool: ThreadPoolExecutor | None, call: Callable[..., T], *args: object

@@ -29,6 +29,7 @@ from hypothesis import strategies as st
 
 from kubegpu.api import dra_pb2
 from kubegpu.config import Config
+from kubegpu.dra.checkpoint import CHECKPOINT_FILE
 from kubegpu.dra.claims import claim_uid_of
 from kubegpu.dra.driver import DraDriver
 from kubegpu.dra.service import SERVICES, ClaimPreparer
@@ -204,7 +205,7 @@ _STATUS = st.one_of(_RESULTS.map(allocated), _JSON)
 def _expected_files(root: Path) -> set[Path]:
     return {
         root / "plugins" / DRIVER / "dra.sock",
-        root / "plugins" / DRIVER / "checkpoint.json",
+        root / "plugins" / DRIVER / CHECKPOINT_FILE,
         root / "registry" / f"{DRIVER}-reg.sock",
     }
 

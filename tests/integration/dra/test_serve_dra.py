@@ -4,7 +4,11 @@ from __future__ import annotations
 
 import asyncio
 import json
-from collections.abc import AsyncIterator
+import os
+import signal
+import stat
+import sys
+from collections.abc import AsyncIterator, Callable
 from pathlib import Path
 
 import grpc
@@ -16,12 +20,21 @@ from kubegpu.api import pluginregistration_pb2_grpc as reg_grpc
 from kubegpu.cli.options import parse
 from kubegpu.cli.serve import serve
 from kubegpu.daemon import Daemon, DaemonSettings, StartupError
+from kubegpu.dra.checkpoint import CHECKPOINT_FILE, LEGACY_FILE
 from kubegpu.dra.claims import spec_file_name
 from kubegpu.kube import FakeKube
 from kubegpu.plugin.directory import PluginDirectoryError
 from tests.integration.dra.test_driver import put_claim
+from tests.integration.test_serve import Serve, start
+from tests.waiting import WAIT
 
 NODE = "node-a"
+DRIVER = "gpu.nvidia.com"
+#: What NVIDIA's DRA driver keeps in `<plugins>/gpu.nvidia.com/checkpoint.json`.
+NVIDIA_CHECKPOINT = (
+    b'{"version":"v2","checksum":2319426367,"v1":{"preparedClaims":{}},'
+    b'"v2":{"checksum":1876543210,"preparedClaims":{}}}'
+)
 
 
 def settings(root: Path, plugins: Path | None = None) -> DaemonSettings:
@@ -99,7 +112,7 @@ async def test_stopping_removes_the_sockets_and_keeps_the_checkpoint(socket_dir:
     await task
     assert not (socket_dir / "registry" / "gpu.nvidia.com-reg.sock").exists()
     assert not (socket_dir / "plugins" / "gpu.nvidia.com" / "dra.sock").exists()
-    assert (socket_dir / "plugins" / "gpu.nvidia.com" / "checkpoint.json").exists()
+    assert (socket_dir / "plugins" / "gpu.nvidia.com" / CHECKPOINT_FILE).exists()
     assert (socket_dir / "cdi" / spec_file_name(claim.uid)).exists()
 
 
@@ -157,3 +170,176 @@ async def test_dra_mode_needs_the_node_name() -> None:
     with pytest.raises(UsageError, match=r"--mode dra \(KUBEGPU_MODE\) needs --node-name"):
         check_serve(values, {})
     check_serve(parse(serve, ["--mode", "dra", "--node-name", "n1"], {}), {})
+
+
+async def test_a_clean_stop_with_no_claim_prepared_leaves_nothing_for_nvidias_driver(
+    socket_dir: Path,
+) -> None:
+    """After an uninstall NVIDIA's DRA driver must start on the node: its checkpoint is
+    untouched, and nothing of ours is left in its directory, the registry or the CDI
+    directory."""
+    data = socket_dir / "plugins" / DRIVER
+    data.mkdir(parents=True)
+    nvidia = data / LEGACY_FILE
+    nvidia.write_bytes(NVIDIA_CHECKPOINT)
+    kube = FakeKube()
+    running = Daemon(settings(socket_dir), kube=kube)
+    stop = asyncio.Event()
+    task = asyncio.create_task(running.run(stop))
+    await running.started.wait()
+    assert running.dra is not None
+    assert (data / CHECKPOINT_FILE).exists()
+    claim = put_claim(kube, "c", "gpu-0")
+    assert (await running.dra.preparer.prepare([claim]))[claim.uid][1] == ""
+    assert await running.dra.preparer.unprepare([claim]) == {claim.uid: ""}
+    stop.set()
+    await task
+    assert sorted(p.name for p in data.iterdir()) == [LEGACY_FILE]
+    assert nvidia.read_bytes() == NVIDIA_CHECKPOINT
+    assert list((socket_dir / "registry").iterdir()) == []
+    assert list((socket_dir / "cdi").iterdir()) == []
+
+
+async def test_a_kubegpu_checkpoint_at_nvidias_name_is_adopted_with_its_claims(
+    socket_dir: Path,
+) -> None:
+    """An earlier kubegpu kept its checkpoint as `checkpoint.json`: the next start moves
+    it to kubegpu's own name and answers its claims from it."""
+    kube = FakeKube()
+    first = Daemon(settings(socket_dir), kube=kube)
+    stop = asyncio.Event()
+    task = asyncio.create_task(first.run(stop))
+    await first.started.wait()
+    assert first.dra is not None
+    claim = put_claim(kube, "c", "gpu-3")
+    await first.dra.preparer.prepare([claim])
+    stop.set()
+    await task
+    data = socket_dir / "plugins" / DRIVER
+    (data / CHECKPOINT_FILE).rename(data / LEGACY_FILE)
+    # No claim in this API: only the adopted checkpoint can answer it.
+    second = Daemon(settings(socket_dir), kube=FakeKube())
+    stop = asyncio.Event()
+    task = asyncio.create_task(second.run(stop))
+    try:
+        await second.started.wait()
+        assert second.dra is not None
+        devices, error = (await second.dra.preparer.prepare([claim]))[claim.uid]
+        assert error == "" and [d.device for d in devices] == ["gpu-3"]
+        assert not os.path.lexists(data / LEGACY_FILE)
+        assert claim.uid in json.loads((data / CHECKPOINT_FILE).read_text())["claims"]
+    finally:
+        stop.set()
+        await task
+
+
+# -- `serve --mode dra` as a process, with hostile files where the checkpoints go -----------
+
+
+def dra_serve_cmd(root: Path) -> list[str]:
+    return [
+        sys.executable,
+        "-m",
+        "kubegpu.cli",
+        "serve",
+        "--mode",
+        "dra",
+        "--simulate",
+        "h100-8",
+        "--node-name",
+        NODE,
+        "--kubelet-plugins-directory-path",
+        str(root / "plugins"),
+        "--kubelet-registrar-directory-path",
+        str(root / "registry"),
+        "--device-plugin-path",
+        str(root / "dp"),
+    ]
+
+
+async def start_dra_serve(root: Path) -> Serve:
+    # No API server: the slice publisher retries in the background, start-up does not wait.
+    return await start(dra_serve_cmd(root), KUBECONFIG=str(root / "no-kubeconfig"))
+
+
+async def ended(serve: Serve) -> tuple[int, str]:
+    """Wait (up to WAIT) for `serve` to exit by itself; killed if it does not."""
+    try:
+        code = await asyncio.wait_for(serve.proc.wait(), WAIT)
+    finally:
+        if serve.proc.returncode is None:
+            serve.proc.kill()
+            await serve.proc.wait()
+    await asyncio.wait_for(serve._reader, WAIT)
+    return code, "".join(serve.lines)
+
+
+async def stopped(serve: Serve) -> tuple[int, str]:
+    """SIGTERM `serve` and wait (up to WAIT) for its exit; killed if it does not end."""
+    if serve.proc.returncode is None:
+        serve.proc.send_signal(signal.SIGTERM)
+    return await ended(serve)
+
+
+def fifo(path: Path) -> None:
+    os.mkfifo(path)
+
+
+def urandom_link(path: Path) -> None:
+    path.symlink_to("/dev/urandom")
+
+
+def directory(path: Path) -> None:
+    path.mkdir()
+
+
+def plant(root: Path, name: str, what: Callable[[Path], None]) -> Path:
+    path = root / "plugins" / DRIVER / name
+    path.parent.mkdir(parents=True, exist_ok=True)
+    what(path)
+    return path
+
+
+@pytest.mark.parametrize(
+    ("what", "kind"),
+    [(fifo, "a FIFO"), (urandom_link, "a symbolic link"), (directory, "a directory")],
+    ids=["fifo", "urandom-link", "directory"],
+)
+async def test_no_regular_file_at_the_checkpoint_path_ends_serve_with_one_line(
+    socket_dir: Path, what: Callable[[Path], None], kind: str
+) -> None:
+    """Not read (a FIFO would hang the start where SIGTERM cannot end it, /dev/urandom
+    fill memory) and not moved: kubegpu writes only a regular file there."""
+    path = plant(socket_dir, CHECKPOINT_FILE, what)
+    code, out = await ended(await start_dra_serve(socket_dir))
+    assert code == 1, out
+    [line] = [line for line in out.splitlines() if str(path) in line]
+    assert line == (
+        f"kubegpu: DRA checkpoint {path} is {kind}, not a regular file: kubegpu writes "
+        f"nothing else there; remove it and start again (claim CDI specs on disk are kept "
+        f"and adopted)"
+    )
+    assert "Traceback" not in out
+    assert os.path.lexists(path)
+
+
+@pytest.mark.parametrize("what", [fifo, urandom_link], ids=["fifo", "urandom-link"])
+async def test_a_fifo_or_device_link_at_nvidias_checkpoint_name_is_left_alone(
+    socket_dir: Path, what: Callable[[Path], None]
+) -> None:
+    """`checkpoint.json` is NVIDIA's DRA driver's name: whatever is there is not ours,
+    and `serve` starts beside it without blocking on it; SIGTERM then ends it."""
+    path = plant(socket_dir, LEGACY_FILE, what)
+    before = os.lstat(path)
+    serve = await start_dra_serve(socket_dir)
+    try:
+        await serve.wait_for_line(f"DRA driver {DRIVER}: serving")
+    finally:
+        code, out = await stopped(serve)
+    assert code == 0, out
+    after = os.lstat(path)
+    assert (after.st_ino, stat.S_IFMT(after.st_mode)) == (
+        before.st_ino,
+        stat.S_IFMT(before.st_mode),
+    )
+    assert not os.path.lexists(path.parent / CHECKPOINT_FILE)  # a clean stop, no claim
