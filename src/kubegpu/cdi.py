@@ -473,14 +473,22 @@ class CdiWriter:
     async def follow(self, since: int) -> None:
         """Rewrite the specs for every state after version `since` whose inventory or
         config differs from those last written (a root task). A write that fails is
-        retried, for the newest state, until it succeeds."""
+        retried, for the newest state, until it succeeds: start-up's own write too, so a
+        spec directory that refused it (full, read-only for a while) gets the files as
+        soon as it can take them, not at the next change of the node."""
+        if not self._written(self.store.state):
+            since = -1  # the store's current state first: what start-up could not write
         async for state in self.store.subscribe(since):
-            if state.inventory is self._inventory and state.config is self.config:
+            if self._written(state):
                 continue  # only health or MPS readiness moved
             while not await self.write(state):
                 await self._backoff.wait()
                 state = self.store.state
             self._backoff.reset()
+
+    def _written(self, state: NodeState) -> bool:
+        """Whether the files are those of `state`'s inventory and config."""
+        return state.inventory is self._inventory and state.config is self.config
 
     async def write(self, state: NodeState) -> bool:
         """Bring the spec files up to date for `state` (off the loop: it reads the driver

@@ -547,6 +547,33 @@ async def test_a_failed_write_withdraws_the_stale_spec_and_is_retried_until_it_l
     assert len(json.loads(gpu_spec.read_text())["devices"]) == 3  # both GPUs and `all`
 
 
+async def test_a_start_up_write_that_failed_is_retried_until_it_lands(
+    tmp_path: Path, dev_root: Path, caplog: pytest.LogCaptureFixture
+) -> None:
+    """`serve` writes the specs once before the writer's loop starts; a directory that
+    refused that write (not yet mounted, full) once stayed without them until the node
+    changed, while Allocate named CDI devices that did not resolve."""
+    blocker = tmp_path / "cdi-parent"
+    blocker.touch()  # a file where the spec directory's parent belongs: every write fails
+    directory = blocker / "cdi"
+    store = NodeStore()
+    writer = cdi.CdiWriter(store, directory, backoff=Backoff(0.01, 0.01))
+    state = store.update(inventory=PLAIN, config=writer_config(dev_root, gdrcopy=False))
+
+    def failures() -> int:
+        return sum("cannot write the CDI spec" in r.getMessage() for r in caplog.records)
+
+    with caplog.at_level(logging.ERROR, "kubegpu.cdi"):
+        assert not await writer.write(state)  # start-up's write
+        async with Supervisor("test") as tasks:
+            tasks.start("cdi writer", writer.follow(state.version), root=True)
+            await eventually(lambda: failures() >= 2)  # the loop tried again, and failed
+            blocker.unlink()  # the directory can be written now
+            await eventually(lambda: (directory / cdi.DEFAULT_NAME).exists())
+    assert writer.config is state.config
+    assert len(json.loads((directory / cdi.DEFAULT_NAME).read_text())["devices"]) == 3
+
+
 async def test_the_writer_follows_the_inventory_and_the_config(
     tmp_path: Path, dev_root: Path
 ) -> None:
