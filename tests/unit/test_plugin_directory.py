@@ -6,8 +6,10 @@ process contend exactly as two processes do.
 
 from __future__ import annotations
 
+import os
 import shutil
 import socket
+import stat
 import tempfile
 from collections.abc import Iterator
 from pathlib import Path
@@ -191,3 +193,23 @@ def test_a_successor_waits_while_the_directory_is_missing(
     assert not successor.try_own()
     plugin_dir.mkdir()
     assert successor.try_own()
+
+
+@pytest.mark.parametrize("existing", [None, 0o777], ids=["new", "left-open"])
+def test_the_handover_directory_is_the_serve_processes_alone_whatever_the_umask(
+    plugin_dir: Path, held: list[PluginDirectory], existing: int | None
+) -> None:
+    """Created under a permissive umask, or left open by an earlier start: mode 0700, so
+    no other user can hold its lock (the successor slot) or write a takeover request."""
+    handover_dir = plugin_dir / "kubegpu-handover"
+    if existing is not None:
+        handover_dir.mkdir()
+        handover_dir.chmod(existing)
+    umask = os.umask(0)
+    try:
+        owner = PluginDirectory(plugin_dir)
+        held.append(owner)
+        assert owner.acquire() is Role.OWNER
+    finally:
+        os.umask(umask)
+    assert stat.S_IMODE(handover_dir.stat().st_mode) == 0o700

@@ -44,6 +44,7 @@ import fcntl
 import logging
 import os
 import re
+import stat
 from enum import StrEnum
 from pathlib import Path
 
@@ -54,6 +55,8 @@ log = logging.getLogger("kubegpu.plugin")
 
 #: The directory whose lock is the successor slot and which holds the takeover request.
 HANDOVER_DIR = "kubegpu-handover"
+#: Its mode: only the `serve` processes, all of one user, use it (`_make_handover_dir`).
+HANDOVER_DIR_MODE = 0o700
 #: The successor's request to the owner: yield registration to me.
 TAKEOVER_FILE = "takeover"
 #: Socket-name slots: one for the owner, one for its successor.
@@ -131,7 +134,7 @@ class PluginDirectory:
 
     def acquire(self) -> Role:
         """Take this process's role; `PluginDirectoryError` when it has none to take."""
-        self.handover_dir.mkdir(exist_ok=True)
+        self._make_handover_dir()
         self._successor_fd = _lock(self.handover_dir)
         if self._successor_fd is None:
             raise PluginDirectoryError(
@@ -157,6 +160,28 @@ class PluginDirectory:
         self.role = Role.SUCCESSOR
         self.slot = self._free_slot()
         return self.role
+
+    def _make_handover_dir(self) -> None:
+        """Create `kubegpu-handover/` for the `serve` processes alone (mode 0700).
+
+        Only they open it (its flock is the successor slot) and write in it (the takeover
+        request), all as the same user. Anyone else who could open it could hold that lock
+        and write a request, and an owner would hand registration over to nobody. mkdir's
+        mode is cut by the umask, and a directory made before (by an older kubegpu, under a
+        permissive umask) keeps its mode, so the mode is set outright.
+        """
+        path = self.handover_dir
+        path.mkdir(mode=HANDOVER_DIR_MODE, exist_ok=True)
+        try:
+            if stat.S_IMODE(path.stat().st_mode) != HANDOVER_DIR_MODE:
+                path.chmod(HANDOVER_DIR_MODE)
+        except OSError as exc:
+            log.warning(
+                "cannot set the mode of %s to %o (%s); other users may open it",
+                path,
+                HANDOVER_DIR_MODE,
+                exc.strerror or exc,
+            )
 
     def _free_slot(self) -> int:
         busy = {
