@@ -25,7 +25,11 @@ nothing held:
 
 The request to yield is the file `kubegpu-handover/takeover`, written by the successor once
 the kubelet holds its device lists; the owner watches for it (inotify), yields (releases
-the owner lock) and deletes it, which wakes the successor to take the owner lock.
+the owner lock) and deletes it, which wakes the successor to take the owner lock. The
+process that yielded then waits for the owner lock itself (`own_again`): should the
+successor stop or die before this process gets its SIGTERM, it owns the directory again
+and registers again, so a successor that dies never leaves the node with nobody
+registered.
 
 Socket names: the successor must not clobber the sockets the owner serves (the owner would
 see its socket vanish and re-register, fighting the successor for the kubelet). Each
@@ -38,13 +42,16 @@ suffice because at most two processes serve: an owner and one successor.
 
 from __future__ import annotations
 
+import asyncio
 import contextlib
 import errno
 import fcntl
+import functools
 import logging
 import os
 import re
 import stat
+import threading
 from enum import StrEnum
 from pathlib import Path
 
@@ -254,6 +261,21 @@ class PluginDirectory:
         # Deleting the request is what wakes the successor to take the lock.
         self.takeover_file.unlink(missing_ok=True)
 
+    async def own_again(self) -> None:
+        """After `yield_ownership`: return once this process owns the directory again,
+        which is once its successor has stopped (or died) and no other process owns it.
+
+        First the successor lock: the successor lets it go only after it took the owner
+        lock, or when it dies, so waiting for it never takes the owner lock from a
+        successor on its way to it. Then the owner lock itself. Both waits are the
+        kernel's (`_wait_lock`): a successor killed by SIGKILL wakes this at once.
+        """
+        # No handover directory: nobody holds the successor lock.
+        with contextlib.suppress(FileNotFoundError):
+            os.close(await _wait_lock(self.handover_dir))
+        self._owner_fd = await _wait_lock(self.path)
+        self.role = Role.OWNER
+
     def release(self) -> None:
         """Let go of every lock (the process is stopping)."""
         fd, self._owner_fd = self._owner_fd, None
@@ -286,6 +308,51 @@ def _lock(path: Path, *, missing_ok: bool = False) -> int | None:
             f"device-plugin directory {path}: cannot lock it ({exc})"
         ) from exc
     return fd
+
+
+async def _wait_lock(path: Path) -> int:
+    """An exclusive `flock` on the directory `path`, waited for: its descriptor.
+
+    The kernel wakes a blocked `flock` the moment the holder lets go or dies, SIGKILL
+    included, so nothing polls; the libraries that wait for a lock (filelock, fasteners)
+    retry a non-blocking one at an interval instead, hence this. The blocking call runs in
+    a thread of its own, not the loop's executor: it cannot be interrupted, so a cancelled
+    wait leaves it behind (a daemon thread, which never holds up an exit), and a lock it
+    gets after that is let go at once.
+    """
+    loop = asyncio.get_running_loop()
+    got: asyncio.Future[int] = loop.create_future()
+
+    def deliver(fd: int) -> None:  # on the loop
+        if got.cancelled():
+            os.close(fd)
+        else:
+            got.set_result(fd)
+
+    def fail(exc: OSError) -> None:  # on the loop
+        if not got.cancelled():
+            got.set_exception(exc)
+
+    def wait() -> None:  # in the thread
+        fd: int | None = None
+        try:
+            fd = os.open(path, os.O_RDONLY | os.O_DIRECTORY | os.O_CLOEXEC)
+            fcntl.flock(fd, fcntl.LOCK_EX)
+        except OSError as exc:
+            if fd is not None:
+                os.close(fd)
+            fd = None
+            done = functools.partial(fail, exc)
+        else:
+            done = functools.partial(deliver, fd)
+        try:
+            loop.call_soon_threadsafe(done)
+        except RuntimeError:  # the loop is closed: nobody waits for the lock any more
+            if fd is not None:
+                os.close(fd)
+
+    threading.Thread(target=wait, name=f"flock {path}", daemon=True).start()
+    return await got
 
 
 def _entries(path: Path) -> list[Path]:

@@ -155,6 +155,13 @@ class DevicePluginServicer(pb_grpc.DevicePluginServicer):
         process after a successor registered would replace the successor's."""
         self._frozen = True
 
+    async def thaw(self) -> None:
+        """Send device lists again after `freeze` (the successor stopped first): an open
+        stream sends the newest list at once if it changed meanwhile."""
+        async with self._changed:
+            self._frozen = False
+            self._changed.notify_all()
+
     async def close(self) -> None:
         """End every ListAndWatch stream (the server is going away or being replaced)."""
         async with self._changed:
