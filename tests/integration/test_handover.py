@@ -126,13 +126,16 @@ async def test_the_old_process_registers_again_when_its_successor_dies_first(
     def registered() -> list[str]:
         return [r.endpoint for r in kubelet.registrations if r.ok]
 
+    def describe() -> str:
+        return f"registrations {registered()}, endpoints {kubelet.endpoints(GPU)}"
+
     try:
         await kubelet.wait_for_resource(GPU, capacity=4, allocatable=4)
         new = await start([*cmd, "--handover"])
         await new.wait_for_line("took over registration")
         code, _ = await new.stop(signal.SIGKILL)
         assert code == -signal.SIGKILL
-        await kubelet.wait_for(lambda: registered() == [OLD, NEW, OLD])
+        await kubelet.wait_for(lambda: registered() == [OLD, NEW, OLD], describe=describe)
         await kubelet.wait_for(lambda: kubelet.endpoints(GPU) == {OLD: True})
         await kubelet.wait_for_resource(GPU, capacity=4, allocatable=4)
         assert len((await kubelet.allocate(GPU, 2)).device_ids) == 2
@@ -140,7 +143,7 @@ async def test_the_old_process_registers_again_when_its_successor_dies_first(
         # The DaemonSet restarts the new pod: a handover as the first one.
         again = await start([*cmd, "--handover"])
         await again.wait_for_line("took over registration")
-        await kubelet.wait_for(lambda: registered()[:4] == [OLD, NEW, OLD, NEW])
+        await kubelet.wait_for(lambda: registered()[:4] == [OLD, NEW, OLD, NEW], describe=describe)
         code, out = await old.stop()
         assert code == 0, out
         assert out.count("handed registration over") == 2
