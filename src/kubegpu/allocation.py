@@ -246,7 +246,11 @@ def build_response(
             )
         if plugin.pass_device_specs:
             specs = device_node_specs(
-                units, spec.control_device_paths, flags.dev_root, [c.path for c in imex_channels]
+                units,
+                spec.control_device_paths,
+                flags.dev_root,
+                [c.path for c in imex_channels],
+                stand_in=stands_in(spec.simulated, flags.nvidia_dev_root),
             )
 
     edits = ContainerEdits(
@@ -270,7 +274,11 @@ def _amd_response(
     return ContainerEdits(
         envs={AMD_VISIBLE_DEVICES: ",".join(ids)},
         device_specs=device_node_specs(
-            units, spec.control_device_paths, config.flags.dev_root, control_first=False
+            units,
+            spec.control_device_paths,
+            config.flags.dev_root,
+            control_first=False,
+            stand_in=stands_in(spec.simulated, config.flags.nvidia_dev_root),
         ),
     )
 
@@ -282,19 +290,27 @@ def device_node_specs(
     extra_paths: Sequence[str] = (),
     *,
     control_first: bool = True,
+    stand_in: bool = False,
 ) -> tuple[DeviceNodeSpec, ...]:
     """Device nodes for runtimes without the NVIDIA hook.
 
     NVIDIA's order: control nodes (nvidiactl, uvm, uvm-tools, modeset), then per-GPU
     nodes, then IMEX channels. Host paths sit under the dev root (the driver
     container's /dev when it owns the nodes); container paths are the plain /dev paths
-    the driver libraries expect.
+    the driver libraries expect. With `stand_in` (`stands_in`) the GPUs' and control
+    nodes are bound from `SIMULATED_DEVICE_NODE`; `extra_paths` (IMEX channels, named
+    only when the host has them) never are.
     """
     own = [p for unit in units for p in unit.device_paths]
     ordered = [*control_paths, *own] if control_first else [*own, *control_paths]
+    simulated = frozenset(ordered) if stand_in else frozenset()
     paths = dict.fromkeys([*ordered, *extra_paths])
     return tuple(
-        DeviceNodeSpec(container_path=p, host_path=under_root(dev_root, p), permissions="rw")
+        DeviceNodeSpec(
+            container_path=p,
+            host_path=SIMULATED_DEVICE_NODE if p in simulated else under_root(dev_root, p),
+            permissions="rw",
+        )
         for p in paths
     )
 
@@ -313,6 +329,22 @@ def merge(first: ContainerEdits, second: ContainerEdits) -> ContainerEdits:
         cdi_devices=first.cdi_devices
         + tuple(c for c in second.cdi_devices if c not in first.cdi_devices),
     )
+
+
+#: What a simulated GPU's device nodes are bound from when no device root of nodes made for
+#: it is configured (`nvidiaDevRoot`): a character device every Linux host has. Runtimes
+#: stat each device node's host path (CDI's `hostPath`, or its `path` when absent; the
+#: device plugin's `host_path`) and refuse the container when it is missing, and a node
+#: without GPUs has no `/dev/nvidia*`. The container still sees the GPU's own path
+#: (`/dev/nvidia0`), as a null device: nothing there pretends to be a GPU, and no real GPU
+#: of the host is handed out under a simulated one's name.
+SIMULATED_DEVICE_NODE = "/dev/null"
+
+
+def stands_in(simulated: bool, nvidia_dev_root: str | None) -> bool:
+    """Whether device nodes are bound from `SIMULATED_DEVICE_NODE`: those of simulated
+    devices, unless `nvidiaDevRoot` names a tree of nodes made for them (`mknod`)."""
+    return simulated and nvidia_dev_root in (None, "", "/")
 
 
 def under_root(root: str, path: str) -> str:

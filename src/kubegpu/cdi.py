@@ -36,7 +36,14 @@ from typing import Any
 
 import yaml
 
-from kubegpu.allocation import CDI_STRATEGIES, ImexChannel, cdi_device_name, under_root
+from kubegpu.allocation import (
+    CDI_STRATEGIES,
+    SIMULATED_DEVICE_NODE,
+    ImexChannel,
+    cdi_device_name,
+    stands_in,
+    under_root,
+)
 from kubegpu.config import Config
 from kubegpu.devices.model import Gpu, Inventory, MigDevice
 from kubegpu.errors import ConfigError
@@ -88,18 +95,23 @@ def generate_spec(
 
     `dev_root` is the host directory whose `dev/` holds the device nodes (default: the
     driver root); optional nodes are looked for there when it is given, else under the
-    local view of the driver root. `nvidia_ctk_path` (host path) adds an
-    `update-ldcache` createContainer hook for the mounted library directories.
+    local view of the driver root. Simulated GPUs' nodes are bound from `/dev/null`
+    unless `dev_root` is given (`allocation.stands_in`). `nvidia_ctk_path` (host path)
+    adds an `update-ldcache` createContainer hook for the mounted library directories.
     """
     if device_id_strategy not in ("uuid", "index"):
         raise ConfigError(f"device-id-strategy {device_id_strategy!r} is not one of: uuid, index")
     local_root = Path(container_driver_root or driver_root)
     host_dev_root = dev_root or driver_root
     local_dev_root = Path(dev_root) if dev_root else local_root
+    # A simulated node has no /dev/nvidia*, and the runtime stats every host path.
+    stand_in = stands_in(inventory.simulated, dev_root)
 
     def node(path: str) -> dict[str, Any]:
         entry: dict[str, Any] = {"path": path}
-        if host_dev_root not in ("", "/"):
+        if stand_in:
+            entry["hostPath"] = SIMULATED_DEVICE_NODE
+        elif host_dev_root not in ("", "/"):
             entry["hostPath"] = under_root(host_dev_root, path)
         return entry
 
@@ -473,14 +485,22 @@ class CdiWriter:
     async def follow(self, since: int) -> None:
         """Rewrite the specs for every state after version `since` whose inventory or
         config differs from those last written (a root task). A write that fails is
-        retried, for the newest state, until it succeeds."""
+        retried, for the newest state, until it succeeds: start-up's own write too, so a
+        spec directory that refused it (full, read-only for a while) gets the files as
+        soon as it can take them, not at the next change of the node."""
+        if not self._written(self.store.state):
+            since = -1  # the store's current state first: what start-up could not write
         async for state in self.store.subscribe(since):
-            if state.inventory is self._inventory and state.config is self.config:
+            if self._written(state):
                 continue  # only health or MPS readiness moved
             while not await self.write(state):
                 await self._backoff.wait()
                 state = self.store.state
             self._backoff.reset()
+
+    def _written(self, state: NodeState) -> bool:
+        """Whether the files are those of `state`'s inventory and config."""
+        return state.inventory is self._inventory and state.config is self.config
 
     async def write(self, state: NodeState) -> bool:
         """Bring the spec files up to date for `state` (off the loop: it reads the driver

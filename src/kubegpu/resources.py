@@ -111,6 +111,8 @@ class ResourceSpec:
     #: Device nodes every container of this vendor needs (nvidiactl, uvm, kfd).
     control_device_paths: tuple[str, ...] = ()
     vendor: Vendor = Vendor.NVIDIA
+    #: The devices are simulated ones (`Inventory.simulated`): no device node is real.
+    simulated: bool = False
     #: What GetPreferredAllocation reads of these devices (pair weights, ranks, replicas),
     #: built here with the spec so that no request pays for it.
     placement: Fabric = field(init=False, repr=False, compare=False)
@@ -175,6 +177,7 @@ def build_resources(inventory: Inventory, config: Config) -> tuple[ResourceSpec,
                 shared_by=entry,
                 control_device_paths=inventory.control_device_paths,
                 vendor=vendor,
+                simulated=inventory.simulated,
             )
         )
     return tuple(specs)

@@ -18,6 +18,7 @@ Under each kubelet the emulator models:
 
 from __future__ import annotations
 
+import signal
 from collections.abc import AsyncIterator
 from pathlib import Path
 
@@ -107,6 +108,51 @@ async def test_a_successor_takes_over_registration_without_a_gap(
         # one registration more made it healthy again.
         assert history == [(4, 4), (4, 0), (4, 4)]
         assert [r.endpoint for r in kubelet.registrations] == [OLD, NEW, NEW]
+
+
+async def test_the_old_process_registers_again_when_its_successor_dies_first(
+    each_kubelet: KubeletEmulator,
+) -> None:
+    """The successor is killed right after it took over, before the old process got its
+    SIGTERM: the old process owns the directory again and registers again, so the node's
+    GPUs come back (under 1.36 the kubelet marked them unhealthy when the successor's
+    stream ended), and the successor, restarted, takes over from it once more."""
+    kubelet = each_kubelet
+    plugin_dir = kubelet.plugin_dir
+    cmd = serve_cmd(plugin_dir, "--simulate", "a10g-4")
+    old = await start(cmd)
+    new = again = None
+
+    def registered() -> list[str]:
+        return [r.endpoint for r in kubelet.registrations if r.ok]
+
+    def describe() -> str:
+        return f"registrations {registered()}, endpoints {kubelet.endpoints(GPU)}"
+
+    try:
+        await kubelet.wait_for_resource(GPU, capacity=4, allocatable=4)
+        new = await start([*cmd, "--handover"])
+        await new.wait_for_line("took over registration")
+        code, _ = await new.stop(signal.SIGKILL)
+        assert code == -signal.SIGKILL
+        await kubelet.wait_for(lambda: registered() == [OLD, NEW, OLD], describe=describe)
+        await kubelet.wait_for(lambda: kubelet.endpoints(GPU) == {OLD: True})
+        await kubelet.wait_for_resource(GPU, capacity=4, allocatable=4)
+        assert len((await kubelet.allocate(GPU, 2)).device_ids) == 2
+
+        # The DaemonSet restarts the new pod: a handover as the first one.
+        again = await start([*cmd, "--handover"])
+        await again.wait_for_line("took over registration")
+        await kubelet.wait_for(lambda: registered()[:4] == [OLD, NEW, OLD, NEW], describe=describe)
+        code, out = await old.stop()
+        assert code == 0, out
+        assert out.count("handed registration over") == 2
+        await kubelet.wait_for(lambda: kubelet.endpoints(GPU) == {NEW: True})
+        await kubelet.wait_for_resource(GPU, capacity=4, allocatable=4)
+    finally:
+        for serve in (again, new, old):
+            if serve is not None and serve.proc.returncode is None:
+                await serve.stop()
 
 
 async def test_without_handover_a_second_serve_is_still_refused_and_a_successor_is_not(

@@ -295,6 +295,34 @@ async def test_an_owner_that_handed_over_does_not_register_again(
         assert k.allocatable(GPU) == 0
 
 
+async def test_an_owner_that_handed_over_registers_again_what_it_serves_now(
+    socket_dir: Path, tmp_path: Path
+) -> None:
+    """The successor stopped first (`resume_registration`): the process registers again,
+    and serves a resource that appeared while the successor served the node."""
+    config = tmp_path / "config.yaml"
+    config.write_text("version: v1\n")
+    async with running_node(socket_dir, "t4-1", config_file=config) as node:
+        k = node.kubelet
+        await k.wait_for_resource(GPU, capacity=1, allocatable=1)
+        manager = node.daemon.manager
+        await manager.yield_registration()
+        tmp = config.with_suffix(".tmp")
+        tmp.write_text(
+            "version: v1\n"
+            "sharing:\n"
+            "  timeSlicing:\n"
+            "    resources: [{name: nvidia.com/gpu, rename: nvidia.com/gpu.shared, replicas: 2}]\n"
+        )
+        tmp.replace(config)
+        # Applied while yielded: the new name is not served by this process.
+        await eventually(lambda: not manager.servers)
+        await manager.resume_registration()
+        await k.wait_for_resource("nvidia.com/gpu.shared", capacity=2, allocatable=2)
+        assert [r.resource for r in k.registrations if r.ok] == [GPU, "nvidia.com/gpu.shared"]
+        await eventually(lambda: node.daemon.ready() == (True, "ok"))
+
+
 async def test_deleted_plugin_socket_is_served_again(socket_dir: Path) -> None:
     async with running_node(socket_dir, "t4-1") as node:
         await node.kubelet.wait_for_resource(GPU, allocatable=1)

@@ -8,7 +8,7 @@ from pathlib import Path
 
 import pytest
 
-from kubegpu.cdi import cdi_device_name
+from kubegpu.cdi import DEFAULT_NAME, cdi_device_name
 from tests.integration.test_plugin import GPU, running_node
 from tests.waiting import eventually
 
@@ -147,6 +147,28 @@ async def test_cdi_cri_writes_spec_and_answers_with_its_names(socket_dir: Path) 
         assert "NVIDIA_VISIBLE_DEVICES" not in a.envs
         (annotation,) = a.annotations.values()
         assert annotation == name
+
+
+async def test_a_cdi_directory_that_refused_the_start_up_write_gets_the_spec_later(
+    socket_dir: Path,
+) -> None:
+    """The spec directory cannot be written when `serve` starts (here its parent is a
+    file); once it can, the spec lands without a restart and Allocate's names resolve."""
+    blocker = socket_dir / "cdi-parent"
+    blocker.touch()
+    cdi_dir = blocker / "cdi"
+    overrides = {"flags.plugin.deviceListStrategy": ["cdi-cri"]}
+    async with running_node(socket_dir, "a10g-4", overrides, cdi_dir=cdi_dir) as node:
+        k = node.kubelet
+        await k.wait_for_resource(GPU, allocatable=4)
+        assert not cdi_dir.exists()
+        blocker.unlink()
+        spec_file = cdi_dir / DEFAULT_NAME
+        await eventually(spec_file.exists)
+        a = await k.allocate(GPU, 1)
+        names = {d["name"] for d in json.loads(spec_file.read_text())["devices"]}
+        assert [n.split("=", 1)[1] for n in a.cdi_devices] == [a.device_ids[0]]
+        assert a.device_ids[0] in names
 
 
 async def _get(port: int, path: str) -> tuple[int, str]:

@@ -20,7 +20,9 @@ from kubegpu.cli import cdi as cdi_cli
 from kubegpu.cli import options as cli_options
 from kubegpu.config import Config, parse_config
 from kubegpu.devices.model import Gpu, Inventory, MigDevice
+from kubegpu.devices.simulated import SimulatedBackend
 from kubegpu.errors import ConfigError
+from kubegpu.resources import build_resources
 from kubegpu.state import NodeStore
 from kubegpu.supervisor import Supervisor
 from kubegpu.watch import Backoff
@@ -334,6 +336,75 @@ def test_cli_generate_simulated(
     assert yaml.safe_load(capsys.readouterr().out)["kind"] == cdi.KIND
 
 
+def runtime_device_nodes(spec: dict[str, Any]) -> list[tuple[str, str]]:
+    """(container path, host path) of every device node a CDI runtime injects from `spec`,
+    each host path checked as containerd's CDI library does (`fillMissingInfo`: a node
+    without `type` and `major` is `lstat`ed at `hostPath`, else `path`, and must be a
+    device): AssertionError naming the first one a runtime would refuse."""
+    edits = [spec.get("containerEdits", {}), *(d["containerEdits"] for d in spec["devices"])]
+    found = []
+    for node in (n for e in edits for n in e.get("deviceNodes", [])):
+        host = node.get("hostPath") or node["path"]
+        if not (node.get("type") and node.get("major")):
+            try:
+                mode = os.lstat(host).st_mode
+            except FileNotFoundError:
+                raise AssertionError(f"failed to stat CDI host device {host!r}") from None
+            assert stat.S_ISCHR(mode), f"{host} is not a character device"
+        found.append((node["path"], host))
+    return found
+
+
+def simulated_config(**flags: Any) -> Config:
+    flags = {"plugin": {"deviceListStrategy": ["cdi-cri"], "passDeviceSpecs": True}, **flags}
+    return parse_config(json.dumps({"version": "v1", "flags": flags}))
+
+
+@pytest.mark.parametrize("preset", ["h100-8", "a100-40gb-mig"])
+def test_a_simulated_node_spec_names_host_devices_every_node_has(preset: str) -> None:
+    """A node without GPUs has no /dev/nvidia*: the runtime refused every container of a
+    simulated node (`failed to stat CDI host device "/dev/nvidiactl"`). Each node is
+    bound from /dev/null; the container keeps the GPU's usual paths."""
+    inventory = SimulatedBackend.load(preset).discover()
+    specs = cdi.node_specs(inventory, simulated_config())
+    nodes = runtime_device_nodes(specs[cdi.DEFAULT_NAME])
+    assert {host for _, host in nodes} == {allocation.SIMULATED_DEVICE_NODE}
+    wanted = {*inventory.control_device_paths}
+    for g in inventory.gpus:
+        wanted.update(g.device_paths)
+        wanted.update(p for m in g.mig_devices for p in m.device_paths)
+    assert {path for path, _ in nodes} == wanted
+    assert "/dev/nvidia0" in wanted and "/dev/nvidiactl" in wanted
+
+
+def test_a_simulated_node_with_a_dev_root_uses_the_nodes_made_there(tmp_path: Path) -> None:
+    """`nvidiaDevRoot` names a tree of nodes made for the simulated GPUs: those are bound."""
+    inventory = SimulatedBackend.load("t4-1").discover()
+    specs = cdi.node_specs(inventory, simulated_config(nvidiaDevRoot=str(tmp_path)))
+    edits = specs[cdi.DEFAULT_NAME]["containerEdits"]
+    assert edits["deviceNodes"][0] == {
+        "path": "/dev/nvidiactl",
+        "hostPath": f"{tmp_path}/dev/nvidiactl",
+    }
+
+
+def test_a_simulated_gpus_device_specs_name_host_devices_every_node_has() -> None:
+    """The device plugin's own device nodes (`passDeviceSpecs`) are stat'ed by the
+    runtime just the same."""
+    inventory = SimulatedBackend.load("a10g-4").discover()
+    config = simulated_config(plugin={"deviceListStrategy": ["envvar"], "passDeviceSpecs": True})
+    [spec] = build_resources(inventory, config)
+    edits = allocation.build_response(spec, spec.devices[1:3], config, response_id="r")
+    nodes = [(d.container_path, d.host_path) for d in edits.device_specs]
+    assert [path for path, _ in nodes] == [
+        *inventory.control_device_paths,
+        "/dev/nvidia1",
+        "/dev/nvidia2",
+    ]
+    for _, host in nodes:
+        assert stat.S_ISCHR(os.lstat(host).st_mode), host
+
+
 def test_imex_channel_spec_matches_the_names_allocate_uses() -> None:
     from kubegpu.allocation import ImexChannel, cdi_device_name
 
@@ -545,6 +616,33 @@ async def test_a_failed_write_withdraws_the_stale_spec_and_is_retried_until_it_l
     assert len(attempts) == 3 and writer.config is grown.config
     assert cdi.available_classes(directory) == {"gpu"}
     assert len(json.loads(gpu_spec.read_text())["devices"]) == 3  # both GPUs and `all`
+
+
+async def test_a_start_up_write_that_failed_is_retried_until_it_lands(
+    tmp_path: Path, dev_root: Path, caplog: pytest.LogCaptureFixture
+) -> None:
+    """`serve` writes the specs once before the writer's loop starts; a directory that
+    refused that write (not yet mounted, full) once stayed without them until the node
+    changed, while Allocate named CDI devices that did not resolve."""
+    blocker = tmp_path / "cdi-parent"
+    blocker.touch()  # a file where the spec directory's parent belongs: every write fails
+    directory = blocker / "cdi"
+    store = NodeStore()
+    writer = cdi.CdiWriter(store, directory, backoff=Backoff(0.01, 0.01))
+    state = store.update(inventory=PLAIN, config=writer_config(dev_root, gdrcopy=False))
+
+    def failures() -> int:
+        return sum("cannot write the CDI spec" in r.getMessage() for r in caplog.records)
+
+    with caplog.at_level(logging.ERROR, "kubegpu.cdi"):
+        assert not await writer.write(state)  # start-up's write
+        async with Supervisor("test") as tasks:
+            tasks.start("cdi writer", writer.follow(state.version), root=True)
+            await eventually(lambda: failures() >= 2)  # the loop tried again, and failed
+            blocker.unlink()  # the directory can be written now
+            await eventually(lambda: (directory / cdi.DEFAULT_NAME).exists())
+    assert writer.config is state.config
+    assert len(json.loads((directory / cdi.DEFAULT_NAME).read_text())["devices"]) == 3
 
 
 async def test_the_writer_follows_the_inventory_and_the_config(

@@ -6,9 +6,14 @@ process contend exactly as two processes do.
 
 from __future__ import annotations
 
+import asyncio
+import fcntl
+import os
 import shutil
 import socket
+import stat
 import tempfile
+import threading
 from collections.abc import Iterator
 from pathlib import Path
 
@@ -21,6 +26,7 @@ from kubegpu.plugin.directory import (
     slot_socket_name,
     socket_slot,
 )
+from tests.waiting import WAIT, eventually
 
 NAME = "kubegpu-nvidia.com-gpu.sock"
 
@@ -191,3 +197,102 @@ def test_a_successor_waits_while_the_directory_is_missing(
     assert not successor.try_own()
     plugin_dir.mkdir()
     assert successor.try_own()
+
+
+@pytest.mark.parametrize("existing", [None, 0o777], ids=["new", "left-open"])
+def test_the_handover_directory_is_the_serve_processes_alone_whatever_the_umask(
+    plugin_dir: Path, held: list[PluginDirectory], existing: int | None
+) -> None:
+    """Created under a permissive umask, or left open by an earlier start: mode 0700, so
+    no other user can hold its lock (the successor slot) or write a takeover request."""
+    handover_dir = plugin_dir / "kubegpu-handover"
+    if existing is not None:
+        handover_dir.mkdir()
+        handover_dir.chmod(existing)
+    umask = os.umask(0)
+    try:
+        owner = PluginDirectory(plugin_dir)
+        held.append(owner)
+        assert owner.acquire() is Role.OWNER
+    finally:
+        os.umask(umask)
+    assert stat.S_IMODE(handover_dir.stat().st_mode) == 0o700
+
+
+def handed_over(plugin_dir: Path, held: list[PluginDirectory]) -> tuple[PluginDirectory, ...]:
+    """An owner that yielded to a successor that asked; the successor has not owned yet."""
+    owner = PluginDirectory(plugin_dir)
+    successor = PluginDirectory(plugin_dir, handover=True)
+    held.extend([owner, successor])
+    owner.acquire()
+    successor.acquire()
+    successor.request_takeover()
+    owner.yield_ownership()
+    return owner, successor
+
+
+def waiting_on(path: Path) -> bool:
+    """Whether a thread of `own_again` waits for the lock on `path`."""
+    return any(t.name == f"flock {path}" for t in threading.enumerate())
+
+
+async def test_an_owner_that_yielded_owns_again_when_its_successor_dies(
+    plugin_dir: Path, held: list[PluginDirectory]
+) -> None:
+    owner, successor = handed_over(plugin_dir, held)
+    assert successor.try_own()
+    again = asyncio.create_task(owner.own_again())
+    await eventually(lambda: waiting_on(plugin_dir))
+    assert not again.done()
+    successor.release()  # what the kernel does when the successor is killed
+    await asyncio.wait_for(again, WAIT)
+    assert owner.role is Role.OWNER
+    # It owns the directory: the next `serve --handover` is its successor.
+    follower = PluginDirectory(plugin_dir, handover=True)
+    held.append(follower)
+    assert follower.acquire() is Role.SUCCESSOR
+
+
+async def test_waiting_to_own_again_leaves_the_lock_to_a_successor_on_its_way_to_it(
+    plugin_dir: Path, held: list[PluginDirectory]
+) -> None:
+    """Between the yield and the successor's taking the owner lock, the lock is free; the
+    yielded owner must not take it back then, only once the successor has stopped."""
+    owner, successor = handed_over(plugin_dir, held)
+    again = asyncio.create_task(owner.own_again())
+    await eventually(lambda: waiting_on(successor.handover_dir))
+    assert successor.try_own()
+    await eventually(lambda: waiting_on(plugin_dir))
+    assert not again.done()
+    successor.release()
+    await asyncio.wait_for(again, WAIT)
+    assert owner.role is Role.OWNER
+
+
+async def test_a_cancelled_wait_to_own_again_holds_nothing(
+    plugin_dir: Path, held: list[PluginDirectory]
+) -> None:
+    """SIGTERM while waiting: the thread blocked in flock is left behind, and lets go of
+    the lock as soon as it gets it."""
+    owner, successor = handed_over(plugin_dir, held)
+    assert successor.try_own()
+    again = asyncio.create_task(owner.own_again())
+    await eventually(lambda: waiting_on(plugin_dir))
+    again.cancel()
+    with pytest.raises(asyncio.CancelledError):
+        await again
+    successor.release()
+    await eventually(lambda: lockable(plugin_dir))
+    assert owner.role is Role.YIELDED
+
+
+def lockable(path: Path) -> bool:
+    """Whether nobody holds the flock on `path` (taken and let go at once)."""
+    fd = os.open(path, os.O_RDONLY | os.O_DIRECTORY)
+    try:
+        fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
+    except BlockingIOError:
+        return False
+    finally:
+        os.close(fd)
+    return True

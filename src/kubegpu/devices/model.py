@@ -192,6 +192,9 @@ class Inventory:
     backend: str = ""
     #: AMD node facts; None unless the AMD backend produced this snapshot.
     amd: AmdNode | None = None
+    #: Made up (the simulated backend): the device nodes named are not this host's, so
+    #: containers get stand-ins for them (`allocation.SIMULATED_DEVICE_NODE`).
+    simulated: bool = False
 
     def gpu(self, uuid: str) -> Gpu:
         for gpu in self.gpus:

@@ -548,6 +548,7 @@ class SimulatedBackend:
                 cuda_driver_version=spec.cuda_version,
                 control_device_paths=REQUIRED_CONTROL_DEVICES,
                 backend=self.name,
+                simulated=True,
             )
 
     # -- fault injection (any thread) ---------------------------------------------------

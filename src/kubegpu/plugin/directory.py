@@ -25,7 +25,11 @@ nothing held:
 
 The request to yield is the file `kubegpu-handover/takeover`, written by the successor once
 the kubelet holds its device lists; the owner watches for it (inotify), yields (releases
-the owner lock) and deletes it, which wakes the successor to take the owner lock.
+the owner lock) and deletes it, which wakes the successor to take the owner lock. The
+process that yielded then waits for the owner lock itself (`own_again`): should the
+successor stop or die before this process gets its SIGTERM, it owns the directory again
+and registers again, so a successor that dies never leaves the node with nobody
+registered.
 
 Socket names: the successor must not clobber the sockets the owner serves (the owner would
 see its socket vanish and re-register, fighting the successor for the kubelet). Each
@@ -38,12 +42,16 @@ suffice because at most two processes serve: an owner and one successor.
 
 from __future__ import annotations
 
+import asyncio
 import contextlib
 import errno
 import fcntl
+import functools
 import logging
 import os
 import re
+import stat
+import threading
 from enum import StrEnum
 from pathlib import Path
 
@@ -54,6 +62,8 @@ log = logging.getLogger("kubegpu.plugin")
 
 #: The directory whose lock is the successor slot and which holds the takeover request.
 HANDOVER_DIR = "kubegpu-handover"
+#: Its mode: only the `serve` processes, all of one user, use it (`_make_handover_dir`).
+HANDOVER_DIR_MODE = 0o700
 #: The successor's request to the owner: yield registration to me.
 TAKEOVER_FILE = "takeover"
 #: Socket-name slots: one for the owner, one for its successor.
@@ -131,7 +141,7 @@ class PluginDirectory:
 
     def acquire(self) -> Role:
         """Take this process's role; `PluginDirectoryError` when it has none to take."""
-        self.handover_dir.mkdir(exist_ok=True)
+        self._make_handover_dir()
         self._successor_fd = _lock(self.handover_dir)
         if self._successor_fd is None:
             raise PluginDirectoryError(
@@ -157,6 +167,28 @@ class PluginDirectory:
         self.role = Role.SUCCESSOR
         self.slot = self._free_slot()
         return self.role
+
+    def _make_handover_dir(self) -> None:
+        """Create `kubegpu-handover/` for the `serve` processes alone (mode 0700).
+
+        Only they open it (its flock is the successor slot) and write in it (the takeover
+        request), all as the same user. Anyone else who could open it could hold that lock
+        and write a request, and an owner would hand registration over to nobody. mkdir's
+        mode is cut by the umask, and a directory made before (by an older kubegpu, under a
+        permissive umask) keeps its mode, so the mode is set outright.
+        """
+        path = self.handover_dir
+        path.mkdir(mode=HANDOVER_DIR_MODE, exist_ok=True)
+        try:
+            if stat.S_IMODE(path.stat().st_mode) != HANDOVER_DIR_MODE:
+                path.chmod(HANDOVER_DIR_MODE)
+        except OSError as exc:
+            log.warning(
+                "cannot set the mode of %s to %o (%s); other users may open it",
+                path,
+                HANDOVER_DIR_MODE,
+                exc.strerror or exc,
+            )
 
     def _free_slot(self) -> int:
         busy = {
@@ -229,6 +261,21 @@ class PluginDirectory:
         # Deleting the request is what wakes the successor to take the lock.
         self.takeover_file.unlink(missing_ok=True)
 
+    async def own_again(self) -> None:
+        """After `yield_ownership`: return once this process owns the directory again,
+        which is once its successor has stopped (or died) and no other process owns it.
+
+        First the successor lock: the successor lets it go only after it took the owner
+        lock, or when it dies, so waiting for it never takes the owner lock from a
+        successor on its way to it. Then the owner lock itself. Both waits are the
+        kernel's (`_wait_lock`): a successor killed by SIGKILL wakes this at once.
+        """
+        # No handover directory: nobody holds the successor lock.
+        with contextlib.suppress(FileNotFoundError):
+            os.close(await _wait_lock(self.handover_dir))
+        self._owner_fd = await _wait_lock(self.path)
+        self.role = Role.OWNER
+
     def release(self) -> None:
         """Let go of every lock (the process is stopping)."""
         fd, self._owner_fd = self._owner_fd, None
@@ -261,6 +308,51 @@ def _lock(path: Path, *, missing_ok: bool = False) -> int | None:
             f"device-plugin directory {path}: cannot lock it ({exc})"
         ) from exc
     return fd
+
+
+async def _wait_lock(path: Path) -> int:
+    """An exclusive `flock` on the directory `path`, waited for: its descriptor.
+
+    The kernel wakes a blocked `flock` the moment the holder lets go or dies, SIGKILL
+    included, so nothing polls; the libraries that wait for a lock (filelock, fasteners)
+    retry a non-blocking one at an interval instead, hence this. The blocking call runs in
+    a thread of its own, not the loop's executor: it cannot be interrupted, so a cancelled
+    wait leaves it behind (a daemon thread, which never holds up an exit), and a lock it
+    gets after that is let go at once.
+    """
+    loop = asyncio.get_running_loop()
+    got: asyncio.Future[int] = loop.create_future()
+
+    def deliver(fd: int) -> None:  # on the loop
+        if got.cancelled():
+            os.close(fd)
+        else:
+            got.set_result(fd)
+
+    def fail(exc: OSError) -> None:  # on the loop
+        if not got.cancelled():
+            got.set_exception(exc)
+
+    def wait() -> None:  # in the thread
+        fd: int | None = None
+        try:
+            fd = os.open(path, os.O_RDONLY | os.O_DIRECTORY | os.O_CLOEXEC)
+            fcntl.flock(fd, fcntl.LOCK_EX)
+        except OSError as exc:
+            if fd is not None:
+                os.close(fd)
+            fd = None
+            done = functools.partial(fail, exc)
+        else:
+            done = functools.partial(deliver, fd)
+        try:
+            loop.call_soon_threadsafe(done)
+        except RuntimeError:  # the loop is closed: nobody waits for the lock any more
+            if fd is not None:
+                os.close(fd)
+
+    threading.Thread(target=wait, name=f"flock {path}", daemon=True).start()
+    return await got
 
 
 def _entries(path: Path) -> list[Path]:

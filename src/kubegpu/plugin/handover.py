@@ -6,7 +6,9 @@ the owner lock once the owner has let it go; from then on, and in an owner from 
 it waits for a successor's request and hands over: the manager stops registering and
 stops sending device lists (`PluginManager.yield_registration`), then the lock is released.
 The process keeps answering the calls still sent to it until SIGTERM, when it drains and
-exits as a lone plugin does.
+exits as a lone plugin does. Should the successor stop or die first, the process owns the
+directory again (`PluginDirectory.own_again`), registers again
+(`PluginManager.resume_registration`) and waits for the next successor as any owner does.
 """
 
 from __future__ import annotations
@@ -57,10 +59,26 @@ async def follow(directory: PluginDirectory, manager: PluginManager) -> None:
                 changed.clear()
                 await backoff.wait(changed)
             log.info("took over registration in %s", directory.path)
-        while not directory.takeover_requested():
-            changed.clear()
-            await changed.wait()
-        await manager.yield_registration()
-        directory.yield_ownership()
-        log.info("a successor registered: handed registration over; answering calls until SIGTERM")
-        await asyncio.Future()  # a root task: ends only when the daemon stops
+        while True:
+            while not directory.takeover_requested():
+                changed.clear()
+                await changed.wait()
+            await manager.yield_registration()
+            directory.yield_ownership()
+            log.info(
+                "a successor registered: handed registration over; answering calls until SIGTERM"
+            )
+            backoff = Backoff(POLL_INTERVAL, RETRY_CAP)
+            while True:
+                try:
+                    await directory.own_again()
+                    break
+                except FileNotFoundError:  # the plugin directory is being re-created
+                    changed.clear()
+                    await backoff.wait(changed)
+            log.warning(
+                "the kubegpu serve that took over from this one in %s has stopped: "
+                "registering again",
+                directory.path,
+            )
+            await manager.resume_registration()

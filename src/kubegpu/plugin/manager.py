@@ -10,7 +10,8 @@ its resource registered again at once, then on a `Redial` backoff should the kub
 dropping it: a kubelet before 1.37 does that to a successor when the plugin it replaced
 stops (`runClient` disconnects whichever client is registered). After
 `yield_registration` (a successor took over, `plugin.handover`) nothing registers or
-sends a device list any more; the servers only answer calls.
+sends a device list any more; the servers only answer calls, until SIGTERM or, should the
+successor stop first, `resume_registration`.
 """
 
 from __future__ import annotations
@@ -131,12 +132,15 @@ class PluginManager:
         self._registered = asyncio.Event()
         #: True once registration is handed to a successor.
         self.yielded = False
+        #: The specs and config last applied: what to serve should registration resume.
+        self._applied: tuple[Sequence[ResourceSpec], Config] | None = None
         #: Per resource: the kubelet.sock it last registered with, and its `Redial`.
         self._registered_with: dict[str, tuple[int, int, int] | None] = {}
         self._redials: dict[str, Redial] = {}
 
     async def apply(self, specs: Sequence[ResourceSpec], config: Config) -> None:
         async with self._lock:
+            self._applied = (specs, config)
             wanted = {s.name: s for s in specs}
             for name in [n for n in self.servers if n not in wanted]:
                 log.info("resource %s is no longer advertised; stopping its plugin", name)
@@ -230,6 +234,29 @@ class PluginManager:
                 task.cancel()
             for server in self.servers.values():
                 server.servicer.freeze()
+
+    async def resume_registration(self) -> None:
+        """The successor stopped before this process did: register every plugin again and
+        send device lists again, and serve what appeared while yielded.
+
+        The servers' sockets and open streams stay as they are where they can: a kubelet
+        that still holds this process's endpoint beside the successor's (1.37+) then keeps
+        the devices healthy throughout; a socket lost meanwhile (a kubelet restart) is
+        served again first.
+        """
+        async with self._lock:
+            if not self.yielded:
+                return
+            self.yielded = False
+            for server in self.servers.values():
+                await server.servicer.thaw()
+                server.registered = False
+                server.servicer.list_sent.clear()
+                lost = not server.serving or server.socket_lost() is not None
+                self._start_registrar(server, serve=lost)
+            applied = self._applied
+        if applied is not None:
+            await self.apply(*applied)
 
     async def stop(self) -> None:
         """Withdraw every plugin, answer the calls on their way, then stop serving."""

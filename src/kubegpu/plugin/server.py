@@ -121,6 +121,8 @@ class DevicePluginServicer(pb_grpc.DevicePluginServicer):
         self._period: object | None = object()
         #: No more device lists: a successor's are the kubelet's now (`freeze`).
         self._frozen = False
+        #: Replaced by `thaw`: streams opened before it belong to an earlier registration.
+        self._registration = object()
         #: Set once a ListAndWatch stream has sent a list (readiness).
         self.list_sent = asyncio.Event()
         #: ListAndWatch streams open now.
@@ -154,6 +156,17 @@ class DevicePluginServicer(pb_grpc.DevicePluginServicer):
         process after a successor registered would replace the successor's."""
         self._frozen = True
 
+    async def thaw(self) -> None:
+        """Send device lists again after `freeze` (the successor stopped first; the plugin
+        registers again next): an open stream sends the newest list at once if it changed
+        meanwhile. Those streams belong to the registration before: a kubelet that ends one
+        once the new registration replaced it has not dropped the plugin (no `on_dropped`,
+        which would register it yet again)."""
+        async with self._changed:
+            self._frozen = False
+            self._registration = object()
+            self._changed.notify_all()
+
     async def close(self) -> None:
         """End every ListAndWatch stream (the server is going away or being replaced)."""
         async with self._changed:
@@ -172,6 +185,7 @@ class DevicePluginServicer(pb_grpc.DevicePluginServicer):
     ) -> AsyncIterator[pb.ListAndWatchResponse]:
         seen = -1
         period = self._period
+        registration = self._registration
 
         def changed() -> bool:
             return self._period is not period or (self._version != seen and not self._frozen)
@@ -193,9 +207,11 @@ class DevicePluginServicer(pb_grpc.DevicePluginServicer):
                     self._metrics.set_devices(spec.name, len(spec.devices), spec.healthy_count)
         except (asyncio.CancelledError, GeneratorExit):
             # grpc cancels the method (or drops the generator at a yield) when the client
-            # goes: with the stream's serving period still current, the kubelet ended the
-            # stream, by closing its connection or by exiting.
-            dropped = period is not None and self._period is period
+            # goes: with the stream's serving period and registration still current, the
+            # kubelet ended the stream, by closing its connection or by exiting.
+            dropped = (
+                period is not None and self._period is period and self._registration is registration
+            )
             raise
         finally:
             self.streams -= 1

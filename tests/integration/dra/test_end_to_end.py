@@ -21,6 +21,7 @@ from typing import Any, cast
 import pytest
 import yaml
 
+from kubegpu.allocation import SIMULATED_DEVICE_NODE
 from kubegpu.cli.options import parse
 from kubegpu.cli.serve import serve
 from kubegpu.daemon import Daemon, DaemonSettings
@@ -31,6 +32,7 @@ from kubegpu.kubelet import KubeletEmulator
 from kubegpu.kubelet.dra import DRAKubelet, node_slice_wiper
 from kubegpu.kubelet.dra.manager import PrepareError
 from kubegpu.kubelet.dra.scheduler import SchedulerStandIn, UnschedulableError
+from tests.unit.test_cdi import runtime_device_nodes
 from tests.waiting import WAIT, Kubelet, eventually
 
 CHART = Path(__file__).resolve().parents[3] / "deployments" / "helm" / "kubegpu"
@@ -237,7 +239,10 @@ async def test_a_claim_selecting_by_product_name_runs_with_its_gpus_cdi_ids(
     minor = int(result["device"].removeprefix("gpu-"))
     [device] = spec["devices"]
     assert device["name"] == f"{uid}-{result['device']}"
-    assert device["containerEdits"]["deviceNodes"] == [{"path": f"/dev/nvidia{minor}"}]
+    # A simulated node has no /dev/nvidia*: the runtime binds its stand-in under that name.
+    assert device["containerEdits"]["deviceNodes"] == [
+        {"path": f"/dev/nvidia{minor}", "hostPath": SIMULATED_DEVICE_NODE}
+    ]
     assert "hooks" not in spec.get("containerEdits", {})
 
 
@@ -248,6 +253,24 @@ async def test_an_unmodified_two_gpu_pod_gets_two_gpus(world: World) -> None:
     assert len(devices["ctr"]) == 2
     assert all(i.startswith(f"{CLAIM_CDI_KIND}={uid}-gpu-") for i in devices["ctr"])
     assert world.specs() == [spec_file_name(uid)]
+
+
+async def test_every_device_node_of_a_claim_is_one_a_cdi_runtime_finds(world: World) -> None:
+    """A CDI runtime stats each device node's host path: on the simulated node the chart
+    offers (no GPUs, no `nvidiaDevRoot`) every claim pod and every unmodified
+    `nvidia.com/gpu` pod failed at container creation. Both now get character devices
+    that exist on any host, under the GPUs' usual container paths."""
+    put_claim(world.kube, "one")
+    await world.run(claim_pod("with-claim", "one"))
+    await world.run(gpu_pod("legacy", 2))
+    specs = [json.loads((world.cdi_dir / name).read_text()) for name in world.specs()]
+    assert len(specs) == 2
+    for spec in specs:
+        nodes = runtime_device_nodes(spec)  # raises where a runtime would refuse
+        paths = {path for path, _ in nodes}
+        gpus = {p for p in paths if p.removeprefix("/dev/nvidia").isdigit()}
+        assert len(gpus) == len(spec["devices"])
+        assert {"/dev/nvidiactl", "/dev/nvidia-uvm"} <= paths
 
 
 async def test_deleting_the_pods_unprepares_their_claims(world: World) -> None:
