@@ -21,6 +21,9 @@ still pending (`gpu.recovery_action`, `gpu.rows_pending`, `gpu.pages_pending`), 
 driver unloaded under the process (`unload_driver`, then `load_driver`: NVML must be
 initialised again, as after a real driver reload).
 
+`FakePodResources` serves the kubelet's PodResources API (`List`) on a unix socket from
+containers a test declares, for code that attributes GPU use to pods.
+
 The other two fakes a user of kubegpu needs are re-exported here: `KubeletEmulator` (a
 faithful kubelet device manager over real sockets) and `SimulatedBackend` (a GPU node
 from a preset or YAML file, with fault injection).
@@ -34,10 +37,16 @@ import time
 import types
 import uuid as uuidlib
 from collections import deque
+from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass, field
+from pathlib import Path
+from types import TracebackType
 from typing import Any
 
+import grpc
 import pynvml
+
+from kubegpu.api import add_pod_resources_servicer, podresources_pb2, podresources_pb2_grpc
 
 _NO_ID = 0xFFFFFFFF
 _MIB = 1024 * 1024
@@ -923,6 +932,90 @@ class FakeNvml(types.ModuleType):
                 self._event_sets.remove(eventSet)
 
 
+class FakePodResources(podresources_pb2_grpc.PodResourcesListerServicer):
+    """The kubelet's PodResources `List` on a unix socket, answering what a test declares.
+
+        with FakePodResources(tmp_path / "kubelet.sock") as kubelet:
+            kubelet.add("ml", "train-0", "main", "nvidia.com/gpu", ["GPU-..."])
+            kubelet.add_claim("ml", "infer-0", "main", "gpu-claim", "gpu.nvidia.com",
+                              "node-a", "gpu-3")
+
+    `fail` makes `List` answer with that gRPC status code until cleared (None).
+    """
+
+    def __init__(self, socket: Path) -> None:
+        self.socket = socket
+        self.pods: dict[tuple[str, str], podresources_pb2.PodResources] = {}
+        self.fail: grpc.StatusCode | None = None
+        self.calls = 0
+        self._lock = threading.Lock()
+        self._server = grpc.server(ThreadPoolExecutor(2))
+        add_pod_resources_servicer(self, self._server)
+        self._server.add_insecure_port(f"unix://{socket}")
+
+    def _container(
+        self, namespace: str, pod: str, container: str
+    ) -> podresources_pb2.ContainerResources:
+        entry = self.pods.setdefault(
+            (namespace, pod), podresources_pb2.PodResources(name=pod, namespace=namespace)
+        )
+        for existing in entry.containers:
+            if existing.name == container:
+                return existing
+        added: podresources_pb2.ContainerResources = entry.containers.add(name=container)
+        return added
+
+    def add(
+        self, namespace: str, pod: str, container: str, resource: str, device_ids: list[str]
+    ) -> None:
+        """A container holding device plugin devices of `resource`."""
+        with self._lock:
+            held = self._container(namespace, pod, container)
+            held.devices.add(resource_name=resource, device_ids=device_ids)
+
+    def add_claim(
+        self,
+        namespace: str,
+        pod: str,
+        container: str,
+        claim: str,
+        driver: str,
+        pool: str,
+        device: str,
+    ) -> None:
+        """A container using one device of a DRA claim (in the pod's namespace)."""
+        with self._lock:
+            used = self._container(namespace, pod, container).dynamic_resources.add(
+                claim_name=claim, claim_namespace=namespace
+            )
+            used.claim_resources.add(driver_name=driver, pool_name=pool, device_name=device)
+
+    def remove_pod(self, namespace: str, pod: str) -> None:
+        with self._lock:
+            self.pods.pop((namespace, pod), None)
+
+    def List(
+        self, request: podresources_pb2.ListPodResourcesRequest, context: grpc.ServicerContext
+    ) -> podresources_pb2.ListPodResourcesResponse:
+        with self._lock:
+            self.calls += 1
+            if self.fail is not None:
+                context.abort(self.fail, "injected failure")
+            return podresources_pb2.ListPodResourcesResponse(pod_resources=list(self.pods.values()))
+
+    def __enter__(self) -> FakePodResources:
+        self._server.start()
+        return self
+
+    def __exit__(
+        self,
+        exc_type: type[BaseException] | None,
+        exc: BaseException | None,
+        tb: TracebackType | None,
+    ) -> None:
+        self._server.stop(None)
+
+
 from kubegpu.devices.simulated import SimulatedBackend  # noqa: E402 - re-export
 from kubegpu.kubelet import KubeletEmulator  # noqa: E402 - re-export
 
@@ -934,6 +1027,7 @@ __all__ = [
     "FakeGpu",
     "FakeMig",
     "FakeNvml",
+    "FakePodResources",
     "FakeProcess",
     "GpuInstanceInfo",
     "KubeletEmulator",

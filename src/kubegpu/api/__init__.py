@@ -61,7 +61,8 @@ def pod_resources_stub(channel: grpc.Channel) -> podresources_pb2_grpc.PodResour
 
 
 def add_pod_resources_servicer(
-    servicer: podresources_pb2_grpc.PodResourcesListerServicer, server: grpc.aio.Server
+    servicer: podresources_pb2_grpc.PodResourcesListerServicer,
+    server: grpc.Server | grpc.aio.Server,
 ) -> None:
     podresources_pb2_grpc.add_PodResourcesListerServicer_to_server(servicer, server)
 

@@ -13,7 +13,7 @@ import functools
 from collections.abc import Callable, Iterator, Mapping
 from dataclasses import dataclass, field
 from enum import StrEnum
-from typing import NewType, Protocol
+from typing import NewType, Protocol, runtime_checkable
 
 #: A device ID as advertised to the kubelet (GPU UUID, MIG UUID, `<UUID>::<n>`, or index).
 DeviceID = NewType("DeviceID", str)
@@ -263,6 +263,7 @@ class ProcessTable:
     failures: Mapping[str, str] = field(default_factory=dict)
 
 
+@runtime_checkable
 class ProcessSource(Protocol):
     """A backend that can list the processes on its GPUs (blocking; call from a thread).
 
