@@ -66,12 +66,13 @@ def read_cgroup(proc_root: Path, pid: int) -> PodCgroup | None:
     """`parse_cgroup` of `<proc_root>/<pid>/cgroup`; None when it cannot be read as one."""
     if pid <= 0:
         return None
-    data = read_bounded(proc_root / str(pid) / "cgroup", MAX_CGROUP_BYTES)
+    # A string join, not pathlib: this runs for every process at every scrape.
+    data = read_bounded(f"{proc_root}/{pid}/cgroup", MAX_CGROUP_BYTES)
     # Not UTF-8: the patterns are ASCII, so replaced bytes simply never match.
     return None if data is None else parse_cgroup(data.decode("utf-8", errors="replace"))
 
 
-def read_bounded(path: Path, limit: int) -> bytes | None:
+def read_bounded(path: Path | str, limit: int) -> bytes | None:
     """The bytes of a regular file of at most `limit` bytes; None for anything else.
 
     Opened without following a final symlink and without blocking (a FIFO planted in a
