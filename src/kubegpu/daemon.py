@@ -47,6 +47,7 @@ from kubegpu.dra.driver import PLUGINS_DIRECTORY, REGISTRAR_DIRECTORY, DraDriver
 from kubegpu.dra.health import HealthServicer
 from kubegpu.dra.publisher import SlicePublisher, faults_of
 from kubegpu.dra.service import ClaimPreparer
+from kubegpu.dra.usage import dra_view
 from kubegpu.errors import ConfigError, InitError, KubegpuError
 from kubegpu.events import NodeEvents, Reason
 from kubegpu.health import HealthMonitor, health_flags_from_env
@@ -61,7 +62,7 @@ from kubegpu.plugin.manager import socket_path_too_long
 from kubegpu.resources import ResourceSpec
 from kubegpu.state import NodeStore
 from kubegpu.supervisor import Supervisor, spawn, until_stopped
-from kubegpu.usage import DEFAULT_MAX_ROWS, DraView, UsageCollector, UsageSettings
+from kubegpu.usage import DEFAULT_MAX_ROWS, UsageCollector, UsageSettings
 from kubegpu.usage.collector import KUBELET_CHECKPOINT
 
 log = logging.getLogger("kubegpu.daemon")
@@ -196,7 +197,7 @@ class Daemon:
             dra=lambda: (
                 None
                 if self.dra is None
-                else DraView(self.dra.driver, self.dra.data_dir, s.node_name)
+                else dra_view(self.dra.driver, self.dra.data_dir, s.node_name)
             ),
         )
 

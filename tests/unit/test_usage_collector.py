@@ -23,11 +23,12 @@ from kubegpu.devices.nvml import NvmlBackend
 from kubegpu.devices.simulated import SimulatedBackend, parse_node
 from kubegpu.dra.checkpoint import Checkpoint, ClaimRecord, ClaimState
 from kubegpu.dra.claims import PreparedDevice
+from kubegpu.dra.usage import dra_view
 from kubegpu.httpserver import HttpServer
 from kubegpu.metrics import UNATTRIBUTED, Metrics
 from kubegpu.state import NodeStore
 from kubegpu.testing import FakeNvml, FakePodResources
-from kubegpu.usage import DraView, UsageCollector, UsageSettings
+from kubegpu.usage import UsageCollector, UsageSettings
 from kubegpu.usage.cgroup import MAX_CGROUP_BYTES
 from tests.usage_fixtures import MIB, KubeletCheckpoint, ProcTree, pod_uid
 
@@ -313,7 +314,7 @@ def test_dra_mode_attributes_to_the_claim_or_the_containers_using_it(short_dir: 
             ),
             backend=lambda: backend,
             state=lambda: node.store.state,
-            dra=lambda: DraView("gpu.nvidia.com", data_dir, "node-a"),
+            dra=lambda: dra_view("gpu.nvidia.com", data_dir, "node-a"),
         )
         metrics = Metrics()
         metrics.follow_usage(collector)
@@ -423,3 +424,33 @@ def test_top_reads_where_the_daemons_environment_says(monkeypatch: pytest.Monkey
     monkeypatch.delenv("KUBEGPU_METRICS_URL", raising=False)
     code, _ = run_top("--once")
     assert code == 2
+
+
+def test_serve_hands_its_usage_settings_to_the_daemons_collector(tmp_path: Path) -> None:
+    from kubegpu.cli.options import parse
+    from kubegpu.cli.serve import serve
+    from kubegpu.daemon import Daemon, DaemonSettings
+
+    values = parse(
+        serve,
+        ["--pod-resources-socket", "/run/pr.sock", "--usage-max-rows", "7"],
+        {"PROC_ROOT": "/host/proc"},
+    )
+    assert (values["proc_root"], values["pod_resources_socket"]) == ("/host/proc", "/run/pr.sock")
+    assert values["usage_max_rows"] == 7
+    daemon = Daemon(
+        DaemonSettings(
+            plugin_dir=tmp_path,
+            node_name="node-a",
+            proc_root=Path(values["proc_root"]),
+            pod_resources_socket=Path(values["pod_resources_socket"]),
+            usage_max_rows=values["usage_max_rows"],
+        )
+    )
+    settings = daemon.usage.settings
+    assert settings.proc_root == Path("/host/proc") and settings.max_rows == 7
+    assert settings.kubelet_checkpoint == tmp_path / "kubelet_internal_checkpoint"
+    assert settings.hostname == "node-a"
+    # Before start-up there is no backend: the scrape answers, with nothing to show.
+    assert daemon.metrics.value("kubegpu_usage_rows_dropped") == 0
+    daemon.usage.close()

@@ -6,8 +6,9 @@ kubelet says each container holds: PodResources `List`, its device checkpoint), 
 (pure: allocations, limits, processes to rows) and `collector` (`UsageCollector`, one
 snapshot per scrape, off the event loop).
 
-It sits above the device plugin and DRA packages, whose records it reads, and below the
-daemon that wires it to `Metrics.follow_usage`.
+It sits below the device plugin and DRA packages: what it reads of the DRA driver comes
+through a `DraView` (`kubegpu.dra.usage.dra_view`), and the daemon wires it to
+`Metrics.follow_usage`.
 """
 
 from kubegpu.usage.attribution import Allocation, Holder, memory_limit

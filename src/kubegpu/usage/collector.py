@@ -25,9 +25,8 @@ from typing import TypeVar
 from kubegpu.allocation import escape
 from kubegpu.api import POD_RESOURCES_SOCKET
 from kubegpu.devices import ProcessSource, ProcessTable
-from kubegpu.dra.checkpoint import Checkpoint, CorruptCheckpoint
-from kubegpu.dra.claims import node_devices
 from kubegpu.metrics import UsageSnapshot
+from kubegpu.resources import ResourceSpec, Unit
 from kubegpu.state import NodeState
 from kubegpu.usage.attribution import (
     Allocation,
@@ -44,8 +43,6 @@ from kubegpu.usage.kubelet import (
     PodResourcesListing,
     PodUids,
     SourceError,
-    is_dns_label,
-    is_dns_subdomain,
 )
 
 log = logging.getLogger("kubegpu.usage")
@@ -78,13 +75,15 @@ class UsageSettings:
 
 @dataclass(frozen=True)
 class DraView:
-    """What DRA mode needs to read the driver's prepared claims."""
+    """What DRA mode reads of the DRA driver (`kubegpu.dra.usage.dra_view` builds it)."""
 
     driver: str
-    #: The driver's data directory, holding its checkpoint.
-    data_dir: Path
     #: This node's pool (the node name).
-    pool: str = ""
+    pool: str
+    #: The prepared claims (`SourceError` when they cannot be read).
+    claims: Callable[[], tuple[ClaimDevices, ...]]
+    #: The driver's devices by published name, for these resources.
+    devices: Callable[[tuple[ResourceSpec, ...]], dict[str, tuple[Unit, ResourceSpec]]]
 
 
 class UsageCollector:
@@ -158,11 +157,8 @@ class UsageCollector:
                 uids = self._read("kubelet-checkpoint", sources, self._checkpoint.pod_uids, uids)
             return plugin_allocations(listing.devices, state.planned, uids)
         none: tuple[ClaimDevices, ...] = ()
-        claims = self._read("dra-checkpoint", sources, lambda: _prepared_claims(view), none)
-        devices = {
-            name: (d.unit, d.resource)
-            for name, d in node_devices(view.driver, state.planned).items()
-        }
+        claims = self._read("dra-checkpoint", sources, view.claims, none)
+        devices = view.devices(state.planned)
         return dra_allocations(
             claims, listing.claim_devices, devices, driver=view.driver, pool=view.pool
         )
@@ -193,22 +189,6 @@ class UsageCollector:
     def close(self) -> None:
         if self._pod_resources is not None:
             self._pod_resources.close()
-
-
-def _prepared_claims(view: DraView) -> tuple[ClaimDevices, ...]:
-    """The driver's prepared claims, read from its checkpoint file (written atomically by
-    the driver, so a read sees one whole version, never one being changed)."""
-    try:
-        checkpoint = Checkpoint.load(view.data_dir)
-    except CorruptCheckpoint as err:
-        raise SourceError(f"DRA checkpoint in {view.data_dir}: {err}") from err
-    claims = []
-    for record in checkpoint.claims.values():
-        if not (is_dns_label(record.namespace) and is_dns_subdomain(record.name)):
-            continue  # an adopted claim (no names) or names Kubernetes would not allow
-        devices = tuple(d.device for d in record.devices if d.pool == view.pool or not view.pool)
-        claims.append(ClaimDevices(record.namespace, record.name, devices))
-    return tuple(claims)
 
 
 __all__ = ["DEFAULT_MAX_ROWS", "KUBELET_CHECKPOINT", "DraView", "UsageCollector", "UsageSettings"]
