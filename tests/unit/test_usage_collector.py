@@ -454,3 +454,27 @@ def test_serve_hands_its_usage_settings_to_the_daemons_collector(tmp_path: Path)
     # Before start-up there is no backend: the scrape answers, with nothing to show.
     assert daemon.metrics.value("kubegpu_usage_rows_dropped") == 0
     daemon.usage.close()
+
+
+def test_names_kubernetes_refuses_never_become_labels_or_raw_log_lines(
+    node: Node, caplog: pytest.LogCaptureFixture
+) -> None:
+    backend = node.backend
+    assert isinstance(backend, SimulatedBackend)
+    g0, _ = node.uuids
+    hostile = 'evil"} 1\nkubegpu_fake{pod="x'
+    node.give("ml", hostile, "main", pod_uid(1), [f"{g0}::0"])
+    backend.start_process(0, 101, 1024)
+    node.proc.in_pod(101, pod_uid(1))
+    metrics = Metrics()
+    collector = node.collector()
+    metrics.follow_usage(collector)
+    text = metrics.render().decode()
+    assert "evil" not in text and "kubegpu_fake" not in text
+    # Its process is counted, as nobody's.
+    assert value(metrics, USED, **labels("", UNATTRIBUTED, "")) == 1024 * MIB
+    warned = [r.getMessage() for r in caplog.records if "not valid Kubernetes" in r.getMessage()]
+    assert len(warned) == 1 and "\n" not in warned[0] and "\\n" in warned[0]
+    metrics.render()  # warned once, not at every scrape
+    assert len([r for r in caplog.records if "not valid Kubernetes" in r.getMessage()]) == 1
+    collector.close()

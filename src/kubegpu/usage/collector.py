@@ -150,18 +150,23 @@ class UsageCollector:
         listing = PodResourcesListing()
         if self._pod_resources is not None:
             listing = self._read("pod-resources", sources, self._pod_resources.list, listing)
-        view = self._dra() if self.settings.mode == "dra" else None
-        if view is None:
-            uids: PodUids = {}
-            if self._checkpoint is not None:
-                uids = self._read("kubelet-checkpoint", sources, self._checkpoint.pod_uids, uids)
-            return plugin_allocations(listing.devices, state.planned, uids)
-        none: tuple[ClaimDevices, ...] = ()
-        claims = self._read("dra-checkpoint", sources, view.claims, none)
-        devices = view.devices(state.planned)
-        return dra_allocations(
-            claims, listing.claim_devices, devices, driver=view.driver, pool=view.pool
-        )
+        if self.settings.mode == "dra":
+            view = self._dra()
+            if view is None:
+                return ()  # the driver is not up yet: nothing prepared to attribute to
+            none: tuple[ClaimDevices, ...] = ()
+            claims = self._read("dra-checkpoint", sources, view.claims, none)
+            return dra_allocations(
+                claims,
+                listing.claim_devices,
+                view.devices(state.planned),
+                driver=view.driver,
+                pool=view.pool,
+            )
+        uids: PodUids = {}
+        if self._checkpoint is not None:
+            uids = self._read("kubelet-checkpoint", sources, self._checkpoint.pod_uids, uids)
+        return plugin_allocations(listing.devices, state.planned, uids)
 
     def _read(self, name: str, sources: dict[str, bool], read: Callable[[], T], empty: T) -> T:
         try:
