@@ -24,6 +24,7 @@ from kubegpu.devices.simulated import SimulatedBackend, parse_node
 from kubegpu.dra.checkpoint import Checkpoint, ClaimRecord, ClaimState
 from kubegpu.dra.claims import PreparedDevice
 from kubegpu.dra.usage import dra_view
+from kubegpu.errors import KubegpuError
 from kubegpu.httpserver import HttpServer
 from kubegpu.metrics import UNATTRIBUTED, Metrics
 from kubegpu.state import NodeStore
@@ -478,3 +479,32 @@ def test_names_kubernetes_refuses_never_become_labels_or_raw_log_lines(
     metrics.render()  # warned once, not at every scrape
     assert len([r for r in caplog.records if "not valid Kubernetes" in r.getMessage()]) == 1
     collector.close()
+
+
+def test_top_refreshes_until_interrupted_and_rides_out_a_daemon_away(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    """Without --once: a table per interval; a read that fails shows its line and the loop
+    goes on (the daemon may be restarting); Ctrl-C ends it with status 0."""
+    from kubegpu.cli import top
+
+    answers: Iterator[str | Exception] = iter([KubegpuError("cannot read it"), "", ""])
+    waits: list[float] = []
+
+    def fetch(url: str, timeout: float) -> str:
+        answer = next(answers)
+        if isinstance(answer, Exception):
+            raise answer
+        return answer
+
+    def sleep(seconds: float) -> None:
+        waits.append(seconds)
+        if len(waits) == 2:
+            raise KeyboardInterrupt
+
+    monkeypatch.setattr(top, "fetch", fetch)
+    monkeypatch.setattr(top, "pause", sleep)
+    code, out = run_top("--url", "http://127.0.0.1:1/metrics", "--interval", "3")
+    assert code == 0 and waits == [3.0, 3.0]
+    assert "kubegpu: cannot read it" in out
+    assert "(no GPU allocations or processes)" in out

@@ -31,6 +31,8 @@ _LIMIT = "kubegpu_container_gpu_memory_limit_bytes"
 _SM = "kubegpu_container_gpu_sm_utilization_percent"
 _UP = "kubegpu_usage_source_up"
 _HEADER = ("GPU", "SLICE", "POD", "CONTAINER", "USED", "LIMIT", "USED%", "SM%")
+#: Waits between refreshes (a seam for tests, which replace it).
+pause = time.sleep
 
 
 @dataclass
@@ -169,7 +171,7 @@ def _run(url: str, interval: float, once: bool, timeout: float) -> int:
                 text = "\n".join(line[:columns] for line in text.splitlines())
                 click.echo("\x1b[H\x1b[2J", nl=False)
             click.echo(f"{stamp}  every {interval:g}s, Ctrl-C to stop\n{text}\n")
-            time.sleep(interval)
+            pause(interval)
     except KeyboardInterrupt:
         return 0
 
