@@ -9,8 +9,10 @@ The kubelet puts each pod in a cgroup named after its UID, in one of two layouts
 - cgroupfs driver: `/kubepods/burstable/pod<uid>/<id>`.
 
 cgroup v2 has one line (`0::<path>`), v1 one per hierarchy (`4:memory:<path>`); any line
-naming a pod counts. Read through a cgroup namespace the path may start with `/..`; the pod
-segment is found wherever it is. A static pod's UID is a 32-digit hash, not a UUID.
+naming a pod counts. Read through a cgroup namespace the path may start with `/..`; the
+pod segment is found wherever it is. A static pod's UID is a 32-digit hash, not a UUID.
+Hand-written: no maintained Python package knows the kubelet's layouts (dcgm-exporter
+does the same with a pattern over containerd's Go parser).
 
 The file is the kernel's, but the tree it is read from is configurable (`/host/proc` in the
 chart) and a process may end between listing and reading: every read is bounded, refuses
