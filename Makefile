@@ -52,7 +52,7 @@ bench: $(STAMP)
 	$(BIN)/python -m benchmarks.run
 
 proto: $(STAMP)
-	$(BIN)/python -m grpc_tools.protoc -I src --python_out=src --grpc_python_out=src --pyi_out=src src/kubegpu/api/api.proto src/kubegpu/api/pluginregistration.proto src/kubegpu/api/dra.proto src/kubegpu/api/dra_health.proto
+	$(BIN)/python -m grpc_tools.protoc -I src --python_out=src --grpc_python_out=src --pyi_out=src src/kubegpu/api/api.proto src/kubegpu/api/pluginregistration.proto src/kubegpu/api/dra.proto src/kubegpu/api/dra_health.proto src/kubegpu/api/podresources.proto
 
 static-manifests: $(STAMP)
 	$(BIN)/python deployments/render-static.py

@@ -15,6 +15,8 @@ Sections (docs/performance.md has the figures and the method):
   in-process, called through PLACEMENT_ENTRY.
 - **DRA** (`benchmarks/dra.py`): NodePrepareResources and NodeUnprepareResources of the
   DRA kubelet plugin over its unix socket, one claim of one GPU each.
+- **GPU usage** (`benchmarks/usage.py`): a /metrics scrape of an 8-GPU node with 64
+  attributed processes, and Allocate with and without a scrape every second.
 
 Each target is printed as met or missed; nothing here fails on a missed target (timings
 are never asserted), only on a section that could not measure. The last line printed is
@@ -37,7 +39,7 @@ from collections.abc import Awaitable, Callable
 from dataclasses import dataclass
 from typing import Any
 
-from benchmarks import dra, handover, harness, startup, watch
+from benchmarks import dra, handover, harness, startup, usage, watch
 
 #: benchmarks/placement.py's `make bench` entry (a function returning a dict of figures,
 #: sync or async). That module is maintained on its own: if it renames the function,
@@ -312,6 +314,7 @@ def table(figures: Figures) -> str:
         *_handover_rows(figures),
         *_dra_rows(figures),
         *_placement_rows(figures),
+        *(Row(*row) for row in usage.report(figures)),
     ]
     cells = [("figure", "median", "max", "target", "", "+ checkpoint")]
     for r in rows:
@@ -330,6 +333,10 @@ async def _sections() -> int:
         ("serve --handover, 1.36 and 1.37 kubelets (benchmarks/handover.py)", bench_handover),
         ("placement in-process (benchmarks/placement.py)", bench_placement),
         ("DRA prepare and unprepare over the socket (benchmarks/dra.py)", bench_dra),
+        (
+            "GPU usage metrics: scrape, Allocate under scrapes (benchmarks/usage.py)",
+            usage.bench_usage,
+        ),
     ]
     for title, section in sections:
         print(f"... {title}", file=sys.stderr, flush=True)

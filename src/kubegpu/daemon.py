@@ -9,7 +9,8 @@ the plugins, metrics and Node events follow it as subscribers. In DRA mode
 servers' place over the same store; everything else is shared. Each room runs its own
 loop over the store and the daemon only starts, supervises and stops it: the MPS control
 daemons (`mps.MpsReconciler`), the CDI spec files (`cdi.CdiWriter`) and, with
-`--with-labels`, the node labels (`labeller.follow_store`).
+`--with-labels`, the node labels (`labeller.follow_store`). Who uses what on the GPUs
+(`usage.UsageCollector`) is read at each scrape of /metrics, off the loop.
 """
 
 from __future__ import annotations
@@ -26,7 +27,7 @@ from typing import Any
 
 from kubegpu import labeller
 from kubegpu.allocation import select_imex_channels
-from kubegpu.api import DEVICE_PLUGIN_PATH
+from kubegpu.api import DEVICE_PLUGIN_PATH, POD_RESOURCES_SOCKET
 from kubegpu.cdi import DEFAULT_DIRECTORY as DEFAULT_CDI_DIRECTORY
 from kubegpu.cdi import CdiWriter
 from kubegpu.config import Config, Flags
@@ -48,6 +49,7 @@ from kubegpu.dra.health import HealthServicer
 from kubegpu.dra.publisher import SlicePublisher, faults_of
 from kubegpu.dra.service import ClaimPreparer
 from kubegpu.dra.stale import EXTENDED_RESOURCES, StaleResourceCheck
+from kubegpu.dra.usage import dra_view
 from kubegpu.errors import ConfigError, InitError, KubegpuError, PreconditionError
 from kubegpu.events import NodeEvents, Reason
 from kubegpu.health import HealthMonitor, health_flags_from_env
@@ -62,6 +64,8 @@ from kubegpu.plugin.manager import socket_path_too_long
 from kubegpu.resources import ResourceSpec
 from kubegpu.state import NodeStore
 from kubegpu.supervisor import Supervisor, spawn, until_stopped
+from kubegpu.usage import DEFAULT_MAX_ROWS, UsageCollector, UsageSettings
+from kubegpu.usage.collector import KUBELET_CHECKPOINT
 
 log = logging.getLogger("kubegpu.daemon")
 
@@ -117,6 +121,11 @@ class DaemonSettings:
     with_labels: bool = False
     #: Start beside a `serve` already on the plugin directory and take over from it.
     handover: bool = False
+    #: The host's /proc (process cgroups) and the kubelet's PodResources socket, to tell
+    #: which container uses what on the GPUs; the cap on per-container rows per scrape.
+    proc_root: Path = Path("/proc")
+    pod_resources_socket: Path | None = Path(POD_RESOURCES_SOCKET)
+    usage_max_rows: int = DEFAULT_MAX_ROWS
 
 
 class Daemon:
@@ -172,6 +181,30 @@ class Daemon:
         self.cdi = CdiWriter(self.store, settings.cdi_dir)
         #: One supervised MPS control daemon per MPS-shared resource of the store.
         self.mps = MpsReconciler(self.store, control_binary=settings.mps_control_binary)
+        #: Who uses what on the GPUs: the per-container metrics, collected when scraped.
+        self.usage = self._usage_collector()
+        self.metrics.follow_usage(self.usage)
+
+    def _usage_collector(self) -> UsageCollector:
+        s = self.settings
+        usage = UsageSettings(
+            mode=s.mode,
+            proc_root=s.proc_root,
+            pod_resources_socket=s.pod_resources_socket,
+            kubelet_checkpoint=s.plugin_dir / KUBELET_CHECKPOINT,
+            hostname=s.node_name or socket.gethostname(),
+            max_rows=s.usage_max_rows,
+        )
+        return UsageCollector(
+            usage,
+            backend=lambda: self._backend,
+            state=lambda: self.store.state,
+            dra=lambda: (
+                None
+                if self.dra is None
+                else dra_view(self.dra.driver, self.dra.data_dir, s.node_name)
+            ),
+        )
 
     @property
     def backend(self) -> DeviceBackend:
@@ -276,6 +309,7 @@ class Daemon:
             for server in http:
                 await server.stop()
             await self.mps.stop()
+            self.usage.close()
             closer = getattr(updates, "aclose", None)
             if closer is not None:
                 with contextlib.suppress(Exception):

@@ -6,6 +6,11 @@ liveness probe should prove. Only the standard library is used; every connection
 answers one request and closes (`Connection: close`), and a client that does not send
 a complete request head within `request_timeout` seconds is cut off, so a slow or
 half-open client costs one idle task and never delays anyone else.
+
+`/metrics` is rendered in a thread of its own: collecting the per-container GPU metrics
+calls the driver, which may block. Scrapes that arrive while one renders share its answer,
+so a stuck driver holds one thread however often Prometheus asks, and a scrape that waits
+longer than `metrics_timeout` gets 503 rather than hanging.
 """
 
 from __future__ import annotations
@@ -14,6 +19,7 @@ import asyncio
 import contextlib
 import logging
 from collections.abc import Callable
+from concurrent.futures import ThreadPoolExecutor
 
 from kubegpu.metrics import CONTENT_TYPE, Metrics
 
@@ -50,14 +56,20 @@ class HttpServer:
         metrics: Metrics | None,
         ready: Callable[[], tuple[bool, str]],
         request_timeout: float = 5.0,
+        metrics_timeout: float = 10.0,
     ) -> None:
         self.host = host
         self._port = port
         self.metrics = metrics
         self.ready = ready
         self.request_timeout = request_timeout
+        #: How long a scrape waits for the render (Prometheus' default scrape timeout).
+        self.metrics_timeout = metrics_timeout
         self._server: asyncio.Server | None = None
         self._connections: set[asyncio.Task[None]] = set()
+        self._executor: ThreadPoolExecutor | None = None
+        #: The render in progress, which scrapes arriving meanwhile share.
+        self._render: asyncio.Future[bytes] | None = None
 
     @property
     def port(self) -> int:
@@ -83,6 +95,10 @@ class HttpServer:
         if self._connections:
             await asyncio.gather(*self._connections, return_exceptions=True)
         await server.wait_closed()
+        if self._executor is not None:
+            # A render blocked in the driver is not waited for; its thread ends with it.
+            self._executor.shutdown(wait=False, cancel_futures=True)
+            self._executor = None
 
     async def _handle(self, reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> None:
         task = asyncio.current_task()
@@ -125,7 +141,22 @@ class HttpServer:
             return 400, _TEXT, b"malformed request line\n", False
         path = target.split("?", 1)[0]
         status, ctype, body = self._route(method, path)
+        if status == 200 and path == "/metrics":
+            status, ctype, body = await self._render_metrics()
         return status, ctype, body, method == "HEAD"
+
+    async def _render_metrics(self) -> tuple[int, str, bytes]:
+        assert self.metrics is not None
+        if self._render is None or self._render.done():
+            if self._executor is None:
+                self._executor = ThreadPoolExecutor(1, thread_name_prefix="metrics")
+            loop = asyncio.get_running_loop()
+            self._render = loop.run_in_executor(self._executor, self.metrics.render)
+        try:
+            body = await asyncio.wait_for(asyncio.shield(self._render), self.metrics_timeout)
+        except TimeoutError:
+            return 503, _TEXT, b"metrics collection timed out\n"
+        return 200, CONTENT_TYPE, body
 
     def _route(self, method: str, path: str) -> tuple[int, str, bytes]:
         known = path in ("/healthz", "/readyz") or (path == "/metrics" and self.metrics)
@@ -139,8 +170,7 @@ class HttpServer:
             ok, reason = self.ready()
             text = (reason or ("ready" if ok else "not ready")) + "\n"
             return (200 if ok else 503), _TEXT, text.encode()
-        assert self.metrics is not None
-        return 200, CONTENT_TYPE, self.metrics.render()
+        return 200, CONTENT_TYPE, b""  # rendered off the loop by `_render_metrics`
 
     async def _send(
         self,

@@ -9,16 +9,23 @@ The values are kept in plain dicts and turned into Prometheus families only when
 a labelled child's locks. The exposition is the one `prometheus_client`'s own Counter,
 Gauge and Histogram give: the same families, samples (`_total`, `_created`,
 `_bucket`...), order and values.
+
+The per-container GPU families (`kubegpu_container_gpu_*`) are collected when scraped, from
+the source given to `follow_usage` (`kubegpu.usage.UsageCollector`): `render` calls it, so
+`render` blocks on the driver and runs in a worker thread (`kubegpu.httpserver`), never on
+the event loop. Their labels are dcgm-exporter's (`USAGE_LABELS`).
 """
 
 from __future__ import annotations
 
 import bisect
+import logging
 import math
 import os
 import threading
 import time
-from collections.abc import Iterable, Iterator
+from collections.abc import Callable, Iterable, Iterator, Mapping
+from dataclasses import dataclass, field
 from typing import Any
 
 from prometheus_client import CollectorRegistry, generate_latest
@@ -52,6 +59,109 @@ ALLOCATE_BUCKETS = (
 
 #: The gRPC status name recorded when Allocate succeeds.
 OK = "OK"
+
+log = logging.getLogger("kubegpu.metrics")
+
+#: The labels of every per-container GPU series: dcgm-exporter's device labels (`gpu` index,
+#: the GPU's `UUID`, `pci_bus_id`, `device` as `nvidia<minor>`, `modelName`, `Hostname`, and
+#: on a MIG slice `GPU_I_PROFILE` and `GPU_I_ID`) and its Kubernetes ones (`namespace`,
+#: `pod`, `container`, and `dra_claim_name` for a DRA claim), so that dashboards and alerts
+#: written for dcgm-exporter find the same names. An empty value is an absent label.
+USAGE_LABELS = (
+    "gpu",
+    "UUID",
+    "pci_bus_id",
+    "device",
+    "modelName",
+    "Hostname",
+    "GPU_I_PROFILE",
+    "GPU_I_ID",
+    "namespace",
+    "pod",
+    "container",
+    "dra_claim_name",
+)
+#: The `pod` of the series that sums, per device, the processes no container is known for;
+#: its `namespace` is empty, which no real pod's is.
+UNATTRIBUTED = "unattributed"
+
+
+@dataclass(frozen=True)
+class UsageRow:
+    """One container's (or one claim's, or the unattributed) use of one GPU or MIG slice."""
+
+    gpu: str
+    uuid: str
+    pci_bus_id: str = ""
+    device: str = ""
+    model: str = ""
+    hostname: str = ""
+    gi_profile: str = ""
+    gi_id: str = ""
+    namespace: str = ""
+    pod: str = ""
+    container: str = ""
+    claim: str = ""
+    #: Device memory its processes hold.
+    used_bytes: int = 0
+    #: What it may use: the device's or slice's memory, or its share's (None: not known).
+    limit_bytes: int | None = None
+    #: SM utilization of its processes, summed (None where the driver keeps no samples).
+    sm_percent: int | None = None
+    processes: int = 0
+
+    def labels(self) -> tuple[str, ...]:
+        """The values of `USAGE_LABELS`, in order."""
+        return (
+            self.gpu,
+            self.uuid,
+            self.pci_bus_id,
+            self.device,
+            self.model,
+            self.hostname,
+            self.gi_profile,
+            self.gi_id,
+            self.namespace,
+            self.pod,
+            self.container,
+            self.claim,
+        )
+
+
+@dataclass(frozen=True)
+class UsageSnapshot:
+    """What one collection found."""
+
+    rows: tuple[UsageRow, ...] = ()
+    #: Each source read (`processes`, `pod-resources`, ...) -> whether it could be read.
+    sources: Mapping[str, bool] = field(default_factory=dict)
+    #: Rows left out because the snapshot was over its cap.
+    dropped: int = 0
+    #: How long the collection took.
+    seconds: float = 0.0
+
+
+UsageSource = Callable[[], UsageSnapshot]
+
+#: (name, help, label names) of the per-container families, in exposition order.
+_USAGE_FAMILIES = (
+    (
+        "kubegpu_container_gpu_memory_used_bytes",
+        "GPU memory held by the container's processes, per GPU or MIG slice.",
+    ),
+    (
+        "kubegpu_container_gpu_memory_limit_bytes",
+        "GPU memory the container may use on that GPU or MIG slice (its allocation's limit).",
+    ),
+    (
+        "kubegpu_container_gpu_sm_utilization_percent",
+        "Percent of the GPU's SMs the container's processes kept busy (latest sample).",
+    ),
+    (
+        "kubegpu_container_gpu_processes",
+        "Processes of the container running on that GPU or MIG slice.",
+    ),
+)
 
 
 #: Labelled series: label values -> value.
@@ -159,6 +269,7 @@ class Metrics:
         # Increments come from the loop and from worker threads (Kubernetes events).
         self._lock = threading.Lock()
         self._registry: CollectorRegistry | None = None
+        self._usage: UsageSource | None = None
         # As prometheus_client's Counter without labels: exposed at 0 from the start.
         self._inc("kubegpu_kubelet_restarts", (), 0.0)
         self._values["kubegpu_build_info"][(version,)] = 1.0
@@ -173,13 +284,20 @@ class Metrics:
 
     def set_devices(self, resource: str, total: int, healthy: int) -> None:
         """Record what is advertised now for `resource` (after every ListAndWatch send)."""
-        self._values["kubegpu_devices"][(resource,)] = float(total)
-        self._values["kubegpu_devices_healthy"][(resource,)] = float(healthy)
+        # Under the lock: a scrape copies these dicts from its worker thread.
+        with self._lock:
+            self._values["kubegpu_devices"][(resource,)] = float(total)
+            self._values["kubegpu_devices_healthy"][(resource,)] = float(healthy)
 
     def remove_resource(self, resource: str) -> None:
         """Forget a resource no longer served (after a config reload renames it)."""
-        for name in ("kubegpu_devices", "kubegpu_devices_healthy"):
-            self._values[name].pop((resource,), None)
+        with self._lock:
+            for name in ("kubegpu_devices", "kubegpu_devices_healthy"):
+                self._values[name].pop((resource,), None)
+
+    def follow_usage(self, source: UsageSource) -> None:
+        """Collect the per-container GPU families from `source` at every scrape."""
+        self._usage = source
 
     def observe_allocate(self, resource: str, seconds: float, code: str | None = None) -> None:
         """Record one Allocate answer; `code` is the gRPC status name when it failed."""
@@ -188,7 +306,8 @@ class Metrics:
         if histogram is None:
             # The success counter's series exists from a resource's first answer on.
             self._inc("kubegpu_allocations", key, 0.0)
-            histogram = self._histograms[key] = _Histogram(len(ALLOCATE_BUCKETS))
+            with self._lock:
+                histogram = self._histograms.setdefault(key, _Histogram(len(ALLOCATE_BUCKETS)))
         with self._lock:
             # The first bucket whose bound is >= seconds (Prometheus' `le`).
             histogram.counts[bisect.bisect_left(ALLOCATE_BUCKETS, seconds)] += 1.0
@@ -278,6 +397,48 @@ class Metrics:
                             f"{name}_created", dict(zip(labelnames, labels, strict=True)), stamp
                         )
             yield family
+        if self._usage is not None:
+            yield from _usage_families(self._usage)
+
+
+def _usage_families(source: UsageSource) -> Iterator[Any]:
+    """The per-container families of one collection; a failing source costs only them."""
+    try:
+        snapshot = source()
+    except Exception:  # a scrape must answer whatever the source does
+        log.exception("collecting the per-container GPU metrics failed")
+        snapshot = UsageSnapshot(sources={"collector": False})
+    families = [
+        GaugeMetricFamily(name, text, labels=USAGE_LABELS) for name, text in _USAGE_FAMILIES
+    ]
+    used, limit, sm, processes = families
+    for row in snapshot.rows:
+        labels = row.labels()
+        used.add_metric(labels, float(row.used_bytes))
+        processes.add_metric(labels, float(row.processes))
+        if row.limit_bytes is not None:
+            limit.add_metric(labels, float(row.limit_bytes))
+        if row.sm_percent is not None:
+            sm.add_metric(labels, float(row.sm_percent))
+    yield from families
+    up = GaugeMetricFamily(
+        "kubegpu_usage_source_up",
+        "Whether each source of the per-container GPU metrics could be read at this scrape.",
+        labels=("source",),
+    )
+    for name, ok in sorted(snapshot.sources.items()):
+        up.add_metric((name,), 1.0 if ok else 0.0)
+    yield up
+    yield GaugeMetricFamily(
+        "kubegpu_usage_rows_dropped",
+        "Per-container rows left out of this scrape by the cap on rows (--usage-max-rows).",
+        value=float(snapshot.dropped),
+    )
+    yield GaugeMetricFamily(
+        "kubegpu_usage_collect_seconds",
+        "How long collecting the per-container GPU metrics took at this scrape.",
+        value=snapshot.seconds,
+    )
 
 
 class _Collector:
@@ -288,3 +449,8 @@ class _Collector:
 
     def collect(self) -> Iterator[Any]:
         return self._metrics.families()
+
+    def describe(self) -> list[Any]:
+        # Registering asks for the families (auto_describe); answering here keeps that from
+        # calling the usage source, which blocks on the driver, wherever it happens.
+        return []

@@ -11,6 +11,8 @@ names of pynvml's ctypes structures (including `busId` as bytes). Pass it to
     gpu.add_mig("3g.20gb"); gpu.add_mig("2g.10gb")
     fake.fail("nvmlDeviceGetMemoryInfo", pynvml.NVML_ERROR_GPU_IS_LOST, gpu=0)
     fake.emit_xid(0, 79)
+    gpu.migs[0].add_process(4242, used_mib=6144)          # a process on a MIG slice
+    fake.gpus[1].add_process(4343, used_mib=2048, kind="mps", sm_util=40)
 
 Builders are plain mutable objects: tests change them between calls to model hot-plug,
 MIG reconfiguration or a GPU falling off the bus. Faults NVML can be in: a GPU lost
@@ -18,6 +20,9 @@ MIG reconfiguration or a GPU falling off the bus. Faults NVML can be in: a GPU l
 still pending (`gpu.recovery_action`, `gpu.rows_pending`, `gpu.pages_pending`), and the
 driver unloaded under the process (`unload_driver`, then `load_driver`: NVML must be
 initialised again, as after a real driver reload).
+
+`FakePodResources` serves the kubelet's PodResources API (`List`) on a unix socket from
+containers a test declares, for code that attributes GPU use to pods.
 
 The other two fakes a user of kubegpu needs are re-exported here: `KubeletEmulator` (a
 faithful kubelet device manager over real sockets) and `SimulatedBackend` (a GPU node
@@ -28,13 +33,20 @@ from __future__ import annotations
 
 import re
 import threading
+import time
 import types
 import uuid as uuidlib
 from collections import deque
+from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass, field
+from pathlib import Path
+from types import TracebackType
 from typing import Any
 
+import grpc
 import pynvml
+
+from kubegpu.api import add_pod_resources_servicer, podresources_pb2, podresources_pb2_grpc
 
 _NO_ID = 0xFFFFFFFF
 _MIB = 1024 * 1024
@@ -153,6 +165,82 @@ class ComputeInstanceInfo:
 
 
 @dataclass
+class ProcessInfo:
+    """Mirrors `pynvml.c_nvmlProcessInfo_v3_t` as pynvml returns it (`usedGpuMemory` None
+    when the driver says NVML_VALUE_NOT_AVAILABLE)."""
+
+    pid: int
+    usedGpuMemory: int | None
+    gpuInstanceId: int = _NO_ID
+    computeInstanceId: int = _NO_ID
+
+
+@dataclass
+class ProcessUtilizationSample:
+    """Mirrors `pynvml.c_nvmlProcessUtilizationSample_t`."""
+
+    pid: int
+    timeStamp: int
+    smUtil: int
+    memUtil: int
+    encUtil: int = 0
+    decUtil: int = 0
+
+
+@dataclass
+class ProcessUtilizationInfo:
+    """Mirrors `pynvml.c_nvmlProcessUtilizationInfo_v1_t`."""
+
+    timeStamp: int
+    pid: int
+    smUtil: int
+    memUtil: int
+    encUtil: int = 0
+    decUtil: int = 0
+    jpgUtil: int = 0
+    ofaUtil: int = 0
+
+
+def _now_us() -> int:
+    return int(time.time() * 1_000_000)
+
+
+@dataclass(eq=False)
+class FakeProcess:
+    """A process on a GPU or MIG device, as the driver lists it."""
+
+    pid: int
+    #: Device memory in MiB; None: the driver does not say (NVML_VALUE_NOT_AVAILABLE).
+    used_mib: int | None = 0
+    #: `compute`, `graphics`, `mps` (an MPS client) or `compute+graphics`.
+    kind: str = "compute"
+    sm_util: int = 0
+    mem_util: int = 0
+    #: When the driver took its latest utilization sample of it (µs, wall clock).
+    sample_us: int = field(default_factory=_now_us)
+
+    def set_util(self, sm_util: int, mem_util: int = 0, *, at_us: int | None = None) -> None:
+        """A new utilization sample (stamped now unless `at_us`)."""
+        self.sm_util, self.mem_util = sm_util, mem_util
+        self.sample_us = _now_us() if at_us is None else at_us
+
+
+def _add_process(
+    processes: list[FakeProcess],
+    pid: int,
+    used_mib: int | None,
+    kind: str,
+    sm_util: int,
+    mem_util: int,
+) -> FakeProcess:
+    if not set(kind.split("+")) <= {"compute", "graphics", "mps"}:
+        raise ValueError(f"bad process kind {kind!r}: compute, graphics, mps or compute+graphics")
+    process = FakeProcess(pid, used_mib, kind, sm_util, mem_util)
+    processes.append(process)
+    return process
+
+
+@dataclass
 class EventData:
     """Mirrors `pynvml.c_nvmlEventData_t`; `device` is None for a NULL device handle."""
 
@@ -179,6 +267,20 @@ class FakeMig:
     ci_profile_id: int = 0
     #: Shared engines: copy, decoder, encoder, jpeg, ofa.
     engines: tuple[int, int, int, int, int] = (1, 0, 0, 0, 0)
+    processes: list[FakeProcess] = field(default_factory=list)
+
+    def add_process(
+        self,
+        pid: int,
+        used_mib: int | None = 0,
+        *,
+        kind: str = "compute",
+        sm_util: int = 0,
+        mem_util: int = 0,
+    ) -> FakeProcess:
+        """A process running on this MIG device (the driver keeps no utilization samples
+        on MIG devices, so `sm_util` is never reported)."""
+        return _add_process(self.processes, pid, used_mib, kind, sm_util, mem_util)
 
 
 @dataclass(eq=False)
@@ -210,6 +312,26 @@ class FakeGpu:
     rows_pending: bool = False
     #: Pages waiting for a reset to be retired (nvmlDeviceGetRetiredPagesPendingStatus).
     pages_pending: bool = False
+    #: Processes on the whole GPU (those on its MIG devices are the MIGs' own).
+    processes: list[FakeProcess] = field(default_factory=list)
+
+    def add_process(
+        self,
+        pid: int,
+        used_mib: int | None = 0,
+        *,
+        kind: str = "compute",
+        sm_util: int = 0,
+        mem_util: int = 0,
+    ) -> FakeProcess:
+        """A process running on the whole GPU, with its memory and utilization."""
+        return _add_process(self.processes, pid, used_mib, kind, sm_util, mem_util)
+
+    def stop_process(self, pid: int) -> None:
+        """The process ends: gone from the GPU and from its MIG devices."""
+        self.processes[:] = [p for p in self.processes if p.pid != pid]
+        for mig in self.migs:
+            mig.processes[:] = [p for p in mig.processes if p.pid != pid]
 
     def enable_mig(self) -> FakeGpu:
         self.mig_mode = [pynvml.NVML_DEVICE_MIG_ENABLE, pynvml.NVML_DEVICE_MIG_ENABLE]
@@ -703,6 +825,64 @@ class FakeNvml(types.ModuleType):
         gpu = self._gpu("nvmlDeviceGetRetiredPagesPendingStatus", device)
         return int(pynvml.NVML_FEATURE_ENABLED if gpu.pages_pending else 0)
 
+    def _running(self, function: str, handle: Any, kind: str) -> list[ProcessInfo]:
+        """As NVML: a MIG handle lists its own processes, a GPU handle also its MIGs'."""
+        self._check(function, handle)
+        found: list[tuple[FakeProcess, FakeMig | None]]
+        if isinstance(handle, FakeMig):
+            found = [(p, handle) for p in handle.processes]
+        elif isinstance(handle, FakeGpu):
+            found = [(p, None) for p in handle.processes]
+            found += [(p, m) for m in handle.migs for p in m.processes]
+        else:
+            raise pynvml.NVMLError(pynvml.NVML_ERROR_INVALID_ARGUMENT)
+        return [
+            ProcessInfo(
+                pid=p.pid,
+                usedGpuMemory=None if p.used_mib is None else p.used_mib * _MIB,
+                gpuInstanceId=_NO_ID if m is None else m.gi_id,
+                computeInstanceId=_NO_ID if m is None else m.ci_id,
+            )
+            for p, m in found
+            if kind in p.kind.split("+")
+        ]
+
+    def nvmlDeviceGetComputeRunningProcesses(self, handle: Any) -> list[ProcessInfo]:
+        return self._running("nvmlDeviceGetComputeRunningProcesses", handle, "compute")
+
+    def nvmlDeviceGetGraphicsRunningProcesses(self, handle: Any) -> list[ProcessInfo]:
+        return self._running("nvmlDeviceGetGraphicsRunningProcesses", handle, "graphics")
+
+    def nvmlDeviceGetMPSComputeRunningProcesses(self, handle: Any) -> list[ProcessInfo]:
+        return self._running("nvmlDeviceGetMPSComputeRunningProcesses", handle, "mps")
+
+    def _samples(self, function: str, handle: Any, since: int) -> list[FakeProcess]:
+        """Processes with a sample newer than `since`: NOT_SUPPORTED on MIG, NOT_FOUND if none."""
+        self._check(function, handle)
+        if isinstance(handle, FakeMig) or (
+            isinstance(handle, FakeGpu)
+            and handle.mig_mode is not None
+            and handle.mig_mode[0] == pynvml.NVML_DEVICE_MIG_ENABLE
+        ):
+            raise pynvml.NVMLError(pynvml.NVML_ERROR_NOT_SUPPORTED)
+        gpu = self._gpu(function, handle)
+        found = [p for p in gpu.processes if (p.sm_util or p.mem_util) and p.sample_us > int(since)]
+        if not found:
+            raise pynvml.NVMLError(pynvml.NVML_ERROR_NOT_FOUND)
+        return found
+
+    def nvmlDeviceGetProcessUtilization(
+        self, handle: Any, timeStamp: int
+    ) -> list[ProcessUtilizationSample]:
+        found = self._samples("nvmlDeviceGetProcessUtilization", handle, timeStamp)
+        return [ProcessUtilizationSample(p.pid, p.sample_us, p.sm_util, p.mem_util) for p in found]
+
+    def nvmlDeviceGetProcessesUtilizationInfo(
+        self, handle: Any, timeStamp: int
+    ) -> list[ProcessUtilizationInfo]:
+        found = self._samples("nvmlDeviceGetProcessesUtilizationInfo", handle, timeStamp)
+        return [ProcessUtilizationInfo(p.sample_us, p.pid, p.sm_util, p.mem_util) for p in found]
+
     def nvmlEventSetCreate(self) -> _FakeEventSet:
         self._check("nvmlEventSetCreate")
         event_set = _FakeEventSet()
@@ -752,6 +932,90 @@ class FakeNvml(types.ModuleType):
                 self._event_sets.remove(eventSet)
 
 
+class FakePodResources(podresources_pb2_grpc.PodResourcesListerServicer):
+    """The kubelet's PodResources `List` on a unix socket, answering what a test declares.
+
+        with FakePodResources(tmp_path / "kubelet.sock") as kubelet:
+            kubelet.add("ml", "train-0", "main", "nvidia.com/gpu", ["GPU-..."])
+            kubelet.add_claim("ml", "infer-0", "main", "gpu-claim", "gpu.nvidia.com",
+                              "node-a", "gpu-3")
+
+    `fail` makes `List` answer with that gRPC status code until cleared (None).
+    """
+
+    def __init__(self, socket: Path) -> None:
+        self.socket = socket
+        self.pods: dict[tuple[str, str], podresources_pb2.PodResources] = {}
+        self.fail: grpc.StatusCode | None = None
+        self.calls = 0
+        self._lock = threading.Lock()
+        self._server = grpc.server(ThreadPoolExecutor(2))
+        add_pod_resources_servicer(self, self._server)
+        self._server.add_insecure_port(f"unix://{socket}")
+
+    def _container(
+        self, namespace: str, pod: str, container: str
+    ) -> podresources_pb2.ContainerResources:
+        entry = self.pods.setdefault(
+            (namespace, pod), podresources_pb2.PodResources(name=pod, namespace=namespace)
+        )
+        for existing in entry.containers:
+            if existing.name == container:
+                return existing
+        added: podresources_pb2.ContainerResources = entry.containers.add(name=container)
+        return added
+
+    def add(
+        self, namespace: str, pod: str, container: str, resource: str, device_ids: list[str]
+    ) -> None:
+        """A container holding device plugin devices of `resource`."""
+        with self._lock:
+            held = self._container(namespace, pod, container)
+            held.devices.add(resource_name=resource, device_ids=device_ids)
+
+    def add_claim(
+        self,
+        namespace: str,
+        pod: str,
+        container: str,
+        claim: str,
+        driver: str,
+        pool: str,
+        device: str,
+    ) -> None:
+        """A container using one device of a DRA claim (in the pod's namespace)."""
+        with self._lock:
+            used = self._container(namespace, pod, container).dynamic_resources.add(
+                claim_name=claim, claim_namespace=namespace
+            )
+            used.claim_resources.add(driver_name=driver, pool_name=pool, device_name=device)
+
+    def remove_pod(self, namespace: str, pod: str) -> None:
+        with self._lock:
+            self.pods.pop((namespace, pod), None)
+
+    def List(
+        self, request: podresources_pb2.ListPodResourcesRequest, context: grpc.ServicerContext
+    ) -> podresources_pb2.ListPodResourcesResponse:
+        with self._lock:
+            self.calls += 1
+            if self.fail is not None:
+                context.abort(self.fail, "injected failure")
+            return podresources_pb2.ListPodResourcesResponse(pod_resources=list(self.pods.values()))
+
+    def __enter__(self) -> FakePodResources:
+        self._server.start()
+        return self
+
+    def __exit__(
+        self,
+        exc_type: type[BaseException] | None,
+        exc: BaseException | None,
+        tb: TracebackType | None,
+    ) -> None:
+        self._server.stop(None)
+
+
 from kubegpu.devices.simulated import SimulatedBackend  # noqa: E402 - re-export
 from kubegpu.kubelet import KubeletEmulator  # noqa: E402 - re-export
 
@@ -763,10 +1027,15 @@ __all__ = [
     "FakeGpu",
     "FakeMig",
     "FakeNvml",
+    "FakePodResources",
+    "FakeProcess",
     "GpuInstanceInfo",
     "KubeletEmulator",
     "Memory",
     "PciInfo",
+    "ProcessInfo",
+    "ProcessUtilizationInfo",
+    "ProcessUtilizationSample",
     "ProfileInfo",
     "SimulatedBackend",
 ]

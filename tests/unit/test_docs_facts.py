@@ -21,7 +21,7 @@ import click
 import pytest
 
 from kubegpu.cli.serve import serve
-from kubegpu.metrics import Metrics
+from kubegpu.metrics import Metrics, UsageSnapshot
 
 REPO = Path(__file__).resolve().parents[2]
 CHART_TEMPLATES = REPO / "deployments" / "helm" / "kubegpu" / "templates"
@@ -36,9 +36,12 @@ def exposed_names() -> set[str]:
     until its first label set is used.
     """
     suffixes = {"counter": ("_total",), "histogram": ("_bucket", "_sum", "_count"), "gauge": ("",)}
+    metrics = Metrics()
+    # The per-container GPU families, as the daemon collects them at every scrape.
+    metrics.follow_usage(UsageSnapshot)
     return {
         family.name + suffix
-        for family in Metrics().registry.collect()
+        for family in metrics.registry.collect()
         for suffix in suffixes.get(family.type, ("",))
     }
 

@@ -142,6 +142,10 @@ def test_every_daemonset_is_least_privilege_and_tolerates_gpu_taints(
                     "/run/nvidia/mps",
                     "/run/nvidia/mps/shm",
                     "/sys",
+                    # Read only: process cgroups and the kubelet's PodResources API, to
+                    # tell which container uses what on the GPUs.
+                    "/proc",
+                    "/var/lib/kubelet/pod-resources",
                     "/etc/kubernetes/node-feature-discovery/features.d",
                 }, volume
 
@@ -231,8 +235,13 @@ def test_defaults_plugin_daemonset(chart: Any) -> None:
     # The host's driver is handed in by the NVIDIA runtime: no host `/` in the pod.
     assert "/driver-root" not in m and "CONTAINER_DRIVER_ROOT" not in e
     assert [v["hostPath"]["path"] for v in volumes(ds).values() if "hostPath" in v] == [
-        "/var/lib/kubelet/device-plugins"
+        "/var/lib/kubelet/device-plugins",
+        "/proc",
+        "/var/lib/kubelet/pod-resources",
     ]
+    # Who uses what on the GPUs (with metrics on): read only, found where PROC_ROOT says.
+    assert m["/host/proc"]["readOnly"] is True and e["PROC_ROOT"] == "/host/proc"
+    assert m["/var/lib/kubelet/pod-resources"]["readOnly"] is True
     assert "/var/run/cdi" not in m and "/dev/shm" not in m
     assert c["livenessProbe"]["httpGet"] == {"path": "/healthz", "port": "health"}
     assert c["readinessProbe"]["httpGet"] == {"path": "/readyz", "port": "health"}
@@ -847,12 +856,17 @@ def test_dra_mode_mounts_its_own_driver_dir_the_registrar_and_cdi_only(chart: An
         "/var/lib/kubelet/plugins/gpu.nvidia.com": "DirectoryOrCreate",
         # Every claim's devices reach the runtime through a CDI spec.
         "/var/run/cdi": "DirectoryOrCreate",
+        # With metrics on, who uses what: processes' cgroups and the kubelet's pod resources.
+        "/proc": "Directory",
+        "/var/lib/kubelet/pod-resources": "DirectoryOrCreate",
     }
     # Each at the host's own path: the kubelet dials the socket path the driver names.
     assert {m: v.get("readOnly", False) for m, v in mounts(ds).items()} == {
         "/var/lib/kubelet/plugins_registry": False,
         "/var/lib/kubelet/plugins/gpu.nvidia.com": False,
         "/var/run/cdi": False,
+        "/host/proc": True,
+        "/var/lib/kubelet/pod-resources": True,
         "/tmp": False,
         "/available-configs": True,
     }

@@ -7,10 +7,10 @@ import subprocess
 import sys
 from pathlib import Path
 
-from kubegpu.api import dra_health_pb2, dra_pb2, pb, pluginregistration_pb2
+from kubegpu.api import dra_health_pb2, dra_pb2, pb, pluginregistration_pb2, podresources_pb2
 
 SRC = Path(__file__).resolve().parents[2] / "src"
-PROTOS = ("api", "pluginregistration", "dra", "dra_health")
+PROTOS = ("api", "pluginregistration", "dra", "dra_health", "podresources")
 GENERATED = tuple(
     f"{proto}{suffix}" for proto in PROTOS for suffix in ("_pb2.py", "_pb2.pyi", "_pb2_grpc.py")
 )
@@ -154,3 +154,38 @@ def test_dra_health_is_the_kubelets_wire_contract() -> None:
         "HEALTHY": 1,
         "UNHEALTHY": 2,
     }
+
+
+def test_pod_resources_is_the_kubelets_wire_contract() -> None:
+    service = podresources_pb2.DESCRIPTOR.services_by_name["PodResourcesLister"]
+    # The kubelet serves /v1.PodResourcesLister/List on pod-resources/kubelet.sock.
+    assert service.full_name == "v1.PodResourcesLister"
+    assert [m.name for m in service.methods] == ["List", "GetAllocatableResources", "Get"]
+
+    def numbers(message: str) -> dict[str, int]:
+        descriptor = podresources_pb2.DESCRIPTOR.message_types_by_name[message]
+        return {f.name: f.number for f in descriptor.fields}
+
+    assert numbers("ListPodResourcesResponse") == {"pod_resources": 1}
+    assert numbers("PodResources") == {"name": 1, "namespace": 2, "containers": 3}
+    assert numbers("ContainerResources") == {
+        "name": 1,
+        "devices": 2,
+        "cpu_ids": 3,
+        "memory": 4,
+        "dynamic_resources": 5,
+    }
+    assert numbers("ContainerDevices") == {"resource_name": 1, "device_ids": 2, "topology": 3}
+    assert numbers("DynamicResource") == {
+        "claim_name": 2,
+        "claim_namespace": 3,
+        "claim_resources": 4,
+    }
+    assert numbers("ClaimResource") == {
+        "cdi_devices": 1,
+        "driver_name": 2,
+        "pool_name": 3,
+        "device_name": 4,
+        "share_id": 5,
+    }
+    assert numbers("GetPodResourcesRequest") == {"pod_name": 1, "pod_namespace": 2}

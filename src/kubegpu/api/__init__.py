@@ -1,8 +1,9 @@
 """The kubelet APIs kubegpu serves: the .proto files and their generated Python, nothing else.
 
 The device plugin API v1beta1 (`pb`), the plugin-watcher registration API
-(`pluginregistration_pb2`), the DRA plugin API v1 (`dra_pb2`) and the DRA device health API
-v1alpha1 (`dra_health_pb2`).
+(`pluginregistration_pb2`), the DRA plugin API v1 (`dra_pb2`), the DRA device health API
+v1alpha1 (`dra_health_pb2`), and the kubelet's PodResources API v1 (`podresources_pb2`),
+which kubegpu calls to learn which container holds which device.
 
 Regenerate with `make proto`; tests/unit/test_proto.py proves the checked-in files match.
 """
@@ -11,7 +12,7 @@ import grpc
 
 from kubegpu.api import api_pb2 as pb
 from kubegpu.api import api_pb2_grpc as pb_grpc
-from kubegpu.api import dra_health_pb2_grpc
+from kubegpu.api import dra_health_pb2_grpc, podresources_pb2_grpc
 
 #: The only API version the kubelet accepts from device plugins.
 VERSION = "v1beta1"
@@ -20,6 +21,8 @@ UNHEALTHY = "Unhealthy"
 #: Where the kubelet looks for plugin sockets and serves its own.
 DEVICE_PLUGIN_PATH = "/var/lib/kubelet/device-plugins/"
 KUBELET_SOCKET = "kubelet.sock"
+#: Where the kubelet serves the PodResources API.
+POD_RESOURCES_SOCKET = "/var/lib/kubelet/pod-resources/kubelet.sock"
 
 
 # Typed doors into the untyped generated gRPC module.
@@ -53,18 +56,32 @@ def dra_health_stub(channel: grpc.aio.Channel) -> dra_health_pb2_grpc.DRAResourc
     return dra_health_pb2_grpc.DRAResourceHealthStub(channel)
 
 
+def pod_resources_stub(channel: grpc.Channel) -> podresources_pb2_grpc.PodResourcesListerStub:
+    return podresources_pb2_grpc.PodResourcesListerStub(channel)
+
+
+def add_pod_resources_servicer(
+    servicer: podresources_pb2_grpc.PodResourcesListerServicer,
+    server: grpc.Server | grpc.aio.Server,
+) -> None:
+    podresources_pb2_grpc.add_PodResourcesListerServicer_to_server(servicer, server)
+
+
 __all__ = [
     "DEVICE_PLUGIN_PATH",
     "HEALTHY",
     "KUBELET_SOCKET",
+    "POD_RESOURCES_SOCKET",
     "UNHEALTHY",
     "VERSION",
     "add_device_plugin_servicer",
     "add_dra_health_servicer",
+    "add_pod_resources_servicer",
     "add_registration_servicer",
     "device_plugin_stub",
     "dra_health_stub",
     "pb",
     "pb_grpc",
+    "pod_resources_stub",
     "registration_stub",
 ]

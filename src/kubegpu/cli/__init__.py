@@ -69,6 +69,7 @@ COMMANDS = {
     "demo": "kubegpu.cli.demo:demo",
     "check": "kubegpu.cli.check:check",
     "config": "kubegpu.cli.config:config",
+    "top": "kubegpu.cli.top:top",
 }
 
 

@@ -20,7 +20,7 @@ from typing import Any
 
 import click
 
-from kubegpu.api import DEVICE_PLUGIN_PATH, KUBELET_SOCKET
+from kubegpu.api import DEVICE_PLUGIN_PATH, KUBELET_SOCKET, POD_RESOURCES_SOCKET
 from kubegpu.cli import setup_logging
 from kubegpu.cli.options import (
     ADDRESS,
@@ -32,6 +32,7 @@ from kubegpu.cli.options import (
     UsageError,
     backend_option,
     bool_option,
+    check_absolute,
     check_kubelet_socket,
     check_plugin_path,
     check_simulate_backend,
@@ -66,6 +67,7 @@ from kubegpu.dra.driver import PLUGINS_DIRECTORY, REGISTRAR_DIRECTORY
 from kubegpu.errors import ConfigError, KubegpuError
 from kubegpu.events import NodeEvents
 from kubegpu.health import health_flags_from_env
+from kubegpu.usage import DEFAULT_MAX_ROWS
 
 log = logging.getLogger("kubegpu")
 
@@ -77,6 +79,16 @@ def _float(text: str) -> float:
         return float(text)
     except ValueError:
         raise ValueError(f"invalid number {text!r}; give seconds, e.g. 60") from None
+
+
+def _count(text: str) -> int:
+    try:
+        value = int(text)
+    except ValueError:
+        value = 0
+    if value < 1:
+        raise ValueError(f"invalid count {text!r}; give a whole number of at least 1")
+    return value
 
 
 def _directory(text: str) -> str:
@@ -249,6 +261,29 @@ SERVE_OPTIONS: list[click.Parameter] = [
         help="address for /metrics",
     ),
     option(
+        "--proc-root",
+        envvar="PROC_ROOT",
+        type=Parsed("path", check_absolute),
+        default="/proc",
+        help="the host's /proc (mounted at /host/proc by the chart): process cgroups, to "
+        "tell which container uses what on the GPUs",
+    ),
+    option(
+        "--pod-resources-socket",
+        envvar="POD_RESOURCES_SOCKET",
+        type=Parsed("path", check_absolute),
+        default=POD_RESOURCES_SOCKET,
+        help="the kubelet's PodResources API socket: which container holds which device",
+    ),
+    option(
+        "--usage-max-rows",
+        envvar="USAGE_MAX_ROWS",
+        type=Parsed("count", _count),
+        default=DEFAULT_MAX_ROWS,
+        help="per-container GPU rows per scrape at most (each up to 4 series); beyond it the "
+        "rows holding the least memory are left out",
+    ),
+    option(
         "--health-port",
         envvar="HEALTH_PORT",
         type=PORT,
@@ -340,6 +375,9 @@ def _daemon_main(
         health_address=values["health_address"],
         with_labels=values["with_labels"],
         handover=values["handover"],
+        proc_root=Path(values["proc_root"]),
+        pod_resources_socket=Path(values["pod_resources_socket"]),
+        usage_max_rows=values["usage_max_rows"],
     )
 
     async def main() -> None:

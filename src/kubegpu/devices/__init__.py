@@ -19,6 +19,7 @@ from kubegpu.devices.model import (
     DeviceBackend,
     DeviceID,
     Gpu,
+    GpuProcess,
     Health,
     HealthEvent,
     HealthEventKind,
@@ -26,6 +27,9 @@ from kubegpu.devices.model import (
     Link,
     LinkKind,
     MigDevice,
+    ProcessKind,
+    ProcessSource,
+    ProcessTable,
     ResourceName,
     StopFlag,
     Vendor,
@@ -51,6 +55,9 @@ class NullBackend:
 
     def probe(self, uuid: str) -> str | None:
         return f"no backend ({self.reason})"
+
+    def processes(self) -> ProcessTable:
+        return ProcessTable()
 
     def watch(self, stop: StopFlag, emit: Callable[[HealthEvent], None]) -> None:
         stop.wait()
@@ -97,6 +104,7 @@ __all__ = [
     "DeviceBackend",
     "DeviceID",
     "Gpu",
+    "GpuProcess",
     "Health",
     "HealthEvent",
     "HealthEventKind",
@@ -105,6 +113,9 @@ __all__ = [
     "LinkKind",
     "MigDevice",
     "NullBackend",
+    "ProcessKind",
+    "ProcessSource",
+    "ProcessTable",
     "ResourceName",
     "Stop",
     "StopFlag",

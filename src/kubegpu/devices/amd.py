@@ -34,6 +34,7 @@ from kubegpu.devices.model import (
     Inventory,
     Link,
     LinkKind,
+    ProcessTable,
     StopFlag,
     Vendor,
 )
@@ -438,6 +439,14 @@ class AmdBackend:
         if path is None:
             return f"{uuid}: not an AMD GPU on this node"
         return None if path.exists() else f"{uuid}: {path} is gone (GPU lost?)"
+
+    def processes(self) -> ProcessTable:
+        """None yet. What the kernel offers to build it on: KFD lists each compute process
+        under `/sys/class/kfd/kfd/proc/<pid>/` with its VRAM per GPU (`vram_<gpu_id>`), and
+        since Linux 5.19 amdgpu reports per-client memory and engine time in
+        `/proc/<pid>/fdinfo/<fd>` (`drm-memory-vram`, `drm-engine-gfx`, as `amd-smi process`
+        reads them); SM-style utilization would come from the engine-time deltas."""
+        return ProcessTable()
 
     def watch(self, stop: StopFlag, emit: Callable[[HealthEvent], None]) -> None:
         """Poll the devices' sysfs directories; a vanished one is a failed probe."""

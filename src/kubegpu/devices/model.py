@@ -13,7 +13,7 @@ import functools
 from collections.abc import Callable, Iterator, Mapping
 from dataclasses import dataclass, field
 from enum import StrEnum
-from typing import NewType, Protocol
+from typing import NewType, Protocol, runtime_checkable
 
 #: A device ID as advertised to the kubelet (GPU UUID, MIG UUID, `<UUID>::<n>`, or index).
 DeviceID = NewType("DeviceID", str)
@@ -224,6 +224,59 @@ class Inventory:
             migs = tuple(mig(m, h) for m in g.mig_devices)
             gpus.append(dataclasses.replace(g, health=h, mig_devices=migs))
         return dataclasses.replace(self, gpus=tuple(gpus))
+
+
+class ProcessKind(StrEnum):
+    """Which of the driver's process lists a process is on (one process may be on several)."""
+
+    COMPUTE = "compute"
+    GRAPHICS = "graphics"
+    #: A client of an MPS server (the server itself is listed as a compute process).
+    MPS = "mps"
+
+
+@dataclass(frozen=True)
+class GpuProcess:
+    """One process the driver reports running on a GPU or MIG device, with its use of it."""
+
+    #: The process ID in the host's PID namespace (what the driver reports).
+    pid: int
+    #: The device it runs on: a GPU's UUID, or a MIG device's UUID.
+    uuid: str
+    kinds: tuple[ProcessKind, ...] = (ProcessKind.COMPUTE,)
+    #: Device memory it holds; None where the driver does not say.
+    used_memory_bytes: int | None = None
+    #: On a MIG device: its GPU instance and compute instance IDs.
+    gpu_instance_id: int | None = None
+    compute_instance_id: int | None = None
+    #: Percent of the device's SMs it kept busy over the driver's latest sample (0 when it
+    #: has no recent sample); None where the driver keeps no per-process samples (MIG).
+    sm_percent: int | None = None
+    #: Percent of the time the device's memory was read or written for it; None as above.
+    memory_percent: int | None = None
+
+
+@dataclass(frozen=True)
+class ProcessTable:
+    """The processes on the node's GPUs at one moment."""
+
+    processes: tuple[GpuProcess, ...] = ()
+    #: Devices (UUID) whose process list could not be read, with what failed: their
+    #: processes are missing from `processes`, which is not the same as "none".
+    failures: Mapping[str, str] = field(default_factory=dict)
+
+
+@runtime_checkable
+class ProcessSource(Protocol):
+    """A backend that can list the processes on its GPUs (blocking; call from a thread).
+
+    Every backend has it (the AMD and null backends report none); it is a separate
+    protocol so that a test double of `DeviceBackend` need not grow it.
+    """
+
+    def processes(self) -> ProcessTable:
+        """The processes on every GPU and MIG device now; never raises for one device."""
+        ...
 
 
 class HealthEventKind(StrEnum):

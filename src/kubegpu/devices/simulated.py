@@ -19,7 +19,8 @@ Node file format (`docs/simulated-node.md` has the long version)::
         xid: 79                   # inject this Xid (again whenever the value changes)
 
 GPU keys: product, memory_mib, compute_capability, multiprocessors, brand, numa_node,
-pci_bus_id, uuid, mig_capable, mig, healthy, probe_error, xid, count, and the fabric:
+pci_bus_id, uuid, mig_capable, mig, healthy, probe_error, xid, count, processes (each
+`{pid, memory_mib, type, sm_util, mem_util, mig}`, `mig` the slot of a MIG slice), and the fabric:
 nvlinks ({peer index: lanes}), nvswitch (domain name), nvswitch_links, links_down
 ({peer: n} or {nvswitch: n}), pcie_switch, pcie_host_bridge. Cross-NUMA pairs are always
 `SYS` on PCIe. While watching, a file-backed node re-reads the file when inotify
@@ -43,6 +44,7 @@ import yaml
 
 from kubegpu.devices.model import (
     Gpu,
+    GpuProcess,
     Health,
     HealthEvent,
     HealthEventKind,
@@ -50,6 +52,8 @@ from kubegpu.devices.model import (
     Link,
     LinkKind,
     MigDevice,
+    ProcessKind,
+    ProcessTable,
     StopFlag,
 )
 from kubegpu.errors import DeviceError
@@ -109,10 +113,34 @@ _GPU_KEYS = {
     "nvswitch_links",
     "pcie_switch",
     "pcie_host_bridge",
+    "processes",
 }
+_PROCESS_KEYS = {"pid", "memory_mib", "type", "sm_util", "mem_util", "mig"}
+#: The process types of the simulated NVML (`compute+graphics` is on both lists).
+_PROCESS_TYPES = {
+    "compute": (ProcessKind.COMPUTE,),
+    "graphics": (ProcessKind.GRAPHICS,),
+    "mps": (ProcessKind.MPS,),
+    "compute+graphics": (ProcessKind.COMPUTE, ProcessKind.GRAPHICS),
+}
+#: As the simulated NVML's table: at most this many processes per GPU.
+MAX_PROCESSES = 512
 #: The `links_down` key for links into the GPU's NVSwitch domain.
 _SWITCH = "nvswitch"
 _PCIE = {kind.value: kind for kind in LinkKind if kind is not LinkKind.NVLINK}
+
+
+@dataclass(frozen=True)
+class ProcessSpec:
+    """A process running on a simulated GPU (or on one of its MIG slices)."""
+
+    pid: int
+    memory_mib: int = 0
+    kinds: tuple[ProcessKind, ...] = (ProcessKind.COMPUTE,)
+    sm_util: int = 0
+    mem_util: int = 0
+    #: The MIG slice (its slot in the GPU's `mig` list) it runs on; None: the whole GPU.
+    mig: int | None = None
 
 
 @dataclass(frozen=True)
@@ -143,13 +171,16 @@ class GpuSpec:
     #: PCIe switch and host bridge (any numbers): same switch is PIX, same bridge PHB.
     pcie_switch: int | None = None
     pcie_host_bridge: int | None = None
+    processes: tuple[ProcessSpec, ...] = ()
 
     def down(self, peer: int) -> int:
         return sum(n for p, n in self.links_down if p == peer)
 
     def static(self) -> GpuSpec:
         """The hardware facts only (what a change of needs rediscovery)."""
-        return dataclasses.replace(self, mig=None, healthy=True, probe_error=None, xid=None)
+        return dataclasses.replace(
+            self, mig=None, healthy=True, probe_error=None, xid=None, processes=()
+        )
 
 
 @dataclass(frozen=True)
@@ -182,6 +213,10 @@ _INT_RANGES = {
     "pcie_switch": (0, 1 << 16),
     "pcie_host_bridge": (0, 1 << 16),
     "nvlink_version": (1, 5),
+    "pid": (1, (1 << 22)),
+    "sm_util": (0, 100),
+    "mem_util": (0, 100),
+    "mig": (0, 7),
 }
 
 
@@ -265,6 +300,8 @@ def _gpu_spec(entry: Any, defaults: Mapping[str, Any], where: str) -> tuple[GpuS
         fields["nvlinks"] = _per_peer(merged["nvlinks"], f"{where}.nvlinks", switch=False)
     if merged.get("links_down") is not None:
         fields["links_down"] = _per_peer(merged["links_down"], f"{where}.links_down", switch=True)
+    if merged.get("processes") is not None:
+        fields["processes"] = _processes(merged["processes"], f"{where}.processes")
     if "numa_node" in merged:
         numa = merged["numa_node"]
         fields["numa_node"] = None if numa is None else _int(numa, "numa_node", where)
@@ -286,6 +323,44 @@ def _gpu_spec(entry: Any, defaults: Mapping[str, Any], where: str) -> tuple[GpuS
     if gpu.mig is not None:
         _check_layout(gpu, gpu.mig, f"{where}.mig")
     return gpu, count
+
+
+def _processes(value: Any, where: str) -> tuple[ProcessSpec, ...]:
+    if not isinstance(value, list) or len(value) > MAX_PROCESSES:
+        raise DeviceError(
+            f"{where}: expected a list of at most {MAX_PROCESSES} processes like "
+            f"[{{pid: 4242, memory_mib: 6144, sm_util: 40}}]"
+        )
+    found = []
+    for i, entry in enumerate(value):
+        at = f"{where}[{i}]"
+        if not isinstance(entry, Mapping) or "pid" not in entry:
+            raise DeviceError(f"{at}: expected a mapping with a pid, like {{pid: 4242}}")
+        unknown = sorted(str(key) for key in set(entry) - _PROCESS_KEYS)
+        if unknown:
+            raise DeviceError(
+                f"{at}: unknown key {unknown[0]!r}; known: {', '.join(sorted(_PROCESS_KEYS))}"
+            )
+        kind = _text(entry.get("type", "compute"), f"{at}.type")
+        if kind not in _PROCESS_TYPES:
+            raise DeviceError(f"{at}.type: {kind!r} is not one of {', '.join(_PROCESS_TYPES)}")
+        mig = entry.get("mig")
+        found.append(
+            ProcessSpec(
+                pid=_int(entry["pid"], "pid", at),
+                # 0 MiB is a process that holds no memory yet; the GPU's bounds otherwise.
+                memory_mib=(
+                    0
+                    if entry.get("memory_mib", 0) == 0
+                    else _int(entry["memory_mib"], "memory_mib", at)
+                ),
+                kinds=_PROCESS_TYPES[kind],
+                sm_util=_int(entry.get("sm_util", 0), "sm_util", at),
+                mem_util=_int(entry.get("mem_util", 0), "mem_util", at),
+                mig=None if mig is None else _int(mig, "mig", at),
+            )
+        )
+    return tuple(found)
 
 
 def _per_peer(value: Any, where: str, *, switch: bool) -> tuple[tuple[int, int], ...]:
@@ -426,6 +501,10 @@ class SimulatedBackend:
         self._pending: deque[HealthEvent] = deque()
         self._mig: dict[int, tuple[str, ...] | None] = {i: g.mig for i, g in enumerate(spec.gpus)}
         self._probe_errors: dict[str, str] = {}
+        #: GPU index -> its running processes: the file's, then started and stopped ones.
+        self._procs: dict[int, tuple[ProcessSpec, ...]] = {
+            i: g.processes for i, g in enumerate(spec.gpus)
+        }
         #: The watch threads' waits, interrupted by every injection.
         self._waiters: set[BlockingPathWatch] = set()
         with self._lock:
@@ -617,6 +696,43 @@ class SimulatedBackend:
             self._mig[index] = tuple(profiles)
             self._push(HealthEvent(self._uuid(index), HealthEventKind.RECONFIGURED))
 
+    def start_process(
+        self,
+        gpu: int | str,
+        pid: int,
+        memory_mib: int = 0,
+        *,
+        kind: str = "compute",
+        sm_util: int = 0,
+        mem_util: int = 0,
+        mig: int | None = None,
+    ) -> None:
+        """A process starts on a GPU (index or UUID), or on its MIG slice in slot `mig`."""
+        entry = {"pid": pid, "memory_mib": memory_mib, "type": kind}
+        entry |= {"sm_util": sm_util, "mem_util": mem_util, "mig": mig}
+        (process,) = _processes([{k: v for k, v in entry.items() if v is not None}], "process")
+        with self._lock:
+            index = self._index(gpu)
+            self._procs[index] = (*self._procs.get(index, ()), process)
+
+    def stop_process(self, pid: int) -> None:
+        """The process ends, on every GPU it ran on."""
+        with self._lock:
+            for index, running in self._procs.items():
+                self._procs[index] = tuple(p for p in running if p.pid != pid)
+
+    def processes(self) -> ProcessTable:
+        """The running processes, as the NVML backend reports them: a process on a MIG
+        slice carries its instance IDs and no utilization (NVML keeps none for MIG)."""
+        with self._lock:
+            found = []
+            for index in range(len(self._spec.gpus)):
+                uuid = self._uuid(index)
+                migs = self._migs(index, uuid) if self._mig.get(index) is not None else ()
+                for p in self._procs.get(index, ()):
+                    found.extend(_reported(p, uuid, migs))
+            return ProcessTable(tuple(found))
+
     # -- health -----------------------------------------------------------------------
 
     def probe(self, uuid: str) -> str | None:
@@ -715,9 +831,36 @@ class SimulatedBackend:
                 self._push(
                     HealthEvent(self._uuid(index), HealthEventKind.HEALED, detail="node file")
                 )
+            if gpu.processes != before.processes:
+                self._procs[index] = gpu.processes
             if not structural and gpu.mig != before.mig:
                 self._mig[index] = gpu.mig
                 self._push(HealthEvent(self._uuid(index), HealthEventKind.RECONFIGURED))
 
 
-__all__ = ["PRESETS", "GpuSpec", "NodeSpec", "SimulatedBackend", "parse_node", "parse_profile"]
+def _reported(p: ProcessSpec, uuid: str, migs: tuple[MigDevice, ...]) -> list[GpuProcess]:
+    """How NVML reports `p` on GPU `uuid` with slices `migs` (none while MIG is off)."""
+    memory = p.memory_mib * 1024 * 1024
+    if p.mig is None:
+        if migs:  # MIG is on: a whole-GPU process cannot run (the simulated NVML refuses it)
+            return []
+        return [
+            GpuProcess(
+                p.pid, uuid, p.kinds, memory, sm_percent=p.sm_util, memory_percent=p.mem_util
+            )
+        ]
+    slot = next((m for m in migs if m.mig_index == p.mig), None)
+    if slot is None:  # no such slice (MIG off or another layout)
+        return []
+    return [GpuProcess(p.pid, slot.uuid, p.kinds, memory, slot.gi_id, slot.ci_id)]
+
+
+__all__ = [
+    "PRESETS",
+    "GpuSpec",
+    "NodeSpec",
+    "ProcessSpec",
+    "SimulatedBackend",
+    "parse_node",
+    "parse_profile",
+]

@@ -8,7 +8,8 @@ fields fail is reported `Unhealthy`, and a GPU without a readable UUID is skippe
 
 The rooms: `backend` (`NvmlBackend`: open, close, and the seams below), `discovery`
 (GPUs, MIG slices and profile names), `links` (NVLink/NVSwitch/PCIe between GPUs),
-`health` (probes, the Xid/ECC event set, the MIG layout check), `names` (pure NVML
+`health` (probes, the Xid/ECC event set, the MIG layout check), `processes` (who runs
+on each GPU and MIG device, their memory and SM utilization), `names` (pure NVML
 vocabulary) and `session` (the NVML handle they share). Paths come from
 `kubegpu.nvidia_paths`.
 

@@ -16,8 +16,9 @@ from typing import Any
 
 import pynvml
 
-from kubegpu.devices.model import HealthEvent, Inventory, StopFlag
+from kubegpu.devices.model import HealthEvent, Inventory, ProcessTable, StopFlag
 from kubegpu.devices.nvml import discovery, health
+from kubegpu.devices.nvml.processes import ProcessReader
 from kubegpu.devices.nvml.session import Session, log
 from kubegpu.errors import InitError
 from kubegpu.nvidia_paths import LIBRARY_DIRS, NVML_LIBRARY
@@ -84,6 +85,7 @@ class NvmlBackend:
         self._wait_timeout_ms = wait_timeout_ms
         self._layout_check_seconds = layout_check_seconds
         self._clock = clock
+        self._processes = ProcessReader(self._session)
         self._closed = False
 
     @classmethod
@@ -146,6 +148,10 @@ class NvmlBackend:
     def probe(self, uuid: str) -> str | None:
         """A cheap NVML round trip: the handle by UUID and its memory info."""
         return health.probe(self._session, uuid)
+
+    def processes(self) -> ProcessTable:
+        """The processes on every GPU and MIG device, with memory and SM utilization."""
+        return self._processes.read()
 
     def watch(self, stop: StopFlag, emit: Callable[[HealthEvent], None]) -> None:
         """Forward Xid/ECC events until `stop` is set; report failures as events, never raise."""
