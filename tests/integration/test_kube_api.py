@@ -30,9 +30,15 @@ from urllib.parse import parse_qs, urlsplit
 
 import pytest
 
-from kubegpu.dra.slices import NVIDIA_DRIVER
+from kubegpu.config import Config
+from kubegpu.devices import Health
+from kubegpu.dra.publisher import SlicePublisher
+from kubegpu.dra.slices import NVIDIA_DRIVER, Fault
 from kubegpu.events import KubernetesEventSink, NodeEvent
 from kubegpu.kube import RELIST, KubeClient, KubeError
+from kubegpu.state import NodeState, NodeStore
+from kubegpu.watch.backoff import Backoff
+from tests.builders import gpu, inventory
 from tests.waiting import WAIT, eventually
 
 SLICES = "/apis/resource.k8s.io/v1/resourceslices"
@@ -482,9 +488,10 @@ class Pauses:
         return stop.wait(WAIT) if len(self.delays) >= self.limit else stop.is_set()
 
 
-def resource_slice(name: str) -> dict[str, Any]:
+def resource_slice(name: str, *, pool: bool = True) -> dict[str, Any]:
     spec: dict[str, Any] = {"driver": NVIDIA_DRIVER, "nodeName": "n1", "devices": []}
-    spec["pool"] = {"name": "n1", "generation": 1, "resourceSliceCount": 1}
+    if pool:
+        spec["pool"] = {"name": "n1", "generation": 1, "resourceSliceCount": 1}
     return {"metadata": {"name": name, "resourceVersion": "7"}, "spec": spec}
 
 
@@ -545,3 +552,66 @@ async def test_watches_the_server_ends_at_once_wait_between_tries(api: ApiServer
     assert pauses.delays == [1.0, 2.0, 4.0, 8.0]
     assert api.count("GET", "/api/v1/nodes", watch=True) == 4
     assert api.count("GET", "/api/v1/nodes/n1") == 1
+
+
+def without_taints(body: dict[str, Any]) -> None:
+    """An API server without the DRADeviceTaints feature gate: it drops device taints."""
+    for device in body.get("spec", {}).get("devices") or []:
+        device.pop("taints", None)
+
+
+def generations(api: ApiServer) -> set[int]:
+    return {s["spec"]["pool"]["generation"] for s in api.slices.items.values()}
+
+
+async def test_a_server_that_drops_taints_is_written_once_per_change(api: ApiServer) -> None:
+    """An Xid on a GPU, a server that drops taints and reports each write on its watch
+    before the writer has the answer: was 91 writes in 15 s, the pool's generation 1 ->
+    92. Now one write for the change, then nothing."""
+    api.slices.storage = without_taints
+    faults = {gpu(0).uuid: Fault(xid=79)}
+    store = NodeStore(NodeState(inventory=inventory(gpu(0), gpu(1)), config=Config(), version=1))
+    pub = SlicePublisher(
+        KubeClient(timeout=WAIT),
+        store,
+        "n1",
+        drivers=(NVIDIA_DRIVER,),
+        faults=lambda: faults,
+        backoff=Backoff(0.01, 0.02),
+    )
+    task = asyncio.ensure_future(pub.run())
+    try:
+        await eventually(lambda: generations(api) == {1})
+        store.update(health={gpu(0).uuid: Health.UNHEALTHY})
+        await eventually(lambda: generations(api) == {2})
+        # One sync at a time: this one follows any the watch's events started.
+        assert await asyncio.to_thread(pub.sync, store.state) is False
+        assert not task.done()
+    finally:
+        task.cancel()
+        with pytest.raises(asyncio.CancelledError):
+            await task
+    assert generations(api) == {2}
+    (name,) = api.slices.items
+    assert (api.count("POST", SLICES), api.count("PUT", f"{SLICES}/{name}")) == (1, 1)
+
+
+async def test_a_listed_slice_without_a_pool_is_left_alone(api: ApiServer) -> None:
+    """A broken server or proxy lists a slice without spec.pool: it ended the daemon
+    (`task 'resource slices' failed: 'pool'`); now it is left alone and the pool is
+    published beside it."""
+    api.slices.items["broken"] = broken = resource_slice("broken", pool=False)
+    store = NodeStore(NodeState(inventory=inventory(gpu(0)), config=Config(), version=1))
+    pub = SlicePublisher(
+        KubeClient(timeout=WAIT), store, "n1", drivers=(NVIDIA_DRIVER,), backoff=Backoff(0.01, 0.02)
+    )
+    task = asyncio.ensure_future(pub.run())
+    try:
+        await eventually(lambda: len(api.slices.items) == 2)
+        assert await asyncio.to_thread(pub.sync, store.state) is False
+        assert not task.done()
+    finally:
+        task.cancel()
+        with pytest.raises(asyncio.CancelledError):
+            await task
+    assert api.slices.items["broken"] == broken
