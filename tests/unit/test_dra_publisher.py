@@ -528,7 +528,7 @@ def test_a_write_the_server_changes_is_logged_once_and_not_repeated(
 
 
 async def test_a_server_that_drops_fields_is_not_written_in_a_loop(kube: FakeKube) -> None:
-    """The loop as the issue saw it: the watch reports each write (here before the
+    """The loop as it ran in a cluster: the watch reports each write (here before the
     write's answer is back) and pokes a comparison; it finds what the server keeps and
     writes nothing."""
     kube.slice_storage = without_taints
