@@ -17,7 +17,7 @@ from kubegpu.devices.model import Inventory
 from kubegpu.dra.publisher import CONFLICT_RETRIES, SlicePublisher, faults_of
 from kubegpu.dra.slices import AMD_DRIVER, NVIDIA_DRIVER, Fault
 from kubegpu.health import HealthTracker
-from kubegpu.kube import FakeKube, KubeError
+from kubegpu.kube import FakeKube, KubeError, SliceEvent
 from kubegpu.kube.errors import status_error
 from kubegpu.state import NodeState, NodeStore
 from kubegpu.watch.backoff import Backoff
@@ -321,7 +321,9 @@ async def test_the_loop_retries_an_api_failure(
     pub = publisher(kube, store, backoff=Backoff(0.01, 0.02))
     task = asyncio.ensure_future(pub.run())
     try:
-        await eventually(lambda: bool(stored(kube)))
+        # The write lands before the loop sees the sync succeed: wait for what the test
+        # asserts, the pacing started over, not for the write alone.
+        await eventually(lambda: bool(stored(kube)) and pub.backoff.delay == 0.01)
     finally:
         task.cancel()
         with pytest.raises(asyncio.CancelledError):
@@ -361,3 +363,204 @@ async def test_resync_compares_with_the_api_at_once(
     kube.resource_slices.clear()  # no event: not through the API
     pub.resync()
     await eventually(lambda: list(devices(kube)) == ["gpu-0", "gpu-1"])
+
+
+async def test_the_loop_waits_as_long_as_the_server_asks_up_to_its_cap(
+    kube: FakeKube, caplog: pytest.LogCaptureFixture
+) -> None:
+    """A 429 (or 503) with Retry-After: the next try waits that long, but never longer
+    than the backoff's cap, whatever the header says."""
+    caplog.set_level(logging.WARNING, logger="kubegpu.dra.publisher")
+    throttled = status_error(
+        "create ResourceSlice node-1-gpu.nvidia.com-*", 429, "Too Many Requests", retry_after=3600
+    )
+    kube.fail_next("create resourceslice/", throttled)
+    store = store_of(inventory(gpu(0)))
+    pub = publisher(kube, store, backoff=Backoff(0.01, 0.3))
+    task = asyncio.ensure_future(pub.run())
+    try:
+        await eventually(lambda: bool(stored(kube)))
+    finally:
+        task.cancel()
+        with pytest.raises(asyncio.CancelledError):
+            await task
+    assert [r.getMessage() for r in caplog.records] == [
+        f"node {NODE}: cannot publish ResourceSlices: {throttled}; retrying in 0.3s"
+    ]
+
+
+# -- what the API holds is data ---------------------------------------------------------------
+
+
+def broken(name: str, spec: dict[str, Any]) -> dict[str, Any]:
+    """A slice of this node as a broken server or proxy might list it."""
+    return {
+        "metadata": {"name": name, "resourceVersion": "5"},
+        "spec": {"driver": NVIDIA_DRIVER, "nodeName": NODE} | spec,
+    }
+
+
+BROKEN = [
+    broken("no-pool", {"devices": [{"name": "gpu-7"}]}),
+    broken("bad-generation", {"pool": {"name": NODE, "generation": "2"}}),
+    broken("nameless-device", {"pool": {"name": NODE, "generation": 1}, "devices": [{}]}),
+    broken(
+        "odd-taint",
+        {
+            "pool": {"name": NODE, "generation": 1},
+            "devices": [{"name": "gpu-0", "taints": [{"key": "k", "value": {}, "effect": "e"}]}],
+        },
+    ),
+    broken("devices-not-a-list", {"pool": {"name": NODE, "generation": 1}, "devices": "x"}),
+]
+
+
+@pytest.mark.parametrize("bad", BROKEN, ids=[b["metadata"]["name"] for b in BROKEN])
+def test_a_slice_that_cannot_be_read_is_left_alone_and_logged_once(
+    kube: FakeKube, bad: dict[str, Any], caplog: pytest.LogCaptureFixture
+) -> None:
+    caplog.set_level(logging.WARNING, logger="kubegpu.dra.publisher")
+    name = bad["metadata"]["name"]
+    kube.resource_slices[name] = bad  # as listed; no server would store it
+    store = store_of(inventory(gpu(0)))
+    pub = publisher(kube, store)
+    assert pub.sync(store.state) is True  # the pool is published around it
+    assert pub.sync(store.state) is False
+    assert kube.resource_slices[name] == bad  # neither rewritten nor deleted
+    assert not any(name in call for call in writes(kube))
+    (line,) = [r.getMessage() for r in caplog.records]
+    assert line.startswith(f"node {NODE}: ResourceSlice {name} of {NVIDIA_DRIVER} cannot be read (")
+    assert pub.clear() == 2  # an uninstall deletes what it can name, this one too
+
+
+async def test_the_loop_outlives_an_unreadable_slice(kube: FakeKube) -> None:
+    """One broken slice in a list answer ended the daemon (its root task failed); the
+    loop now publishes and goes on following the store."""
+    kube.resource_slices["no-pool"] = BROKEN[0]
+    store = store_of(inventory(gpu(0), gpu(1)))
+    pub = publisher(kube, store, backoff=Backoff(0.01, 0.02))
+
+    def published() -> list[str]:
+        return [d for d in devices(kube) if d != "gpu-7"]  # the broken slice's device
+
+    task = asyncio.ensure_future(pub.run())
+    try:
+        await eventually(lambda: published() == ["gpu-0", "gpu-1"])
+        store.update(inventory=inventory(gpu(0)))
+        await eventually(lambda: published() == ["gpu-0"])
+        assert not task.done()
+    finally:
+        task.cancel()
+        with pytest.raises(asyncio.CancelledError):
+            await task
+
+
+async def test_the_watch_outlives_unreadable_events(caplog: pytest.LogCaptureFixture) -> None:
+    """Events whose slice has no usable metadata poke a comparison like any other; the
+    watch goes on, so a deletion after them is still published again at once."""
+    caplog.set_level(logging.INFO, logger="kubegpu.dra.publisher")
+
+    class OddKube(FakeKube):
+        async def watch_resource_slices(self, driver: str, node: str) -> AsyncIterator[SliceEvent]:
+            for odd in ({"metadata": "x"}, {}, {"metadata": {"name": 5}}, {"metadata": None}):
+                yield SliceEvent("DELETED", odd)
+                yield SliceEvent("MODIFIED", odd)
+            async for event in super().watch_resource_slices(driver, node):
+                yield event
+
+    kube = OddKube()
+    store = store_of(inventory(gpu(0)))
+    pub = publisher(kube, store, backoff=Backoff(0.01, 0.02))
+    task = asyncio.ensure_future(pub.run())
+    try:
+        await eventually(lambda: list(devices(kube)) == ["gpu-0"])
+        await eventually(lambda: f"watch resourceslices/{NVIDIA_DRIVER}/{NODE}" in kube.calls)
+        (name,) = [s["metadata"]["name"] for s in stored(kube)]
+        await asyncio.to_thread(kube.delete_resource_slice, name)
+        await eventually(lambda: list(devices(kube)) == ["gpu-0"])
+    finally:
+        task.cancel()
+        with pytest.raises(asyncio.CancelledError):
+            await task
+    assert "ResourceSlice (without a name) of gpu.nvidia.com was deleted" in caplog.text
+    assert f"ResourceSlice {name} of {NVIDIA_DRIVER} was deleted" in caplog.text
+
+
+def without_taints(body: dict[str, Any]) -> None:
+    """An API server without the DRADeviceTaints feature gate: it drops device taints."""
+    for device in body.get("spec", {}).get("devices") or []:
+        device.pop("taints", None)
+
+
+def test_a_write_the_server_changes_is_logged_once_and_not_repeated(
+    kube: FakeKube, caplog: pytest.LogCaptureFixture
+) -> None:
+    """The server drops the taints of every write: what it stored stands for what was
+    sent, so the same devices are not written again (each write bumped the pool's
+    generation and its watch event started the next: 91 writes in 15 s)."""
+    caplog.set_level(logging.WARNING, logger="kubegpu.dra.publisher")
+    kube.slice_storage = without_taints
+    faults = {gpu(0).uuid: Fault(xid=79)}
+    store = store_of(inventory(gpu(0), gpu(1)))
+    pub = publisher(kube, store, faults=lambda: faults)
+    assert pub.sync(store.state) is True
+    store.update(health={gpu(0).uuid: Health.UNHEALTHY})
+    assert pub.sync(store.state) is True
+    assert generations(kube) == {2}
+    assert "taints" not in devices(kube)["gpu-0"]  # dropped by the server
+    assert [pub.sync(store.state) for _ in range(3)] == [False] * 3
+    assert generations(kube) == {2}
+    # A change of the devices is written (once), and the same difference is not
+    # reported again.
+    faults[gpu(1).uuid] = Fault(xid=48)
+    store.update(health={gpu(0).uuid: Health.UNHEALTHY, gpu(1).uuid: Health.UNHEALTHY})
+    assert [pub.sync(store.state) for _ in range(3)] == [True, False, False]
+    assert generations(kube) == {3}
+    assert kube.requests()["replace resourceslice"] == 2
+    (line,) = [r.getMessage() for r in caplog.records]
+    assert line == (
+        f"node {NODE}: the API server stored the {NVIDIA_DRIVER} pool differently from what "
+        "was written (spec.devices[].taints dropped); its version stands, and the same "
+        "devices are not written again; device taints need the DRADeviceTaints feature gate "
+        "on the API server (docs/dra.md), and until then an unhealthy device stays "
+        "allocatable"
+    )
+
+
+async def test_a_server_that_drops_fields_is_not_written_in_a_loop(kube: FakeKube) -> None:
+    """The loop as it ran in a cluster: the watch reports each write (here before the
+    write's answer is back) and pokes a comparison; it finds what the server keeps and
+    writes nothing."""
+    kube.slice_storage = without_taints
+    faults = {gpu(0).uuid: Fault(xid=79)}
+    store = store_of(inventory(gpu(0), gpu(1)))
+    pub = publisher(kube, store, faults=lambda: faults, backoff=Backoff(0.01, 0.02))
+    task = asyncio.ensure_future(pub.run())
+    try:
+        await eventually(lambda: generations(kube) == {1})
+        store.update(health={gpu(0).uuid: Health.UNHEALTHY})
+        await eventually(lambda: generations(kube) == {2})
+        pub.resync()
+        # One sync at a time: this one runs after any the watch poked.
+        assert await asyncio.to_thread(pub.sync, store.state) is False
+        assert generations(kube) == {2}
+        assert kube.requests()["replace resourceslice"] == 1
+    finally:
+        task.cancel()
+        with pytest.raises(asyncio.CancelledError):
+            await task
+
+
+def test_the_fake_counts_requests_by_verb_and_resource(kube: FakeKube) -> None:
+    """What a sync costs the API server, per event (the budget is measured with this)."""
+    store = store_of(inventory(gpu(0)))
+    pub = publisher(kube, store)
+    pub.sync(store.state)
+    store.update(health={gpu(0).uuid: Health.UNHEALTHY})
+    pub.sync(store.state)
+    pub.sync(store.state)
+    assert kube.requests() == {
+        "list resourceslices": 3,
+        "create resourceslice": 1,
+        "replace resourceslice": 1,
+    }

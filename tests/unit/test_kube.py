@@ -8,11 +8,12 @@ query, headers, bodies, time limits) and the error statuses are the real ones.
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import copy
 import json
 import logging
 import threading
-from collections.abc import Iterator
+from collections.abc import AsyncIterator, Iterator
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
@@ -43,27 +44,37 @@ class ApiServer:
     """Objects by path; every request recorded; failures and watch streams scripted.
 
     `failures` answer (a Response) or break (an exception) the next requests, in order,
-    before any object is looked at. Each watch request takes the next list of `watches`
-    and streams it, then stays quiet (as a watch with nothing to say) until `closing`.
+    before any object is looked at; `watch_failures` the next watch requests. Each watch
+    request takes the next list of `watches` and streams it, then stays quiet (as a watch
+    with nothing to say) until `closing`. Once `watches` is used up, `repeat` (when set)
+    is what every further watch streams before it ends at once: `[]` is a server that
+    ends every watch at once, an ERROR 410 one whose every watch expires.
     """
 
     objects: dict[str, dict[str, Any]] = field(default_factory=dict)
     requests: list[httpx2.Request] = field(default_factory=list)
     failures: list[httpx2.Response | BaseException] = field(default_factory=list)
+    watch_failures: list[httpx2.Response | BaseException] = field(default_factory=list)
     watches: list[list[dict[str, Any]]] = field(default_factory=list)
+    repeat: list[dict[str, Any]] | None = None
     closing: threading.Event = field(default_factory=threading.Event)
 
     def handle(self, request: httpx2.Request) -> httpx2.Response:
         self.requests.append(request)
-        if self.failures:
-            failure = self.failures.pop(0)
+        watch = request.url.params.get("watch") == "true"
+        failures = self.watch_failures if watch and self.watch_failures else self.failures
+        if failures:
+            failure = failures.pop(0)
             if isinstance(failure, BaseException):
                 raise failure
             return failure
-        if request.url.params.get("watch") == "true":
-            events = self.watches.pop(0) if self.watches else []
+        if watch:
+            if self.watches or self.repeat is None:
+                stream = self.stream(self.watches.pop(0) if self.watches else [])
+            else:
+                stream = (json.dumps(event).encode() + b"\n" for event in self.repeat)
             return httpx2.Response(
-                200, headers={"Content-Type": "application/json"}, content=self.stream(events)
+                200, headers={"Content-Type": "application/json"}, content=stream
             )
         path = request.url.path
         body: Any = json.loads(request.content) if request.content else None
@@ -92,6 +103,29 @@ class ApiServer:
 
     def sent(self) -> list[tuple[str, str]]:
         return [(r.method, r.url.path) for r in self.requests]
+
+    def count(self, method: str, path: str, *, watch: bool = False) -> int:
+        """Requests of `method` on `path`: the watches, or the other requests."""
+        return sum(
+            (r.method, r.url.path) == (method, path)
+            and (r.url.params.get("watch") == "true") == watch
+            for r in self.requests
+        )
+
+
+class Pauses:
+    """A watch thread's backoff delays, recorded instead of waited; the `limit`th blocks
+    until the watch is closed, so a test reads a settled count of requests."""
+
+    def __init__(self, limit: int = 1000) -> None:
+        self.limit = limit
+        self.delays: list[float] = []
+
+    def __call__(self, stop: threading.Event, seconds: float) -> bool:
+        self.delays.append(seconds)
+        if len(self.delays) >= self.limit:
+            return stop.wait(WAIT)
+        return stop.is_set()
 
 
 @pytest.fixture
@@ -474,7 +508,10 @@ async def test_label_watch_retries_and_follows(
     assert watch.url.path == "/api/v1/nodes"
     assert watch.url.params["fieldSelector"] == "metadata.name=node-1"
     assert watch.url.params["resourceVersion"] == "1"
-    assert watch.url.params["timeoutSeconds"] == "300"
+    # As client-go's reflector: the server ends the watch after 5 to 10 minutes (spread
+    # over a fleet), sends bookmarks meanwhile.
+    assert 300 <= int(watch.url.params["timeoutSeconds"]) < 600
+    assert watch.url.params["allowWatchBookmarks"] == "true"
     warnings = [r.getMessage() for r in caplog.records]
     assert warnings == [
         f"node node-1: cannot watch label {LABEL}: get Node node-1: HTTP 403 Forbidden; "
@@ -516,7 +553,8 @@ async def test_label_watch_sees_a_missing_or_deleted_node_as_unset(
 async def test_label_watch_survives_a_dropped_stream(
     api: ApiServer, caplog: pytest.LogCaptureFixture
 ) -> None:
-    """A broken stream, or an ERROR event (410 Gone): read the Node again, watch again."""
+    """A broken stream is watched again from the last version seen; an ERROR event
+    (410 Gone: that version is too old) reads the Node again."""
     api.objects["/api/v1/nodes/node-1"] = node("node-1", {LABEL: "a100"})
     gone = {"kind": "Status", "code": 410, "reason": "Expired", "message": "too old"}
     api.watches += [
@@ -534,7 +572,7 @@ async def test_label_watch_survives_a_dropped_stream(
         assert await asyncio.wait_for(anext(stream), WAIT) == "h100"
     finally:
         await stream.aclose()  # type: ignore[attr-defined]
-    assert node_reads(api) == 3
+    assert node_reads(api) == 2
     assert [r.getMessage() for r in caplog.records] == [
         f"node node-1: cannot watch label {LABEL}: watch Node node-1: cannot reach the API "
         f"server ([Errno 104] Connection reset by peer); {UNREACHABLE}; retrying in 0.0s"
@@ -1014,3 +1052,257 @@ async def test_fake_slice_watch_reports_every_change_of_its_node_and_driver() ->
         later[1].slice["metadata"]["resourceVersion"]
     )
     assert "watch resourceslices/gpu.nvidia.com/n1" in kube.calls
+
+
+# -- every watch has a deadline and a floor ---------------------------------------------------
+
+GONE = {"type": "ERROR", "object": {"kind": "Status", "code": 410, "reason": "Expired"}}
+
+
+def slice_list(version: str = "9", *items: dict[str, Any]) -> dict[str, Any]:
+    return {"kind": "ResourceSliceList", "metadata": {"resourceVersion": version}, "items": items}
+
+
+async def first_events(stream: Any, count: int) -> list[Any]:
+    return [await asyncio.wait_for(anext(stream), WAIT) for _ in range(count)]
+
+
+@contextlib.asynccontextmanager
+async def followed(stream: Any) -> AsyncIterator[list[Any]]:
+    """The watch started (its thread runs from the first read on), its events collected
+    as they come; closed at the end."""
+    seen: list[Any] = []
+
+    async def pump() -> None:
+        async for event in stream:
+            seen.append(event)
+
+    task = asyncio.ensure_future(pump())
+    try:
+        yield seen
+    finally:
+        task.cancel()
+        with contextlib.suppress(asyncio.CancelledError):
+            await task
+        await stream.aclose()
+
+
+async def test_a_watch_the_server_ends_at_once_is_paced_by_the_backoff(
+    api: ApiServer, caplog: pytest.LogCaptureFixture
+) -> None:
+    """A server (or a proxy) that answers every watch and closes it at once: each such
+    stream is a failure, so the watch is sent again only after a growing delay, never in
+    a busy loop; it resumes from the version it had, without listing again."""
+    api.objects[SLICES] = slice_list("9")
+    api.repeat = []  # every watch ends at once
+    pauses = Pauses(limit=5)
+    client = client_of(api, backoff=(1.0, 8.0), clock=lambda: 0.0, pause=pauses)
+    caplog.set_level(logging.WARNING, logger="kubegpu.kube.client")
+    stream = client.watch_resource_slices("gpu.nvidia.com", "n1")
+    try:
+        assert [e.type for e in await first_events(stream, 1)] == [RELIST]
+        await eventually(lambda: len(pauses.delays) == 5)
+    finally:
+        await stream.aclose()  # type: ignore[attr-defined]
+    assert pauses.delays == [1.0, 2.0, 4.0, 8.0, 8.0]
+    # One watch per delay, one list in all: five failures cost five watch requests.
+    assert api.count("GET", SLICES, watch=True) == 5
+    assert api.count("GET", SLICES) == 1
+    assert {r.url.params["resourceVersion"] for r in watch_requests(api)} == {"9"}
+    assert caplog.records[0].getMessage() == (
+        "node n1: the API server ended the watch of ResourceSlices of gpu.nvidia.com after "
+        "0.0s (a watch lasts minutes: is a proxy in between ending it?); watching again in "
+        "1.0s"
+    )
+
+
+async def test_an_expiry_lists_again_at_once_but_a_repeated_one_backs_off(
+    api: ApiServer,
+) -> None:
+    """410 Gone means "list again", which the first one does at once; a server whose
+    every watch expires at once gets the backoff, not a list per round trip."""
+    api.objects[SLICES] = slice_list("9")
+    api.repeat = [GONE]
+    pauses = Pauses(limit=4)
+    client = client_of(api, backoff=(1.0, 8.0), clock=lambda: 0.0, pause=pauses)
+    async with followed(client.watch_resource_slices("gpu.nvidia.com", "n1")):
+        await eventually(lambda: len(pauses.delays) == 4)
+    assert pauses.delays == [1.0, 2.0, 4.0, 8.0]
+    # The first expiry listed again at once; the four after it each waited first.
+    assert api.count("GET", SLICES) == 5
+    assert api.count("GET", SLICES, watch=True) == 5
+
+
+async def test_a_watch_the_server_ends_in_time_goes_on_from_its_last_version(
+    api: ApiServer,
+) -> None:
+    """A stream the server ended after its timeoutSeconds is no failure: watched again at
+    once, from the last version an event or a bookmark carried, with nothing listed again
+    and the bookmark not reported."""
+    api.objects[SLICES] = slice_list("9")
+    bookmark = {
+        "type": "BOOKMARK",
+        "object": {"kind": "ResourceSlice", "metadata": {"resourceVersion": "12"}},
+    }
+    # Three streams that end after their events (as the server's timeoutSeconds ends
+    # them), then a quiet one.
+    _raw_watches(
+        api,
+        [
+            [{"type": "MODIFIED", "object": resource_slice("n1-a", "10")}],
+            [bookmark],
+            [{"type": "DELETED", "object": resource_slice("n1-a", "13")}],
+        ],
+    )
+    ticks = iter(range(0, 10_000, 10))  # every stream lasts ten seconds
+    pauses = Pauses()
+    client = client_of(api, clock=lambda: float(next(ticks)), pause=pauses)
+    stream = client.watch_resource_slices("gpu.nvidia.com", "n1")
+    try:
+        events = await first_events(stream, 3)
+    finally:
+        await stream.aclose()  # type: ignore[attr-defined]
+    assert [(e.type, e.slice["metadata"].get("resourceVersion")) for e in events[1:]] == [
+        ("MODIFIED", "10"),
+        ("DELETED", "13"),
+    ]
+    versions = [r.url.params["resourceVersion"] for r in watch_requests(api)]
+    assert versions[:3] == ["9", "10", "12"]
+    assert api.count("GET", SLICES) == 1
+    assert pauses.delays == []
+
+
+async def test_the_server_s_retry_after_paces_lists_and_watches(
+    api: ApiServer, caplog: pytest.LogCaptureFixture
+) -> None:
+    """429 and 503 with Retry-After (and a Status's retryAfterSeconds in an ERROR event)
+    lengthen the backoff, up to its cap."""
+    api.objects[SLICES] = slice_list("9")
+    api.failures += [
+        httpx2.Response(429, headers={"Retry-After": "7"}, json={"kind": "Status", "code": 429}),
+        httpx2.Response(429, headers={"Retry-After": "3600"}, json={"kind": "Status"}),
+    ]
+    api.watch_failures.append(
+        httpx2.Response(503, headers={"Retry-After": "5"}, json={"kind": "Status", "code": 503})
+    )
+    throttled = {"kind": "Status", "code": 429, "reason": "TooManyRequests"}
+    api.watches.append(
+        [{"type": "ERROR", "object": throttled | {"details": {"retryAfterSeconds": 6}}}]
+    )
+    pauses = Pauses(limit=4)
+    client = client_of(api, backoff=(1.0, 30.0), clock=lambda: 0.0, pause=pauses)
+    caplog.set_level(logging.WARNING, logger="kubegpu.kube.client")
+    async with followed(client.watch_resource_slices("gpu.nvidia.com", "n1")):
+        await eventually(lambda: len(pauses.delays) == 4)
+    # The backoff alone waits 1, 2, 4, 8 s. The lists' 429s ask 7 s, then an hour (capped
+    # at 30 s); the watch's 503 asks 5 s; its ERROR event 6 s, less than the 8 s due.
+    assert pauses.delays == [7.0, 30.0, 5.0, 8.0]
+    assert "HTTP 429 Too Many Requests; the API server is throttling requests" in caplog.text
+
+
+async def test_unreadable_watch_events_are_skipped_and_logged_once(
+    api: ApiServer, caplog: pytest.LogCaptureFixture
+) -> None:
+    """A broken server or proxy: garbage lines, objects without metadata, unknown event
+    types. Each is logged once (even when a later stream repeats it) and left alone; the
+    events around it still arrive, and the watch goes on."""
+    api.objects[SLICES] = slice_list("9")
+    garbage: list[Any] = [
+        "not json at all",
+        [1, 2],
+        {"type": "MODIFIED", "object": "a string"},
+        {"type": "MODIFIED", "object": {"spec": {}}},
+        {"type": "SURPRISE", "object": resource_slice("n1-x", "11")},
+        {"type": "MODIFIED", "object": {"metadata": {"name": "n1-y"}}},  # no version
+    ]
+
+    _raw_watches(
+        api,
+        [
+            [*garbage, {"type": "MODIFIED", "object": resource_slice("n1-a", "12")}],
+            [*garbage, {"type": "DELETED", "object": resource_slice("n1-a", "13")}],
+        ],
+    )
+    ticks = iter(range(0, 10_000, 10))
+    client = client_of(api, clock=lambda: float(next(ticks)), pause=Pauses())
+    caplog.set_level(logging.WARNING, logger="kubegpu.kube.client")
+    stream = client.watch_resource_slices("gpu.nvidia.com", "n1")
+    try:
+        events = await first_events(stream, 3)
+    finally:
+        await stream.aclose()  # type: ignore[attr-defined]
+    assert [(e.type, e.slice["metadata"]["resourceVersion"]) for e in events[1:]] == [
+        ("MODIFIED", "12"),
+        ("DELETED", "13"),
+    ]
+    skipped = [r.getMessage() for r in caplog.records]
+    assert len(skipped) == len(garbage)  # each once, though both streams sent them all
+    assert skipped[0] == (
+        "node n1: skipped an unreadable event on the watch of ResourceSlices of "
+        "gpu.nvidia.com (not JSON); it is left alone"
+    )
+    assert all("n1-x" not in line and "SURPRISE" not in line for line in skipped)
+
+
+def _raw_watches(api: ApiServer, streams: list[list[Any]]) -> None:
+    """The next watch requests to `api` stream `streams` line by line as given (a str as
+    it is, anything else as JSON), each ending after its last line."""
+    handle = api.handle
+
+    def handle_raw(request: httpx2.Request) -> httpx2.Response:
+        if request.url.params.get("watch") == "true" and streams:
+            api.requests.append(request)
+            lines = [
+                (line if isinstance(line, str) else json.dumps(line)).encode() + b"\n"
+                for line in streams.pop(0)
+            ]
+            return httpx2.Response(200, content=iter(lines))
+        return handle(request)
+
+    api.handle = handle_raw  # type: ignore[method-assign]
+
+
+@pytest.mark.parametrize(
+    "answer",
+    [
+        httpx2.Response(200, content=b"<html>proxy error</html>"),
+        httpx2.Response(200, json={"kind": "ResourceSliceList", "items": [1, "x"]}),
+    ],
+)
+def test_a_slice_list_answer_that_is_not_an_object_list_is_a_kube_error(
+    api: ApiServer, answer: httpx2.Response
+) -> None:
+    """A broken answer is the server's fault, retried by the caller like an outage: not
+    an exception that ends the publisher."""
+    api.failures.append(answer)
+    with pytest.raises(KubeError) as info:
+        client_of(api).list_resource_slices("gpu.nvidia.com", "n1")
+    assert str(info.value).startswith(
+        "list ResourceSlices of gpu.nvidia.com on n1: the API server's answer is not a "
+        "readable object ("
+    )
+    assert str(info.value).endswith(
+        "); check the API server and any proxy between it and this node"
+    )
+
+
+@pytest.mark.parametrize(
+    ("headers", "body", "seconds"),
+    [
+        ({"Retry-After": "7"}, {}, 7.0),
+        ({"Retry-After": "Wed, 21 Oct 2015 07:28:00 GMT"}, {}, 0.0),  # a date long past
+        ({}, {"details": {"retryAfterSeconds": 3}}, 3.0),
+        ({"Retry-After": "soon"}, {}, None),
+        ({}, {"details": {"retryAfterSeconds": "3"}}, None),
+        ({}, {}, None),
+    ],
+)
+def test_an_answer_that_says_when_to_retry_carries_it(
+    api: ApiServer, headers: dict[str, str], body: dict[str, Any], seconds: float | None
+) -> None:
+    api.failures.append(
+        httpx2.Response(429, headers=headers, json={"kind": "Status", "code": 429} | body)
+    )
+    with pytest.raises(KubeError) as info:
+        client_of(api).get_node_metadata("gpu-1")
+    assert (info.value.status, info.value.retry_after) == (429, seconds)

@@ -10,8 +10,19 @@ the API holds for this node and driver, and writes the difference:
   surplus ones deleted, so a scheduler that reads a half-written pool sees the old
   generation's slices as outdated and waits for the new ones (the API's pool rule);
 - a 409 (someone wrote in between) reads the slices again and recomputes, at once;
-- any other failure is logged and retried with `Backoff`; a store change cuts the wait
-  short.
+- any other failure is logged and retried with `Backoff` (a server's Retry-After heeded,
+  capped); a store change cuts the wait short.
+
+What the API holds is data from outside and is read as such:
+
+- a listed slice that cannot be read (no `spec.pool`, a device without a name: a broken
+  server or a proxy in between) is logged once and left alone, neither rewritten nor
+  deleted, never a crash; the pool is published around it;
+- a write the server stores differently from what was sent (it drops fields it does not
+  serve: device taints without the `DRADeviceTaints` feature gate) is logged once, and
+  the server's version is the accepted state for what was sent: the same devices are not
+  written again for a difference the server itself makes (each rewrite would bump the
+  pool's generation for nothing, and its watch event would start the next).
 
 The slices are watched too (`Kube.watch_resource_slices`, per driver): a slice deleted or
 changed by anyone else, or a watch that had to start again, makes the publisher read and
@@ -28,12 +39,14 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import hashlib
 import json
 import logging
 import threading
 from collections.abc import Callable, Mapping, Sequence
 from typing import Any, Final
 
+from kubegpu.allocation import escape
 from kubegpu.dra.slices import (
     DRIVERS,
     Fault,
@@ -53,6 +66,10 @@ log = logging.getLogger("kubegpu.dra.publisher")
 CONFLICT_RETRIES: Final = 3
 #: Seconds between comparisons with the API when nothing changed here.
 RESYNC_S: Final = 600.0
+#: Unreadable slices and server changes remembered as logged (each is logged once).
+LOGGED_REMEMBERED: Final = 1024
+#: Differences named in the line that reports a write the server changed.
+DIFFERENCES_SHOWN: Final = 5
 
 
 class SlicePublisher:
@@ -94,6 +111,11 @@ class SlicePublisher:
         # two that both read an empty pool (a starting kubelet has just wiped it) would
         # both create it, leaving two slices of one pool that the scheduler refuses.
         self._syncing = threading.Lock()
+        #: By driver: for each spec of the last write that the server stored differently
+        #: (canonical JSON), the server's version, which stands for it in comparisons.
+        self._accepted: dict[str, dict[str, str]] = {}
+        #: What was logged once already (unreadable slices, writes the server changed).
+        self._logged: set[tuple[str, ...]] = set()
 
     def resync(self) -> None:
         """Compare with the API (and publish what is missing) now rather than at the next
@@ -125,7 +147,7 @@ class SlicePublisher:
             try:
                 await asyncio.to_thread(self.sync, state)
             except KubeError as exc:
-                delay = self.backoff.advance()
+                delay = self.backoff.advance(exc.retry_after)
                 log.warning(
                     "node %s: cannot publish ResourceSlices: %s; retrying in %.1fs",
                     self.node,
@@ -167,20 +189,22 @@ class SlicePublisher:
                 log.info(
                     "node %s: ResourceSlice %s of %s was deleted; publishing it again",
                     self.node,
-                    event.slice.get("metadata", {}).get("name"),
+                    _shown_name(event.slice),
                     driver,
                 )
             self._poke.set()
 
     def _ours(self, driver: str, event: SliceEvent) -> bool:
-        """Whether `event` shows a slice exactly as the last sync left it (our own write)."""
+        """Whether `event` shows a slice exactly as the last sync left it (our own write).
+
+        Whatever else it shows (a slice of any shape: the API's objects are data) pokes
+        a comparison, which reads the slices and judges them.
+        """
         if event.type in (RELIST, "DELETED"):
             return False
-        meta = event.slice.get("metadata") or {}
-        return any(
-            (obj["metadata"]["name"], obj["metadata"].get("resourceVersion"))
-            == (meta.get("name"), meta.get("resourceVersion"))
-            for obj in self.published.get(driver, ())
+        shown = _identity(event.slice)
+        return shown is not None and any(
+            _identity(obj) == shown for obj in self.published.get(driver, ())
         )
 
     # -- one reconciliation (blocking) ----------------------------------------------------
@@ -226,12 +250,13 @@ class SlicePublisher:
 
     def _sync_driver(self, driver: str, state: NodeState) -> bool:
         stored = sorted(
-            self.kube.list_resource_slices(driver, self.node),
+            self._readable(driver, self.kube.list_resource_slices(driver, self.node)),
             key=lambda s: s["metadata"]["name"],
         )
         devices = carry_taint_times(self.desired_devices(driver, state), stored)
         current = max((s["spec"]["pool"]["generation"] for s in stored), default=0)
-        if _same(build_slices(self.node, driver, devices, generation=current), stored):
+        accepted = self._accepted.get(driver, {})
+        if _same(build_slices(self.node, driver, devices, generation=current), stored, accepted):
             self.published[driver] = stored
             return False
         wanted = build_slices(self.node, driver, devices, generation=current + 1)
@@ -247,6 +272,7 @@ class SlicePublisher:
         for old in stored[len(wanted) :]:
             self.kube.delete_resource_slice(old["metadata"]["name"])
         self.published[driver] = written
+        self._accepted[driver] = self._as_stored(driver, wanted, written)
         log.info(
             "node %s: %s pool generation %d: %d devices in %d ResourceSlice(s)",
             self.node,
@@ -257,12 +283,80 @@ class SlicePublisher:
         )
         return True
 
+    def _readable(self, driver: str, listed: Sequence[Mapping[str, Any]]) -> list[dict[str, Any]]:
+        """The listed slices this publisher can compare and rewrite; each other one is
+        logged once and left alone (the API's objects are data: a broken server or a
+        proxy in between must not end the driver)."""
+        readable = []
+        for obj in listed:
+            problem = _unreadable(obj)
+            if problem is None:
+                readable.append(dict(obj))
+            elif self._first_time("unreadable", driver, _fingerprint(obj)):
+                log.warning(
+                    "node %s: ResourceSlice %s of %s cannot be read (%s): left alone, "
+                    "neither rewritten nor deleted; is the API server, or a proxy in "
+                    "between, broken?",
+                    self.node,
+                    _shown_name(obj),
+                    driver,
+                    problem,
+                )
+        return readable
+
+    def _as_stored(
+        self, driver: str, sent: Sequence[Mapping[str, Any]], stored: Sequence[Mapping[str, Any]]
+    ) -> dict[str, str]:
+        """For each slice the server stored differently from what was sent: the sent spec
+        (canonical) -> the stored one; the difference logged once."""
+        accepted = {}
+        for body, answer in zip(sent, stored, strict=False):
+            wrote, kept = _canonical(body.get("spec")), _canonical(answer.get("spec"))
+            if wrote == kept:
+                continue
+            accepted[wrote] = kept
+            found: set[str] = set()
+            _differences(json.loads(wrote), json.loads(kept), "spec", found)
+            if self._first_time("changed", driver, *sorted(found)):
+                shown = sorted(found)[:DIFFERENCES_SHOWN]
+                more = len(found) - len(shown)
+                hint = (
+                    "; device taints need the DRADeviceTaints feature gate on the API "
+                    "server (docs/dra.md), and until then an unhealthy device stays "
+                    "allocatable"
+                    if any("taints" in d for d in found)
+                    else ""
+                )
+                log.warning(
+                    "node %s: the API server stored the %s pool differently from what was "
+                    "written (%s%s); its version stands, and the same devices are not "
+                    "written again%s",
+                    self.node,
+                    driver,
+                    escape(", ".join(shown), limit=400),
+                    f", {more} more" if more > 0 else "",
+                    hint,
+                )
+        return accepted
+
+    def _first_time(self, *key: str) -> bool:
+        """Whether `key` is logged for the first time (and remember it, boundedly)."""
+        if key in self._logged:
+            return False
+        if len(self._logged) >= LOGGED_REMEMBERED:
+            self._logged.clear()
+        self._logged.add(key)
+        return True
+
     def clear(self) -> int:
         """Delete this node's slices of every driver (uninstall); how many were deleted."""
         deleted = 0
         for driver in self.drivers:
             for obj in self.kube.list_resource_slices(driver, self.node):
-                deleted += self.kube.delete_resource_slice(obj["metadata"]["name"])
+                name = _identity(obj)
+                if name is None:
+                    continue  # nothing to name in a delete: left alone
+                deleted += self.kube.delete_resource_slice(name[0])
             self.published.pop(driver, None)
         return deleted
 
@@ -273,15 +367,122 @@ def faults_of(xids: Mapping[str, int | None]) -> dict[str, Fault]:
     return {uuid: Fault(xid=xid) for uuid, xid in xids.items()}
 
 
-def _same(wanted: Sequence[Mapping[str, Any]], stored: Sequence[Mapping[str, Any]]) -> bool:
-    """Whether the stored slices show exactly the wanted specs (any order, same count)."""
+def _same(
+    wanted: Sequence[Mapping[str, Any]],
+    stored: Sequence[Mapping[str, Any]],
+    accepted: Mapping[str, str],
+) -> bool:
+    """Whether the stored slices show the wanted specs (any order, same count), a spec
+    the server stored differently when last written standing as its stored version.
+
+    Taint times are left out: the server stamps them, and `carry_taint_times` has
+    already given the wanted taints the stored ones.
+    """
     if len(wanted) != len(stored):
         return False
+    want = [_canonical(obj.get("spec")) for obj in wanted]
+    have = [_canonical(obj.get("spec")) for obj in stored]
+    return sorted(accepted.get(spec, spec) for spec in want) == sorted(have)
 
-    def key(obj: Mapping[str, Any]) -> str:
-        return json.dumps(obj.get("spec"), sort_keys=True)
 
-    return sorted(map(key, wanted)) == sorted(map(key, stored))
+def _canonical(spec: Any) -> str:
+    """A slice's spec as comparable text: sorted keys, taints without `timeAdded`."""
+    if isinstance(spec, Mapping) and isinstance(spec.get("devices"), list):
+        spec = dict(spec)
+        spec["devices"] = [_untimed(device) for device in spec["devices"]]
+    return json.dumps(spec, sort_keys=True)
+
+
+def _untimed(device: Any) -> Any:
+    if not isinstance(device, Mapping) or not isinstance(device.get("taints"), list):
+        return device
+    taints = [
+        {k: v for k, v in t.items() if k != "timeAdded"} if isinstance(t, Mapping) else t
+        for t in device["taints"]
+    ]
+    return {**device, "taints": taints}
+
+
+def _differences(sent: Any, stored: Any, path: str, found: set[str]) -> None:
+    """What the server changed in a written spec, as paths ("spec.devices[].taints
+    dropped"), list positions folded into "[]" so one change to many devices is one."""
+    if isinstance(sent, dict) and isinstance(stored, dict):
+        for key in sorted(sent.keys() | stored.keys()):
+            if key not in stored:
+                found.add(f"{path}.{key} dropped")
+            elif key not in sent:
+                found.add(f"{path}.{key} added")
+            else:
+                _differences(sent[key], stored[key], f"{path}.{key}", found)
+    elif isinstance(sent, list) and isinstance(stored, list) and len(sent) == len(stored):
+        for one, other in zip(sent, stored, strict=True):
+            _differences(one, other, f"{path}[]", found)
+    elif sent != stored:
+        found.add(f"{path} changed")
+
+
+def _unreadable(obj: Any) -> str | None:
+    """Why a listed slice cannot be compared or rewritten; None when it can.
+
+    Everything the publisher reads of a stored slice is checked here, once, rather than
+    trusted where it is read.
+    """
+    if not isinstance(obj, Mapping):
+        return "not an object"
+    meta = obj.get("metadata")
+    if not isinstance(meta, Mapping) or not isinstance(meta.get("name"), str):
+        return "no metadata.name"
+    if not isinstance(meta.get("resourceVersion"), str):
+        return "no metadata.resourceVersion"
+    spec = obj.get("spec")
+    if not isinstance(spec, Mapping):
+        return "no spec"
+    pool = spec.get("pool")
+    if not isinstance(pool, Mapping):
+        return "no spec.pool"
+    generation = pool.get("generation")
+    if not isinstance(generation, int) or isinstance(generation, bool) or generation < 0:
+        return "no spec.pool.generation"
+    devices = spec.get("devices") or []
+    if not isinstance(devices, list):
+        return "spec.devices is not a list"
+    for device in devices:
+        if not isinstance(device, Mapping) or not isinstance(device.get("name"), str):
+            return "a device without a name"
+        taints = device.get("taints") or []
+        if not isinstance(taints, list) or not all(_readable_taint(t) for t in taints):
+            return "a device taint without a key, a value or an effect"
+    return None
+
+
+def _readable_taint(taint: Any) -> bool:
+    return (
+        isinstance(taint, Mapping)
+        and isinstance(taint.get("key"), str)
+        and isinstance(taint.get("value", ""), str)
+        and isinstance(taint.get("effect"), str)
+    )
+
+
+def _identity(obj: Mapping[str, Any]) -> tuple[str, str | None] | None:
+    """A slice's (name, resourceVersion); None when it has no name."""
+    meta = obj.get("metadata")
+    if not isinstance(meta, Mapping) or not isinstance(meta.get("name"), str):
+        return None
+    version = meta.get("resourceVersion")
+    return meta["name"], version if isinstance(version, str) else None
+
+
+def _shown_name(obj: Mapping[str, Any]) -> str:
+    """A slice's name for a log line: escaped and bounded (it comes from the API)."""
+    name = _identity(obj)
+    return escape(name[0]) if name is not None else "(without a name)"
+
+
+def _fingerprint(obj: Any) -> str:
+    """A digest of an object's content, for remembering that it was logged."""
+    text = json.dumps(obj, sort_keys=True, default=repr)
+    return hashlib.blake2b(text.encode(), digest_size=16).hexdigest()
 
 
 __all__ = ["CONFLICT_RETRIES", "RESYNC_S", "SlicePublisher", "faults_of"]

@@ -8,16 +8,25 @@ projected token) are picked up.
 
 lightkube decodes into its own models; every call here hands back plain dictionaries in
 the API's spelling, and sends the callers' bodies (NodeFeature, Event) exactly as given.
+
+The two watches (a Node's label, a node's ResourceSlices) send their watch requests
+themselves, through an HTTP client configured as lightkube configures its own: each
+stream has a read deadline, asks for bookmarks and ends by itself within minutes, and how
+it ended decides the next step (see `KubeClient._list_and_watch`).
 """
 
 from __future__ import annotations
 
 import asyncio
 import contextlib
+import enum
 import functools
+import json
 import logging
 import os
+import random
 import threading
+import time
 import weakref
 from collections.abc import AsyncGenerator, AsyncIterator, Callable
 from dataclasses import dataclass, field
@@ -25,9 +34,12 @@ from pathlib import Path
 from typing import Any, Final, TypeVar
 
 import httpx2
-from lightkube import ApiError, Client, ConfigError
+from lightkube import Client, ConfigError, NotReadyError
+from lightkube.config.client_adapter import Client as http_client
+from lightkube.config.client_adapter import ConnectionParams
 from lightkube.config.kubeconfig import KubeConfig, SingleConfig
 from lightkube.core.resource import ApiInfo, ResourceDef
+from lightkube.core.selector import build_selector
 from lightkube.generic_resource import (
     GenericGlobalResource,
     GenericNamespacedResource,
@@ -35,9 +47,16 @@ from lightkube.generic_resource import (
 )
 from lightkube.operators import BinaryOperator, SequenceOperator
 from lightkube.resources.core_v1 import Node, Pod
-from lightkube.types import OnErrorAction, OnErrorResult, PatchType
+from lightkube.types import PatchType
 
-from kubegpu.kube.errors import KubeError, first_line, no_credentials, translate
+from kubegpu.kube.errors import (
+    KubeError,
+    first_line,
+    no_credentials,
+    status_object_error,
+    translate,
+    unreadable,
+)
 from kubegpu.kube.objects import (
     MISSING_DRA_API,
     MISSING_NODE,
@@ -63,6 +82,18 @@ DEFAULT_TIMEOUT: Final = 10.0
 
 #: Objects per page when listing: a node's slices fit in one; a page bounds the worst case.
 LIST_CHUNK: Final = 100
+
+#: Seconds a watch may stay silent (no event, no bookmark) before its connection is taken
+#: for dead and replaced. The API server sends a watch that allows bookmarks one about
+#: every minute (its cacher's bookmark frequency), so only a dead stream is this quiet.
+WATCH_READ_DEADLINE_S: Final = 75.0
+#: client-go's reflector's `minWatchTimeout`: each watch asks the server to end it after
+#: a random time between this and twice this (`timeoutSeconds`).
+MIN_WATCH_TIMEOUT_S: Final = 300
+#: A watch that ends sooner than this (seconds) counts as a failure for the backoff.
+SHORT_WATCH_S: Final = 1.0
+#: Unreadable watch events remembered per watch, so each is logged once.
+SKIPPED_REMEMBERED: Final = 1024
 
 #: NFD's NodeFeature, as a schema-less resource: its body goes out and comes back as is.
 NodeFeature = create_namespaced_resource(NFD_GROUP, NFD_VERSION, "NodeFeature", NFD_PLURAL)
@@ -110,6 +141,9 @@ class KubeClient:
 
     `transport` replaces the HTTP transport under every request (an `httpx2.MockTransport`
     in the tests, which then drive the real requests, URLs, bodies and error mapping).
+    The watches' pacing is injectable for tests: `clock` times each stream (one that
+    ends within `SHORT_WATCH_S` is a failure), `pause(stop, seconds)` waits out a backoff
+    delay (True when stopped), `watch_deadline_s` is the read deadline.
     """
 
     def __init__(
@@ -118,7 +152,10 @@ class KubeClient:
         transport: httpx2.BaseTransport | None = None,
         timeout: float = DEFAULT_TIMEOUT,
         backoff: tuple[float, float] = (1.0, 30.0),
-        watch_timeout_s: int = 300,
+        watch_timeout_s: int = MIN_WATCH_TIMEOUT_S,
+        watch_deadline_s: float = WATCH_READ_DEADLINE_S,
+        clock: Callable[[], float] = time.monotonic,
+        pause: Callable[[threading.Event, float], bool] | None = None,
     ) -> None:
         self._transport = transport
         self._config: SingleConfig | None = None
@@ -128,6 +165,9 @@ class KubeClient:
         self.timeout = timeout
         self.backoff = backoff
         self.watch_timeout_s = watch_timeout_s
+        self.watch_deadline_s = watch_deadline_s
+        self._clock = clock
+        self._pause = pause or _pause
         # Connections are pooled per client: a KubeClient dropped unclosed still closes them.
         weakref.finalize(self, _close_all, self._clients)
 
@@ -152,15 +192,21 @@ class KubeClient:
                 self._clients[timeout] = client
             return client
 
+    def _configured(self) -> SingleConfig:
+        """The configuration, loaded on first use; call with `_lock` held. Raises `KubeError`."""
+        if self._config is None:
+            try:
+                self._config = _load_config()
+            except Exception as exc:  # missing file, bad context, bad YAML...
+                raise no_credentials(exc) from exc
+        return self._config
+
     def _new_client(self, timeout: float) -> Client:
         """A new lightkube `Client`; call with `_lock` held. Raises `KubeError`."""
+        config = self._configured()
         try:
-            if self._config is None:
-                self._config = _load_config()
-            return Client(
-                config=self._config, timeout=httpx2.Timeout(timeout), transport=self._transport
-            )
-        except Exception as exc:  # missing file, bad context, bad YAML, unreadable CA...
+            return Client(config=config, timeout=httpx2.Timeout(timeout), transport=self._transport)
+        except Exception as exc:  # an unreadable CA or client certificate...
             raise no_credentials(exc) from exc
 
     def _call(
@@ -170,14 +216,22 @@ class KubeClient:
         *,
         missing: str | None = None,
         timeout: float | None = None,
+        schemaless: bool = False,
     ) -> T:
-        """Run one request; every failure leaves as `KubeError`, at this one boundary."""
+        """Run one request; every failure leaves as `KubeError`, at this one boundary.
+
+        `schemaless`: the answer is taken as the server's JSON, so an answer that cannot be
+        decoded (not JSON, a list item that is no object) is the server's fault, a
+        `KubeError` like an outage, not a bug of ours to crash on.
+        """
         limit = self.timeout if timeout is None else timeout
         client = self._client(limit)  # KubeError when there is no configuration
         try:
             return request(client)
         except Exception as exc:
             error = translate(what, exc, timeout=limit, missing=missing)
+            if error is None and schemaless and isinstance(exc, ValueError | TypeError):
+                error = unreadable(what, exc)
             if error is None:
                 raise
             raise error from exc
@@ -296,7 +350,10 @@ class KubeClient:
             return [_whole(obj, ResourceSlice) for obj in found]
 
         return self._call(
-            f"list ResourceSlices of {driver} on {node}", read, missing=MISSING_DRA_API
+            f"list ResourceSlices of {driver} on {node}",
+            read,
+            missing=MISSING_DRA_API,
+            schemaless=True,
         )
 
     def create_resource_slice(self, body: dict[str, Any]) -> dict[str, Any]:
@@ -304,6 +361,7 @@ class KubeClient:
             f"create ResourceSlice {_name_of(body)}",
             lambda client: _whole(client.create(ResourceSlice.from_dict(body)), ResourceSlice),
             missing=MISSING_DRA_API,
+            schemaless=True,
         )
 
     def replace_resource_slice(self, body: dict[str, Any]) -> dict[str, Any]:
@@ -314,6 +372,7 @@ class KubeClient:
                 client.replace(ResourceSlice.from_dict(body), name), ResourceSlice
             ),
             missing=MISSING_RESOURCE_SLICE,
+            schemaless=True,
         )
 
     def delete_resource_slice(self, name: str) -> bool:
@@ -338,142 +397,276 @@ class KubeClient:
             missing=MISSING_RESOURCE_CLAIM,
         )
 
-    # -- the ResourceSlice watch ----------------------------------------------------------
+    # -- the watches ----------------------------------------------------------------------
+    #
+    # Both watches are an informer's list-and-watch (`_list_and_watch`): read, then watch
+    # from the read's resourceVersion. Each stream is one HTTP request sent here, not
+    # through lightkube's watch, which renews a stream the server ended at once and unseen
+    # (a server that ends every watch at once made that a busy loop) and reads without a
+    # deadline (a half-open connection was never noticed).
 
     async def watch_resource_slices(self, driver: str, node: str) -> AsyncIterator[SliceEvent]:
         """List, then watch from the list's resourceVersion (an informer's list-and-watch,
         so nothing between the two is lost), in a daemon thread feeding the loop."""
+        fields: dict[str, FieldSelector] = {"spec.driver": driver, "spec.nodeName": node}
+        what = f"list ResourceSlices of {driver} on {node}"
 
         def follow(emit: Callable[[SliceEvent], None], state: _WatchState) -> None:
-            self._follow_slices(driver, node, emit, state)
+            def read() -> str | None:
+                def listed(client: Client) -> tuple[str | None, list[dict[str, Any]]]:
+                    found = client.list(ResourceSlice, fields=fields, chunk_size=LIST_CHUNK)
+                    items = [_whole(obj, ResourceSlice) for obj in found]
+                    return _list_version(found), items
+
+                version, present = self._call(
+                    what, listed, missing=MISSING_DRA_API, schemaless=True
+                )
+                emit(SliceEvent(RELIST, {}))
+                for obj in present:
+                    emit(SliceEvent("ADDED", obj))
+                return version
+
+            def on_event(kind: str, obj: dict[str, Any]) -> str | None:
+                emit(SliceEvent(kind, _whole(obj, ResourceSlice)))
+                return None
+
+            watch = _Watch(
+                node=node,
+                subject=f"ResourceSlices of {driver}",
+                what=f"watch ResourceSlices of {driver} on {node}",
+                path=_collection_path(ResourceSlice),
+                selector=build_selector(
+                    {"spec.driver": driver, "spec.nodeName": node}, for_fields=True
+                ),
+                read=read,
+                on_event=on_event,
+            )
+            self._list_and_watch(watch, state)
 
         # aclosing: closing this iterator must stop the thread now, not at collection.
         async with contextlib.aclosing(_in_thread(follow, f"slices-{driver}-{node}")) as events:
             async for event in events:
                 yield event
 
-    def _follow_slices(
-        self, driver: str, node: str, emit: Callable[[SliceEvent], None], state: _WatchState
-    ) -> None:
-        """Blocking: list and watch again after every failure or expiry, until stopped."""
-        fields: dict[str, FieldSelector] = {"spec.driver": driver, "spec.nodeName": node}
-        delay = Backoff(*self.backoff)
-        while not state.stop.is_set():
-            what = f"list ResourceSlices of {driver} on {node}"
-            try:
-
-                def read(client: Client) -> tuple[str, list[dict[str, Any]]]:
-                    found = client.list(ResourceSlice, fields=fields, chunk_size=LIST_CHUNK)
-                    items = [_whole(obj, ResourceSlice) for obj in found]
-                    return found.resourceVersion, items
-
-                version, present = self._call(what, read, missing=MISSING_DRA_API)
-                emit(SliceEvent(RELIST, {}))
-                for obj in present:
-                    emit(SliceEvent("ADDED", obj))
-                what = f"watch ResourceSlices of {driver} on {node}"
-                watcher = state.open(lambda: self._watch_client())
-                if watcher is None:
-                    break  # stopped while listing
-                for kind, event in watcher.watch(
-                    ResourceSlice,
-                    fields=fields,
-                    resource_version=version,
-                    server_timeout=self.watch_timeout_s,
-                    on_error=_end_on_error_event,
-                ):
-                    if state.stop.is_set():
-                        break
-                    emit(SliceEvent(kind, _whole(event, ResourceSlice)))
-                delay.reset()
-            except Exception as exc:
-                if state.stop.is_set():
-                    break  # closing the watch's client fails its stream: not worth a warning
-                error = exc if isinstance(exc, KubeError) else translate(what, exc)
-                reason = (
-                    str(error) if error is not None else f"{type(exc).__name__}: {first_line(exc)}"
-                )
-                log.warning(
-                    "node %s: cannot watch ResourceSlices of %s: %s; retrying in %.1fs",
-                    node,
-                    driver,
-                    reason,
-                    delay.delay,
-                )
-                delay.block(state.stop)
-            finally:
-                state.close_client()
-
-    # -- the node label watch -------------------------------------------------------------
-
     async def watch_node_label(self, node: str, label: str) -> AsyncIterator[str | None]:
         """Read the Node, then watch it by name, in a daemon thread feeding the loop."""
 
         def follow(emit: Callable[[str | None], None], state: _WatchState) -> None:
-            self._follow(node, label, emit, state)
+            unset = object()
+            last: object = unset
+
+            def offer(value: str | None) -> None:
+                nonlocal last
+                if value != last:
+                    last = value
+                    emit(value)
+
+            def read() -> str | None:
+                obj = self._call(
+                    f"get Node {node}", lambda c: c.get(Node, node), missing=MISSING_NODE
+                )
+                offer(label_of(obj.metadata, label))
+                return obj.metadata.resourceVersion if obj.metadata else None
+
+            def on_event(kind: str, obj: dict[str, Any]) -> str | None:
+                if kind == "DELETED":
+                    offer(None)
+                    return None
+                labels = obj["metadata"].get("labels") or {}
+                if not isinstance(labels, dict):
+                    return "metadata.labels is not a map"
+                value = labels.get(label)
+                offer(str(value) if value else None)
+                return None
+
+            def on_error(error: KubeError) -> None:
+                if error.status == 404:
+                    offer(None)  # no such Node: the label is unset
+
+            watch = _Watch(
+                node=node,
+                subject=f"label {label}",
+                what=f"watch Node {node}",
+                path=_collection_path(Node),
+                selector=build_selector({"metadata.name": node}, for_fields=True),
+                read=read,
+                on_event=on_event,
+                on_error=on_error,
+            )
+            self._list_and_watch(watch, state)
 
         async with contextlib.aclosing(_in_thread(follow, f"labels-{node}")) as values:
             async for value in values:
                 yield value
 
-    def _follow(
-        self, node: str, label: str, emit: Callable[[str | None], None], state: _WatchState
-    ) -> None:
-        """Blocking: offer each new value until stopped; no failure ends the watch."""
-        unset = object()
-        last: object = unset
+    def _list_and_watch(self, watch: _Watch, state: _WatchState) -> None:
+        """Blocking: read, then watch from the read's version, again after every end, until
+        stopped. No failure ends it; each is logged and paced by one `Backoff`:
+
+        - a stream the server ends after a while (its `timeoutSeconds`) is watched again at
+          once from the last version seen (an event's or a bookmark's): nothing is missed;
+        - a stream that ends within `SHORT_WATCH_S` counts as a failure, as client-go's
+          reflector counts a "very short watch": watched again after the backoff;
+        - an expired version (410 Gone) is read again: at once the first time, after the
+          backoff when the watch that follows expires again;
+        - a stream silent for `watch_deadline_s` (no event, no bookmark) is a dead
+          connection: replaced at once from the last version seen;
+        - a failed read or watch request waits the backoff, or the server's Retry-After
+          when longer (capped); then a failed read is read again, a failed watch watched
+          again from the last version seen.
+        """
         delay = Backoff(*self.backoff)
-
-        def offer(value: str | None) -> None:
-            nonlocal last
-            if value != last:
-                last = value
-                emit(value)
-
+        version: str | None = None
+        read = False  # whether `version` holds a read's (or a later event's) version
+        expired = False  # whether the last attempt ended expired: another one then waits
         while not state.stop.is_set():
-            what = f"get Node {node}"
+            started = self._clock()
             try:
-                obj = self._call(what, lambda c: c.get(Node, node), missing=MISSING_NODE)
-                offer(label_of(obj.metadata, label))
-                what = f"watch Node {node}"
-                watcher = state.open(lambda: self._watch_client())
-                if watcher is None:
-                    break  # stopped while the Node was read
-                for kind, event in watcher.watch(
-                    Node,
-                    fields={"metadata.name": node},
-                    resource_version=obj.metadata.resourceVersion if obj.metadata else None,
-                    server_timeout=self.watch_timeout_s,
-                    on_error=_end_on_error_event,
-                ):
-                    if state.stop.is_set():
-                        break
-                    offer(None if kind == "DELETED" else label_of(event.metadata, label))
-                delay.reset()
+                if not read:
+                    version = watch.read()
+                    read = True
+                http = state.open(self._watch_http)
+                if http is None:
+                    break  # stopped while reading
+                started = self._clock()  # the stream's own time, not the read's
+                end, version = self._stream(http, watch, version, state)
             except Exception as exc:
                 if state.stop.is_set():
-                    break  # closing the watch's client fails its stream: not worth a warning
-                error = exc if isinstance(exc, KubeError) else translate(what, exc)
-                if isinstance(error, KubeError) and error.status == 404:
-                    offer(None)  # no such Node: the label is unset
-                reason = (
-                    str(error) if error is not None else f"{type(exc).__name__}: {first_line(exc)}"
-                )
-                log.warning(
-                    "node %s: cannot watch label %s: %s; retrying in %.1fs",
-                    node,
-                    label,
-                    reason,
-                    delay.delay,
-                )
-                delay.block(state.stop)
+                    break  # closing the stream's client fails its read: not worth a warning
+                error = exc if isinstance(exc, KubeError) else translate(watch.what, exc)
+                if error is not None and error.status == 410:
+                    end = _End.EXPIRED  # refused as too old rather than ended as such
+                else:
+                    if error is not None:
+                        watch.on_error(error)
+                    reason = (
+                        str(error)
+                        if error is not None
+                        else f"{type(exc).__name__}: {first_line(exc)}"
+                    )
+                    expired = False
+                    wait = delay.advance(error.retry_after if error is not None else None)
+                    log.warning(
+                        "node %s: cannot watch %s: %s; retrying in %.1fs",
+                        watch.node,
+                        watch.subject,
+                        reason,
+                        wait,
+                    )
+                    if self._pause(state.stop, wait):
+                        break
+                    continue
             finally:
                 state.close_client()
+            if end is _End.STOPPED or state.stop.is_set():
+                break
+            if end is not _End.EXPIRED:
+                expired = False
+            if end is _End.STALLED:
+                log.info(
+                    "node %s: the watch of %s sent nothing (no event, no bookmark) for %gs: "
+                    "taking its connection for dead and watching again",
+                    watch.node,
+                    watch.subject,
+                    self.watch_deadline_s,
+                )
+                continue
+            lasted = self._clock() - started
+            if lasted >= SHORT_WATCH_S:
+                delay.reset()
+            if end is _End.EXPIRED:
+                read = False
+                if not expired or lasted >= SHORT_WATCH_S:
+                    expired = True
+                    continue  # the version is too old: read again, at once the first time
+                wait = delay.advance()
+                log.warning(
+                    "node %s: the watch of %s expired again at once (HTTP 410 Gone); "
+                    "reading again in %.1fs",
+                    watch.node,
+                    watch.subject,
+                    wait,
+                )
+            elif lasted < SHORT_WATCH_S:
+                wait = delay.advance()
+                log.warning(
+                    "node %s: the API server ended the watch of %s after %.1fs (a watch "
+                    "lasts minutes: is a proxy in between ending it?); watching again in %.1fs",
+                    watch.node,
+                    watch.subject,
+                    lasted,
+                    wait,
+                )
+            else:
+                continue  # ended by the server's timeoutSeconds: watch on from where it ended
+            if self._pause(state.stop, wait):
+                break
 
-    def _watch_client(self) -> Client:
-        """A client of the watch's own, so that closing it ends only that watch."""
+    def _stream(
+        self, http: httpx2.Client, watch: _Watch, version: str | None, state: _WatchState
+    ) -> tuple[_End, str | None]:
+        """One watch request, read until it ends; how it ended and the last version seen.
+
+        Raises `KubeError` for an ERROR event other than 410 and httpx2's errors for a
+        refused request or a broken stream, as every call here does.
+        """
+        params = {
+            "watch": "true",
+            # With bookmarks the server sends one about every minute (and just before
+            # `timeoutSeconds`): a healthy watch is never silent for the read deadline,
+            # and the next one resumes from a recent version.
+            "allowWatchBookmarks": "true",
+            "fieldSelector": watch.selector,
+            # client-go's reflector's choice, spread so a fleet's watches do not all end
+            # together; random, not secret.
+            "timeoutSeconds": str(int(self.watch_timeout_s * (1 + random.random()))),
+        }
+        if version is not None:
+            params["resourceVersion"] = version
+        try:
+            with http.stream("GET", watch.path, params=params) as answer:
+                if answer.is_error:
+                    answer.read()
+                    answer.raise_for_status()
+                for line in answer.iter_lines():
+                    if state.stop.is_set():
+                        return _End.STOPPED, version
+                    if not line.strip():
+                        continue
+                    decoded = _watch_event(line)
+                    if isinstance(decoded, str):
+                        watch.skip(decoded, line)
+                        continue
+                    kind, obj = decoded
+                    if kind == "ERROR":
+                        if obj.get("code") == 410:  # expired: no failure, read again
+                            return _End.EXPIRED, version
+                        raise status_object_error(watch.what, obj)
+                    seen = obj["metadata"].get("resourceVersion")
+                    if not isinstance(seen, str) or not seen:
+                        watch.skip("no metadata.resourceVersion", line)
+                        continue
+                    version = seen
+                    if kind == "BOOKMARK":
+                        continue
+                    problem = watch.on_event(kind, obj)
+                    if problem is not None:
+                        watch.skip(problem, line)
+        except httpx2.ReadTimeout:
+            return _End.STALLED, version
+        return _End.CLOSED, version
+
+    def _watch_http(self) -> httpx2.Client:
+        """An HTTP client of the stream's own, so that closing it ends only that stream,
+        configured as lightkube configures its own (server, credentials, TLS), and with
+        the read deadline lightkube's watch does without."""
         with self._lock:
-            return self._new_client(self.timeout)
+            config = self._configured()
+        timeout = httpx2.Timeout(self.timeout, read=self.watch_deadline_s)
+        try:
+            return http_client(config, ConnectionParams(timeout=timeout, transport=self._transport))
+        except Exception as exc:  # an unreadable CA or client certificate...
+            raise no_credentials(exc) from exc
 
 
 def _whole(
@@ -526,31 +719,111 @@ def _close_all(clients: dict[float, Client]) -> None:
     clients.clear()
 
 
-def _end_on_error_event(error: Exception, count: int) -> OnErrorResult:
-    """An ERROR event (usually 410 Gone) ends the stream quietly: read again, watch again.
+def _pause(stop: threading.Event, seconds: float) -> bool:
+    """Wait `seconds` or until `stop` is set (True)."""
+    return stop.wait(seconds)
 
-    lightkube raises `ApiError` for an ERROR event; a refused watch request or a broken
-    stream is httpx2's own error, which leaves the stream to be logged and retried.
-    """
-    if isinstance(error, ApiError):
-        return OnErrorResult(OnErrorAction.STOP)
-    return OnErrorResult(OnErrorAction.RAISE)
+
+def _ignore(error: KubeError) -> None:
+    pass
+
+
+class _End(enum.Enum):
+    """How one watch stream ended."""
+
+    CLOSED = "closed"  # by the server, without an error
+    EXPIRED = "expired"  # 410 Gone: the version is too old, read again
+    STALLED = "stalled"  # nothing for the read deadline: a dead connection
+    STOPPED = "stopped"  # the watch was closed on the loop's side
+
+
+@dataclass
+class _Watch:
+    """One list-and-watch: what to read first, what to watch, what to do with an event."""
+
+    node: str
+    #: What is watched, for log lines: "ResourceSlices of gpu.nvidia.com", "label x".
+    subject: str
+    #: The call, for error messages: "watch Node n1".
+    what: str
+    #: The collection's URL path and the field selector the watch request sends.
+    path: str
+    selector: str
+    #: Reads the present state (and hands it on); the resourceVersion to watch from.
+    read: Callable[[], str | None]
+    #: Takes an ADDED, MODIFIED or DELETED event's object (a JSON object with `metadata`);
+    #: None, or why the object is unreadable (then logged once and skipped).
+    on_event: Callable[[str, dict[str, Any]], str | None]
+    #: Sees each failure of a read or a watch request before it is retried.
+    on_error: Callable[[KubeError], None] = _ignore
+    _skipped: set[int] = field(default_factory=set)
+
+    def skip(self, problem: str, line: str) -> None:
+        """Log an unreadable event once (by its text) and leave it alone: an object that
+        cannot be read is no reason to stop watching the others."""
+        key = hash(line)
+        if key in self._skipped:
+            return
+        if len(self._skipped) >= SKIPPED_REMEMBERED:
+            self._skipped.clear()
+        self._skipped.add(key)
+        # `problem` is this module's own text: nothing the server sent reaches the log.
+        log.warning(
+            "node %s: skipped an unreadable event on the watch of %s (%s); it is left alone",
+            self.node,
+            self.subject,
+            problem,
+        )
+
+
+def _watch_event(line: str) -> tuple[str, dict[str, Any]] | str:
+    """One line of a watch stream as (type, object), or what makes it unreadable."""
+    try:
+        event = json.loads(line)
+    except ValueError:
+        return "not JSON"
+    if not isinstance(event, dict):
+        return "not a JSON object"
+    kind, obj = event.get("type"), event.get("object")
+    if not isinstance(kind, str) or not isinstance(obj, dict):
+        return "no type or no object"
+    if kind != "ERROR":
+        if kind not in ("ADDED", "MODIFIED", "DELETED", "BOOKMARK"):
+            return "an event type the watch API does not have"
+        if not isinstance(obj.get("metadata"), dict):
+            return "no metadata"
+    return kind, obj
+
+
+def _list_version(found: Any) -> str | None:
+    """A list answer's resourceVersion; None when the answer carries none (then the watch
+    starts from the server's present state, as a watch without a version does)."""
+    try:
+        return str(found.resourceVersion)
+    except NotReadyError:
+        return None
+
+
+def _collection_path(kind: type[Any]) -> str:
+    """The URL path of a cluster-scoped resource's collection: `/api/v1/nodes`."""
+    info = kind._api_info
+    group, version = info.resource.group, info.resource.version
+    return f"/apis/{group}/{version}/{info.plural}" if group else f"/api/{version}/{info.plural}"
 
 
 @dataclass
 class _WatchState:
     """Shared by the loop and the watch thread: the stop flag and the stream's own client.
 
-    lightkube renews a watch the server ended by itself, so the stream never ends on its
-    own; closing its client from the loop's side makes the next renewal fail, and the
-    thread, seeing `stop`, ends. A stream that is quiet ends within `watch_timeout_s`.
+    Closing the stream's client from the loop's side fails its read; the thread, seeing
+    `stop`, ends. A read it does not interrupt ends within the read deadline.
     """
 
     stop: threading.Event = field(default_factory=threading.Event)
-    _client: Client | None = None
+    _client: httpx2.Client | None = None
     _lock: threading.Lock = field(default_factory=threading.Lock)
 
-    def open(self, new: Callable[[], Client]) -> Client | None:
+    def open(self, new: Callable[[], httpx2.Client]) -> httpx2.Client | None:
         """The stream's client, made by `new`; None once stopped."""
         with self._lock:
             if self.stop.is_set():

@@ -5,12 +5,19 @@ server's answer (lightkube's `ApiError`, or httpx2's `HTTPStatusError` for an an
 not a JSON Status), the transport (httpx2: refused, reset, timed out) or the credentials
 (lightkube's `ConfigError`, an unreadable kubeconfig). The message is one line:
 the call and object ("patch Node gpu-1"), what went wrong, and what to do about it.
+
+An answer that says when to try again (`Retry-After`, as an overloaded API server sends
+with 429 and 503, or a Status's `details.retryAfterSeconds`) leaves that in
+`KubeError.retry_after`, for the caller's backoff.
 """
 
 from __future__ import annotations
 
+import datetime
+import email.utils
 import json
-from typing import Final
+from collections.abc import Mapping
+from typing import Any, Final
 
 import httpx2 as http
 from lightkube import ConfigError
@@ -33,19 +40,30 @@ _HINTS: Final[dict[int, str]] = {
 class KubeError(KubegpuError):
     """A Kubernetes API call failed; the message names the call, the object and a fix."""
 
-    def __init__(self, message: str, *, status: int | None = None) -> None:
+    def __init__(
+        self, message: str, *, status: int | None = None, retry_after: float | None = None
+    ) -> None:
         super().__init__(message)
         #: The HTTP status the API server answered; None when it did not answer at all.
         self.status = status
+        #: Seconds the API server asked the client to wait before trying again, if it did.
+        self.retry_after = retry_after
 
 
 def status_error(
-    what: str, status: int, reason: str, *, missing: str | None = None, detail: str = ""
+    what: str,
+    status: int,
+    reason: str,
+    *,
+    missing: str | None = None,
+    detail: str = "",
+    retry_after: float | None = None,
 ) -> KubeError:
     """The `KubeError` for an HTTP answer: "get Node n1: HTTP 403 Forbidden; check ...".
 
     `missing` replaces the generic 404 hint ("; does it exist (is NFD installed)?").
     `detail` is the server's own message, kept when it says more than the status.
+    `retry_after` (seconds) is the server's Retry-After, for the caller's backoff.
     """
     if status == 404 and missing is not None:
         hint = missing
@@ -54,7 +72,25 @@ def status_error(
     else:
         hint = _HINTS.get(status, "")
     said = f" ({detail})" if detail else ""
-    return KubeError(f"{what}: HTTP {status} {reason.strip()}{said}{hint}", status=status)
+    return KubeError(
+        f"{what}: HTTP {status} {reason.strip()}{said}{hint}",
+        status=status,
+        retry_after=retry_after,
+    )
+
+
+def status_object_error(what: str, status: Mapping[str, Any]) -> KubeError:
+    """The `KubeError` for a Status object sent in place of an answer (a watch's ERROR
+    event): its code, reason and message, and its `details.retryAfterSeconds`."""
+    code = status.get("code")
+    reason = status.get("reason")
+    return status_error(
+        what,
+        code if isinstance(code, int) and not isinstance(code, bool) else 500,
+        reason if isinstance(reason, str) else "",
+        detail=_message_of(status),
+        retry_after=_retry_after_seconds(status),
+    )
 
 
 def translate(
@@ -66,21 +102,24 @@ def translate(
     they are not disguised as an outage.
     """
     if (
-        isinstance(exc, KeyError)
+        isinstance(exc, KeyError | ValueError)
         and isinstance(exc.__context__, http.HTTPStatusError)
         and exc.__suppress_context__ is False
     ):
-        # lightkube reads the error answer's Content-Type header unguarded: an answer
-        # without one (a proxy's 502) surfaces as KeyError raised while handling it.
+        # lightkube decodes the error answer unguarded: one without a Content-Type header
+        # (a proxy's 502) surfaces as KeyError raised while handling it, a Status that is
+        # not one (a field of the wrong type) as msgspec's ValidationError, a ValueError.
         exc = exc.__context__
     if isinstance(exc, http.HTTPStatusError):
         answer = exc.response
+        body = _body(answer)
         return status_error(
             what,
             answer.status_code,
             answer.reason_phrase,
             missing=missing,
-            detail=_server_message(_body(answer)),
+            detail=_server_message(body),
+            retry_after=retry_after_of(answer.headers.get("Retry-After"), body),
         )
     if isinstance(exc, ConfigError):
         return no_credentials(exc)
@@ -93,6 +132,15 @@ def translate(
         # Refused, reset, TLS failures, a proxy's refusal, an unsupported server URL.
         return unreachable(what, exc)
     return None
+
+
+def unreadable(what: str, exc: BaseException) -> KubeError:
+    """The `KubeError` for an answer that is not the JSON object the API sends (a broken
+    server or a proxy in between): a fault of the server, retried like an outage."""
+    return KubeError(
+        f"{what}: the API server's answer is not a readable object ({first_line(exc)}); "
+        "check the API server and any proxy between it and this node"
+    )
 
 
 def unreachable(what: str, exc: BaseException) -> KubeError:
@@ -124,11 +172,49 @@ def _body(answer: http.Response) -> bytes:
 
 def _server_message(body: bytes) -> str:
     """The `message` of the API server's Status object, first line only; "" if none."""
+    status = _status(body)
+    return _message_of(status) if status is not None else ""
+
+
+def _status(body: bytes) -> dict[str, Any] | None:
+    """The answer's body as a JSON object (a Status), None when it is not one."""
     if not body:
-        return ""
+        return None
     try:
         status = json.loads(body)
     except ValueError:
-        return ""
-    message = status.get("message") if isinstance(status, dict) else None
+        return None
+    return status if isinstance(status, dict) else None
+
+
+def _message_of(status: Mapping[str, Any]) -> str:
+    message = status.get("message")
     return message.strip().splitlines()[0] if isinstance(message, str) and message.strip() else ""
+
+
+def retry_after_of(header: str | None, body: bytes = b"") -> float | None:
+    """Seconds to wait as the answer says: its Retry-After header (seconds, or an HTTP
+    date), else its Status's `details.retryAfterSeconds`; None when it says nothing usable.
+
+    Not bounded here: the caller's backoff caps it.
+    """
+    if header is not None:
+        text = header.strip()
+        if text.isdigit():
+            return float(text)
+        try:
+            when = email.utils.parsedate_to_datetime(text)
+        except (TypeError, ValueError):
+            when = None
+        if when is not None and when.tzinfo is not None:
+            return max(0.0, (when - datetime.datetime.now(datetime.UTC)).total_seconds())
+    status = _status(body)
+    return _retry_after_seconds(status) if status is not None else None
+
+
+def _retry_after_seconds(status: Mapping[str, Any]) -> float | None:
+    details = status.get("details")
+    seconds = details.get("retryAfterSeconds") if isinstance(details, dict) else None
+    if isinstance(seconds, int) and not isinstance(seconds, bool) and seconds >= 0:
+        return float(seconds)
+    return None

@@ -8,6 +8,7 @@ server would (a missing Node is a 404 `KubeError`, creating an existing NodeFeat
 from __future__ import annotations
 
 import asyncio
+import collections
 import contextlib
 import copy
 import datetime
@@ -45,7 +46,8 @@ class FakeKube:
     (ResourceSlices, ResourceClaims, DeviceClasses), with a call log.
 
     `calls` reads like "get node/n1", "create nodefeature/ns/name", "create event/ns/name",
-    "list resourceslices/<driver>/<node>", "replace resourceslice/<name>".
+    "list resourceslices/<driver>/<node>", "replace resourceslice/<name>"; `requests()`
+    counts them by verb and resource, as an API server would count requests.
     `fail_with` makes every call raise; `fail_next(prefix, error)` makes only the next call
     whose log line starts with `prefix` raise. Safe to call from worker threads.
     """
@@ -73,6 +75,10 @@ class FakeKube:
     #: The time the fake stamps on a device taint written without one, as the API server
     #: does on create and update (RFC 3339, whole seconds).
     clock: Callable[[], str] = field(default=lambda: _now(), repr=False)
+    #: Edits each ResourceSlice as the server stores it (create and update), in place:
+    #: models a server that drops or changes fields it does not serve (a feature gate
+    #: that is off). None: stored as written.
+    slice_storage: Callable[[dict[str, Any]], None] | None = field(default=None, repr=False)
     _versions: itertools.count[int] = field(default_factory=lambda: itertools.count(1), repr=False)
     _pending: list[tuple[str, BaseException]] = field(default_factory=list, repr=False)
     _watchers: list[_Watcher] = field(default_factory=list, repr=False)
@@ -122,6 +128,11 @@ class FakeKube:
         """The next call whose log line starts with `prefix` raises `error` (once)."""
         with self._lock:
             self._pending.append((prefix, error))
+
+    def requests(self) -> collections.Counter[str]:
+        """Calls so far by verb and resource ("list resourceslices": 3), watches included."""
+        with self._lock:
+            return collections.Counter(call.split("/", 1)[0] for call in self.calls)
 
     def _enter(self, call: str) -> None:
         with self._lock:
@@ -266,6 +277,7 @@ class FakeKube:
                 )
             named = copy.deepcopy(body)
             named.setdefault("metadata", {})["name"] = name
+            named = self._slice_stored(named)
             stored = self._stamped(_taints_stamped(named, self.clock), None, kind="ResourceSlice")
             self.resource_slices[name] = stored
             due = self._slice_event("ADDED", stored)
@@ -289,7 +301,7 @@ class FakeKube:
                     "Conflict",
                     detail=_MODIFIED.format(name=name),
                 )
-            stamped = _taints_stamped(copy.deepcopy(body), self.clock)
+            stamped = _taints_stamped(self._slice_stored(copy.deepcopy(body)), self.clock)
             stored = self._stamped(stamped, current, kind="ResourceSlice")
             self.resource_slices[name] = stored
             due = self._slice_event("MODIFIED", stored)
@@ -346,6 +358,12 @@ class FakeKube:
             changed = stored.get("spec") != current.get("spec")
             meta["generation"] = old.get("generation", 1) + (1 if changed else 0)
         return stored
+
+    def _slice_stored(self, body: dict[str, Any]) -> dict[str, Any]:
+        """`body` as `slice_storage` keeps it; call with `_lock` held."""
+        if self.slice_storage is not None:
+            self.slice_storage(body)
+        return body
 
     def _suffix(self) -> str:
         """A `generateName` suffix of five characters, unique in this fake; call with `_lock`."""

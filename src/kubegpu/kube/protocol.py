@@ -17,9 +17,11 @@ RELIST: Final = "RELIST"
 class SliceEvent(NamedTuple):
     """One event of `Kube.watch_resource_slices`.
 
-    `type` is the API's ADDED, MODIFIED or DELETED with the slice as the API sent it, or
-    `RELIST` (and an empty `slice`) when a watch starts, first or again after it broke or
-    expired: what changed before it started is not reported, so read the slices again.
+    `type` is the API's ADDED, MODIFIED or DELETED with the slice as the API sent it (any
+    JSON object with `metadata`: judge it before use), or `RELIST` (and an empty `slice`)
+    when the watch lists again: at its start, after its version expired (410) or its list
+    failed. What changed before is not reported then, so read the slices again. A stream
+    that broke is resumed from the last version seen, and reports what it missed.
     """
 
     type: str
@@ -98,10 +100,10 @@ class Kube(Protocol):
     def watch_resource_slices(self, driver: str, node: str) -> AsyncIterator[SliceEvent]:
         """Changes of the ResourceSlices of `driver` on `node`, as `SliceEvent`s.
 
-        Each (re)started watch first yields a `RELIST` event, then, as the API server's
-        watch without a resourceVersion does, an ADDED event for each slice that exists,
-        then every change. Never raises for API trouble: failures are logged and the watch
-        started again with backoff, as for `watch_node_label`.
+        Each list first yields a `RELIST` event, then, as the API server's watch without a
+        resourceVersion does, an ADDED event for each slice that exists, then every change.
+        Never raises for API trouble: failures are logged and the watch started again with
+        backoff, as for `watch_node_label`.
         """
         ...
 

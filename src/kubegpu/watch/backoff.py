@@ -3,6 +3,9 @@
 Exponential and capped, without jitter (a node runs one plugin per resource, so there is
 no herd to spread, and tests can assert the exact delays), resettable after a success,
 with the sleep and the clock injectable so tests run on a fake clock instead of waiting.
+A server that says when to come back (HTTP `Retry-After`) is heeded: `at_least`
+lengthens one delay up to the cap, never past it, so a wrong or hostile header cannot
+park a loop for hours.
 """
 
 from __future__ import annotations
@@ -54,10 +57,16 @@ class Backoff:
         """The delay the next `wait()` or `advance()` uses."""
         return self._next
 
-    def advance(self) -> float:
-        """The delay to wait now; the one after it grows by `factor`, up to `cap`."""
+    def advance(self, at_least: float | None = None) -> float:
+        """The delay to wait now; the one after it grows by `factor`, up to `cap`.
+
+        `at_least` (a server's Retry-After, in seconds) lengthens this delay, up to `cap`;
+        the delays after it grow as they would have.
+        """
         delay = self._next
         self._next = min(delay * self.factor, self.cap)
+        if at_least is not None and at_least > delay:
+            delay = min(at_least, self.cap)
         return delay
 
     def reset(self) -> None:
@@ -80,20 +89,20 @@ class Backoff:
         """Note now as the start of a run, for `reset_if_stable`."""
         self._since = self._clock()
 
-    def block(self, stop: StopWait) -> bool:
+    def block(self, stop: StopWait, at_least: float | None = None) -> bool:
         """Threads: block the next delay on `stop`, so setting it ends the wait; True if set.
 
         The wait goes through `stop.wait` rather than an injected sleep: a thread must
         wake the moment it is told to stop, and tests pass a flag that records the delays.
         """
-        return stop.wait(self.advance())
+        return stop.wait(self.advance(at_least))
 
-    async def wait(self, wake: asyncio.Event | None = None) -> bool:
+    async def wait(self, wake: asyncio.Event | None = None, at_least: float | None = None) -> bool:
         """Sleep the next delay, or less if `wake` is set first; True when woken.
 
         `wake` is how a watch cuts a retry short: a new kubelet.sock needs no 2 s wait.
         """
-        delay = self.advance()
+        delay = self.advance(at_least)
         if wake is None:
             await self._sleep(delay)
             return False
