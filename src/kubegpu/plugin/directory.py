@@ -141,6 +141,8 @@ class PluginDirectory:
 
     def acquire(self) -> Role:
         """Take this process's role; `PluginDirectoryError` when it has none to take."""
+        if self.what != DEVICE_PLUGINS:
+            return self._acquire_alone()
         self._make_handover_dir()
         self._successor_fd = _lock(self.handover_dir)
         if self._successor_fd is None:
@@ -166,6 +168,21 @@ class PluginDirectory:
             )
         self.role = Role.SUCCESSOR
         self.slot = self._free_slot()
+        return self.role
+
+    def _acquire_alone(self) -> Role:
+        """A directory with no handover (a DRA driver's own): the owner lock alone, and
+        nothing written in it, so a stop leaves in it only what the driver keeps there. An
+        empty `kubegpu-handover/` an earlier kubegpu made there goes."""
+        self._owner_fd = _lock(self.path)
+        if self._owner_fd is None:
+            raise PluginDirectoryError(
+                f"{self.what} {self.path} is in use by another kubegpu serve; "
+                f"stop it first, give this one another {self.flag}"
+            )
+        with contextlib.suppress(OSError):
+            self.handover_dir.rmdir()
+        self.role = Role.OWNER
         return self.role
 
     def _make_handover_dir(self) -> None:
