@@ -501,6 +501,7 @@ def test_labeller_env_names_and_values_are_ones_kubegpu_labels_accepts(chart: An
         "nvidiaDriverRoot": "/run/nvidia/driver",
         "config": {"name": "configs", "default": "a", "fallbackStrategies": ["named", "empty"]},
         "mps": {"enabled": True},
+        "logFormat": "json",
     }
     cases = [values(s) for s in SCENARIOS if "gfd" in values(s)]
     cases += [everything, {"gfd": {"enabled": True}, "sleepInterval": 60_000_000_000}]
@@ -712,6 +713,7 @@ def test_plugin_env_names_and_values_are_ones_kubegpu_serve_accepts(chart: Any) 
         "mps": {"enabled": True},
         "backend": "amd",
         "resourceNamingStrategy": "mixed",
+        "logFormat": "json",
     }
     scenarios = [values(s) for s in SCENARIOS if "labeller" not in s]
     for vals in [*scenarios, everything]:
@@ -726,6 +728,17 @@ def test_plugin_env_names_and_values_are_ones_kubegpu_serve_accepts(chart: Any) 
             assert e["name"] in flags, e
             option = flags[e["name"]]
             option.type.convert(e["value"], option, None)
+
+
+def test_log_format_reaches_the_plugin_and_the_labeller_only_when_set(chart: Any) -> None:
+    gfd = {"gfd": {"enabled": True}}
+    for ds in ("kubegpu", "kubegpu-labeller"):
+        assert "LOG_FORMAT" not in env(one(render(chart, gfd), "DaemonSet", ds))
+        json_logs = env(one(render(chart, {**gfd, "logFormat": "json"}), "DaemonSet", ds))
+        assert json_logs["LOG_FORMAT"] == "json"
+    with pytest.raises(helm_python.HelmValuesError):
+        chart.validate_schema({"logFormat": "yaml"})
+    chart.validate_schema({"logFormat": None})
 
 
 def test_handover_rolls_with_surge_and_starts_serve_with_handover(chart: Any) -> None:
