@@ -48,7 +48,7 @@ from kubegpu.cli.options import (
 )
 from kubegpu.config import Config, GfdFlags, flag_overrides
 from kubegpu.config.source import ConfigSource, NamedConfigs, NodeLabels
-from kubegpu.errors import ConfigError, KubegpuError
+from kubegpu.errors import ConfigError, InitError, KubegpuError
 from kubegpu.kube import Kube, KubeError, default_client
 from kubegpu.labeller import (
     FeatureFileSink,
@@ -229,6 +229,13 @@ def run_labels(
     except (UsageError, ConfigError) as exc:
         logformat.error_line(f"kubegpu labels: {exc}")
         return 2
+    except InitError as exc:
+        # GFD's default too; its other answer, labels without the GPU ones, is one flag away.
+        logformat.error_line(
+            f"kubegpu labels: {exc}; to label without GPU labels (as GFD), "
+            "set --fail-on-init-error=false (GFD_FAIL_ON_INIT_ERROR)"
+        )
+        return 1
     except KubegpuError as exc:
         logformat.error_line(f"kubegpu labels: {exc}")
         return 1
