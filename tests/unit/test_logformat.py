@@ -163,3 +163,20 @@ def test_a_command_that_fails_with_json_logs_says_why_in_a_json_record(tmp_path:
     (line,) = done.stderr.splitlines()
     entry = json.loads(line)
     assert entry["level"] == "error" and "NVML" in entry["msg"], entry
+
+
+def test_labels_logs_json_on_stderr_and_prints_the_labels_on_stdout(tmp_path: Path) -> None:
+    labels_once = [sys.executable, "-m", "kubegpu.cli", "labels", "--oneshot", "-o", "-"]
+    done = subprocess.run(
+        [*labels_once, "--simulate", "t4-1", "--sysfs-root", str(tmp_path)],
+        capture_output=True,
+        text=True,
+        timeout=120,
+        env={"LOG_FORMAT": "json", "PATH": "/usr/bin:/bin"},
+        check=False,
+    )
+    assert done.returncode == 0, done.stderr
+    assert "nvidia.com/gpu.product=Tesla-T4" in done.stdout.splitlines()
+    records = [json.loads(line) for line in done.stderr.splitlines()]
+    assert {"logger": "kubegpu.labeller", "level": "info"}.items() <= records[-1].items()
+    assert records[-1]["msg"].startswith("published ")
