@@ -13,7 +13,8 @@ from collections.abc import Mapping, Sequence
 from pathlib import Path
 from typing import Any, TextIO
 
-from kubegpu.config import config_to_json, load_config
+from kubegpu.config import Config, load_config
+from kubegpu.config.show import config_to_yaml
 from kubegpu.devices import Inventory, open_backend
 from kubegpu.errors import ConfigError, InitError
 from kubegpu.resources import ResourceSpec, build_resources
@@ -74,13 +75,23 @@ def run_check(
             "pass --simulate PRESET|FILE to see what it would advertise",
             file=err,
         )
-        print(f"{path}: valid; effective config: {config_to_json(config)}", file=out)
+        print(format_effective(path, config), file=out)
         return 0
     try:
         specs = build_resources(inventory, config)  # as serve would, ConfigError if not
     except ConfigError as exc:
         print(f"kubegpu: {path}: {exc}", file=err)
         return 1
-    print(f"{path}: valid; effective config: {config_to_json(config)}", file=out)
+    print(format_effective(path, config), file=out)
     print(format_resources(specs, inventory), file=out)
     return 0
+
+
+def format_effective(path: Path, config: Config) -> str:
+    """`PATH: valid`, then the effective config as YAML under a comment line: from that
+    line to the blank line after it, the output is a config file that loads as `config`."""
+    return (
+        f"{path}: valid\n"
+        "# effective config (the file with every default filled in):\n"
+        f"{config_to_yaml(config)}"
+    )

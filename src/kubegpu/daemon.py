@@ -32,7 +32,7 @@ from kubegpu.cdi import DEFAULT_DIRECTORY as DEFAULT_CDI_DIRECTORY
 from kubegpu.cdi import CdiWriter
 from kubegpu.config import Config, Flags
 from kubegpu.config import driver_files_root as config_driver_files_root
-from kubegpu.config.loader import config_to_json
+from kubegpu.config.show import log_config
 from kubegpu.config.source import POLL_INTERVAL, ConfigSource, ConfigUpdate, NamedConfigs
 from kubegpu.devices import (
     DeviceBackend,
@@ -323,7 +323,7 @@ class Daemon:
         if first.error is not None or first.config is None:
             raise first.error or ConfigError("no configuration")
         config = first.config
-        log.info("effective config (%s): %s", first.origin, config_to_json(config))
+        log_config(log, "effective config", first.origin, config)
         try:
             self._check_node_has(config)
         except PreconditionError as exc:
@@ -582,7 +582,7 @@ class Daemon:
                 self._reject(update.origin, exc)
                 continue
             self.metrics.config_reload(ok=True)
-            log.info("config reloaded from %s: %s", update.origin, config_to_json(update.config))
+            log_config(log, "config reloaded", update.origin, update.config)
             # The counterpart of ConfigRejected: an operator watching the Node sees the
             # reload land, not only the ones refused.
             self.events.emit(Reason.CONFIG_APPLIED, f"{update.origin}: applied")

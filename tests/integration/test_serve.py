@@ -11,6 +11,7 @@ import socket
 import subprocess
 import sys
 from pathlib import Path
+from typing import Any
 
 import pytest
 
@@ -407,6 +408,64 @@ async def test_config_reload_changes_replicas_and_keeps_last_good(
     finally:
         code, out = await serve.stop()
     assert code == 0, out
+
+
+def json_records(out: str) -> list[dict[str, object]]:
+    """Each line of `out` as the JSON object it must be (`--log-format json`)."""
+    records: list[dict[str, object]] = []
+    for line in out.splitlines():
+        entry = json.loads(line)
+        assert isinstance(entry, dict) and {"ts", "level", "logger", "msg"} <= set(entry), line
+        records.append(entry)
+    return records
+
+
+async def test_json_logs_are_one_object_a_line_from_start_to_stop(
+    kubelet: KubeletEmulator, socket_dir: Path
+) -> None:
+    config = socket_dir / "config.yaml"
+    config.write_text(SHARED.format(replicas=4))
+    serve = await start(
+        serve_cmd(kubelet.plugin_dir, "--simulate", "a10g-4", "--config-file", str(config)),
+        LOG_FORMAT="json",
+    )
+    try:
+        await kubelet.wait_for_resource(GPU, capacity=16, allocatable=16)
+        config.write_text(SHARED.format(replicas=8))
+        await kubelet.wait_for_resource(GPU, capacity=32)
+        await serve.wait_for_line('"config reloaded')
+    finally:
+        code, out = await serve.stop()
+    assert code == 0, out
+    records = json_records(out)
+    assert any(r["msg"] == "stopped cleanly" for r in records)
+    assert any(str(r["msg"]).startswith("advertising nvidia.com/gpu") for r in records)
+    # The config line: short for a person, the whole config as a field for a query.
+    first, reload = (
+        next(r for r in records if str(r["msg"]).startswith(event))
+        for event in ("effective config", "config reloaded")
+    )
+    for entry, replicas in ((first, 4), (reload, 8)):
+        assert entry["level"] == "info" and len(str(entry["msg"])) < 200, entry
+        assert f"nvidia.com/gpu x{replicas}" in str(entry["msg"])
+        assert entry["origin"] == f"file {config}"
+        whole: Any = entry["config"]
+        assert whole["sharing"]["timeSlicing"]["resources"][0]["replicas"] == replicas
+        assert whole["flags"]["migStrategy"] == "none"
+    assert first["config_digest"] != reload["config_digest"]
+
+
+async def test_with_json_logs_the_error_that_ends_start_up_is_a_json_record(
+    socket_dir: Path,
+) -> None:
+    bad = socket_dir / "config.yaml"
+    bad.write_text("version: v1\nflags:\n  migStrategi: mixed\n")
+    code, out = await run_to_end(
+        serve_cmd(socket_dir, "--simulate", "t4-1", "--config-file", str(bad), "--log-format=json")
+    )
+    assert code == 1
+    last = json_records(out)[-1]
+    assert last["level"] == "error" and "migStrategi" in str(last["msg"]), last
 
 
 # -- start-up order, signals, the plugin-directory lock, readiness ----------------------

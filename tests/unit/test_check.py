@@ -3,16 +3,27 @@
 from __future__ import annotations
 
 from pathlib import Path
+from typing import Any
 
 import pytest
+import yaml
 
 from kubegpu.cli import main
+from kubegpu.config import load_config, parse_config
 
 
 def write(tmp_path: Path, text: str) -> Path:
     path = tmp_path / "config.yaml"
     path.write_text(text)
     return path
+
+
+def effective(out: str) -> str:
+    """The YAML `check` printed: from its `# effective config` line to the first blank one."""
+    lines = out.splitlines()
+    start = next(i for i, line in enumerate(lines) if line.startswith("# effective config"))
+    end = lines.index("", start) if "" in lines[start:] else len(lines)
+    return "\n".join(lines[start:end]) + "\n"
 
 
 def table(out: str) -> dict[str, list[str]]:
@@ -39,6 +50,32 @@ def test_time_slicing_on_a_simulated_node(
     out = capsys.readouterr().out
     assert f"{config}: valid" in out
     assert table(out) == {"nvidia.com/gpu": ["32", "32", "time-slicing", "4"]}
+
+
+def test_the_effective_config_is_readable_yaml_that_loads_back_as_the_same_config(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    config = write(
+        tmp_path,
+        "version: v1\nflags:\n  migStrategy: mixed\nsharing:\n  timeSlicing:\n    resources:\n"
+        "    - name: nvidia.com/gpu\n      replicas: 4\n      rename: gpu-shared\n",
+    )
+    assert main(["check", str(config), "--simulate", "h100-8"]) == 0
+    out = capsys.readouterr().out
+    assert out.splitlines()[0] == f"{config}: valid"
+    text = effective(out)
+    # Block style, one key a line: no JSON-like flow mapping of the whole config.
+    assert len(text.splitlines()) > 30 and all(len(line) < 100 for line in text.splitlines())
+    assert "{" not in text.replace("{}", "")
+    raw: dict[str, Any] = yaml.safe_load(text)
+    # The schema's order and the file's camelCase keys; nothing of the file lost.
+    assert list(raw) == ["version", "flags", "resources", "sharing", "imex"]
+    assert list(raw["flags"])[:2] == ["migStrategy", "failOnInitError"]
+    assert raw["sharing"]["timeSlicing"]["resources"][0]["rename"] == "gpu-shared"
+    assert raw["flags"]["health"]["ignoredXids"] == [13, 31, 43, 45, 68, 109]
+    # It is a config file: pasted into a ConfigMap, it is the same config.
+    assert parse_config(text) == load_config(config, {})
+    assert table(out) == {"nvidia.com/gpu-shared": ["32", "32", "time-slicing", "4"]}
 
 
 def test_mixed_mig_lists_each_profile(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
@@ -121,7 +158,7 @@ def test_an_mps_config_takes_its_root_from_the_flag_or_env_var_as_serve_does(
         args += ["--mps-root", "/run/nvidia/mps"]
     assert main(args) == 0
     out = capsys.readouterr().out
-    assert '"mpsRoot":"/run/nvidia/mps"' in out.replace(" ", "")
+    assert yaml.safe_load(effective(out))["flags"]["mpsRoot"] == "/run/nvidia/mps"
     assert table(out) == {"nvidia.com/gpu": ["32", "32", "mps", "4"]}
 
 

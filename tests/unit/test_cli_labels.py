@@ -337,3 +337,25 @@ def test_cli_named_config_that_does_not_exist_is_one_line_exit_2(
     err = capsys.readouterr().err.strip()
     assert len(err.splitlines()) == 1
     assert "'typo'" in err and "plain, shared" in err
+
+
+# --- no GPU: GFD's --fail-on-init-error ----------------------------------------------------
+
+
+def test_without_a_gpu_it_exits_1_as_gfd_and_names_the_flag_that_labels_anyway(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    no_driver = tmp_path / "no-driver"
+    no_driver.mkdir()
+    argv = ["--oneshot", "-o", "-", "--backend", "nvml", "--nvidia-driver-root", str(no_driver)]
+    argv += ["--sysfs-root", str(tmp_path)]
+    assert run_cli(argv) == 1
+    captured = capsys.readouterr()
+    assert captured.out == ""
+    (line,) = captured.err.splitlines()
+    assert "NVML" in line and "--fail-on-init-error=false" in line
+
+    assert run_cli([*argv, "--fail-on-init-error=false"]) == 0
+    printed = capsys.readouterr().out.splitlines()
+    assert any(label.startswith("nvidia.com/gfd.timestamp=") for label in printed), printed
+    assert not any(label.startswith("nvidia.com/gpu.product=") for label in printed)

@@ -194,10 +194,76 @@ def test_schema_rejects_bad_values(chart: Any) -> None:
         {"deviceListStrategy": ["envvar", "carrier-pigeon"]},
         {"gfd": {"sleepInterval": "often"}},
         {"metrics": {"port": 0}},
-        {"unknownKey": 1},
     ):
         with pytest.raises(helm_python.HelmValuesError):
             chart.validate_schema(bad)
+
+
+@pytest.mark.parametrize(
+    ("given", "refusal"),
+    [
+        ({"migStrategyy": "mixed"}, "unknown value 'migStrategyy'; did you mean 'migStrategy'?"),
+        ({"MigStrategy": "mixed"}, "unknown value 'MigStrategy'; did you mean 'migStrategy'?"),
+        ({"gfd": {"enabeld": True}}, "unknown value 'gfd.enabeld'; did you mean 'gfd.enabled'?"),
+        (
+            {"probes": {"liveness": {"periodSecond": 5}}},
+            "unknown value 'probes.liveness.periodSecond'; "
+            "did you mean 'probes.liveness.periodSeconds'?",
+        ),
+        (
+            {"unknownKey": 1},
+            "unknown value 'unknownKey': this chart has no such value; "
+            "see the chart's values.yaml (helm show values)",
+        ),
+        (
+            {"imag": {"tagg": "v1"}, "dra": {"mode": "x"}},
+            "unknown values 'dra.mode', 'imag' (did you mean 'image'?); "
+            "see the chart's values.yaml (helm show values)",
+        ),
+    ],
+)
+def test_an_unknown_value_is_refused_naming_the_value_it_is_closest_to(
+    chart: Any, given: dict[str, Any], refusal: str
+) -> None:
+    chart.validate_schema(given)  # types are the schema's; names are the template's
+    with pytest.raises(helm_python.HelmRenderError) as info:
+        render(chart, given)
+    assert str(info.value).endswith(refusal), str(info.value)
+
+
+def test_values_that_take_any_keys_still_do(chart: Any) -> None:
+    """Kubernetes data, maps of names and NVIDIA's nfd.* settings are not checked."""
+    given = {
+        "nfd": {"worker": {"tolerations": []}},
+        "config": {"map": {"any-name": "version: v1\n"}},
+        "selectorLabelsOverride": {"app": "gpu"},
+        "podAnnotations": {"example.com/a": "b"},
+        "securityContext": {"privileged": False},
+        "metrics": {"serviceMonitor": {"additionalLabels": {"release": "prom"}}},
+        "global": {"imageRegistry": "registry.example.com"},
+    }
+    chart.validate_schema(given)
+    assert render(chart, given)
+
+
+def known_tree(node: dict[str, Any], definitions: dict[str, Any]) -> dict[str, Any] | None:
+    """The keys of a schema object whose keys the chart checks: one with `properties` and
+    no `additionalProperties`; None for a value that takes any keys."""
+    while "$ref" in node:
+        node = definitions[node["$ref"].rsplit("/", 1)[1]]
+    if "properties" not in node or "additionalProperties" in node:
+        return None
+    return {key: known_tree(sub, definitions) for key, sub in node["properties"].items()}
+
+
+def test_the_values_the_chart_knows_are_the_schemas() -> None:
+    schema = json.loads((CHART / "values.schema.json").read_text())
+    text = (CHART / "templates" / "_values.tpl").read_text()
+    body = text.split('{{- define "kubegpu.knownValues" -}}\n', 1)[1].split("{{- end -}}", 1)[0]
+    assert yaml.safe_load(body) == known_tree(schema, schema["definitions"])
+    # Every object of the schema is either checked by the chart or open by its own word.
+    assert known_tree(schema["properties"]["nfd"], schema["definitions"]) is None
+    assert schema["properties"]["nfd"]["additionalProperties"] is True
 
 
 def test_helm_lint_is_clean() -> None:
@@ -510,6 +576,7 @@ def test_labeller_env_names_and_values_are_ones_kubegpu_labels_accepts(chart: An
         "nvidiaDriverRoot": "/run/nvidia/driver",
         "config": {"name": "configs", "default": "a", "fallbackStrategies": ["named", "empty"]},
         "mps": {"enabled": True},
+        "logFormat": "json",
     }
     cases = [values(s) for s in SCENARIOS if "gfd" in values(s)]
     cases += [everything, {"gfd": {"enabled": True}, "sleepInterval": 60_000_000_000}]
@@ -721,6 +788,7 @@ def test_plugin_env_names_and_values_are_ones_kubegpu_serve_accepts(chart: Any) 
         "mps": {"enabled": True},
         "backend": "amd",
         "resourceNamingStrategy": "mixed",
+        "logFormat": "json",
     }
     scenarios = [values(s) for s in SCENARIOS if "labeller" not in s]
     for vals in [*scenarios, everything]:
@@ -735,6 +803,17 @@ def test_plugin_env_names_and_values_are_ones_kubegpu_serve_accepts(chart: Any) 
             assert e["name"] in flags, e
             option = flags[e["name"]]
             option.type.convert(e["value"], option, None)
+
+
+def test_log_format_reaches_the_plugin_and_the_labeller_only_when_set(chart: Any) -> None:
+    gfd = {"gfd": {"enabled": True}}
+    for ds in ("kubegpu", "kubegpu-labeller"):
+        assert "LOG_FORMAT" not in env(one(render(chart, gfd), "DaemonSet", ds))
+        json_logs = env(one(render(chart, {**gfd, "logFormat": "json"}), "DaemonSet", ds))
+        assert json_logs["LOG_FORMAT"] == "json"
+    with pytest.raises(helm_python.HelmValuesError):
+        chart.validate_schema({"logFormat": "yaml"})
+    chart.validate_schema({"logFormat": None})
 
 
 def test_handover_rolls_with_surge_and_starts_serve_with_handover(chart: Any) -> None:
@@ -920,10 +999,11 @@ def test_schema_rejects_an_unknown_mode(chart: Any) -> None:
     for bad in (
         {"mode": "both"},
         {"dra": {"kubeletPluginsDirectoryPath": "relative/path"}},
-        {"dra": {"x": 1}},
     ):
         with pytest.raises(helm_python.HelmValuesError):
             chart.validate_schema(bad)
+    with pytest.raises(helm_python.HelmRenderError, match=r"unknown value 'dra\.x'"):
+        render(chart, {"dra": {"x": 1}})
 
 
 def test_dra_notes_warn_about_cdi_and_the_checkpoint(chart: Any) -> None:

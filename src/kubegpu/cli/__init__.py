@@ -51,7 +51,7 @@ from typing import Any  # noqa: E402
 
 import click  # noqa: E402
 
-from kubegpu import __version__  # noqa: E402
+from kubegpu import __version__, logformat  # noqa: E402
 from kubegpu.api import DEVICE_PLUGIN_PATH, KUBELET_SOCKET  # noqa: E402
 from kubegpu.cli.options import Group, UsageError, one_line  # noqa: E402
 from kubegpu.errors import KubegpuError  # noqa: E402
@@ -102,12 +102,11 @@ def kubegpu(ctx: click.Context) -> None:
         _set_hup(ctx.meta.get("kubegpu.previous_hup"))
 
 
-def setup_logging(level: str) -> None:
-    logging.basicConfig(
-        level=getattr(logging, level.upper()),
-        format="%(asctime)s %(levelname)s %(name)s: %(message)s",
-        stream=sys.stderr,
-    )
+def setup_logging(level: str, fmt: str = "text") -> None:
+    """Log records at `level` and above to stderr, as `text` or `json` (`kubegpu.logformat`)."""
+    handler = logging.StreamHandler(sys.stderr)
+    handler.setFormatter(logformat.formatter(fmt))
+    logging.basicConfig(level=getattr(logging, level.upper()), handlers=[handler])
 
 
 def main(argv: Sequence[str] | None = None) -> int:
@@ -137,11 +136,11 @@ def main(argv: Sequence[str] | None = None) -> int:
         print(f"kubegpu: error: {exc}", file=sys.stderr)
         return 2
     except KubegpuError as exc:
-        print(f"kubegpu: {exc}", file=sys.stderr)
+        logformat.error_line(f"kubegpu: {exc}")
         return 1
     except OSError as exc:  # the environment (a file, a port): one line, never a traceback
         log.debug("environment error", exc_info=True)
-        print(f"kubegpu: {exc}", file=sys.stderr)
+        logformat.error_line(f"kubegpu: {exc}")
         return 1
     except KeyboardInterrupt:
         return 130

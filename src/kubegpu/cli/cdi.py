@@ -10,6 +10,7 @@ import click
 
 from kubegpu import cdi as spec
 from kubegpu import devices
+from kubegpu.cli import setup_logging
 from kubegpu.cli.options import (
     TEXT,
     Command,
@@ -19,6 +20,7 @@ from kubegpu.cli.options import (
     device_id_strategy_option,
     driver_root_option,
     files_root,
+    log_options,
     nvidia_ctk_path_option,
     option,
     simulate_option,
@@ -28,6 +30,7 @@ from kubegpu.errors import KubegpuError
 
 def run_generate(values: dict[str, Any]) -> int:
     """Discover, build the spec, write it; `KubegpuError` when the node or file fails."""
+    setup_logging(values.get("log_level") or "info", values.get("log_format") or "text")
     host = values["driver_root"] or "/"
     local_root = files_root(values)
     output = values["output"]
@@ -83,6 +86,7 @@ GENERATE_OPTIONS: list[click.Parameter] = [
     nvidia_ctk_path_option(
         config_key=None, help="host path of nvidia-ctk; adds an ldcache update hook"
     ),
+    *log_options(),
 ]
 
 generate = Command(

@@ -18,6 +18,8 @@ from typing import Any
 
 import click
 
+from kubegpu import logformat
+from kubegpu.cli import setup_logging
 from kubegpu.cli.options import (
     GO_DURATION,
     PATH,
@@ -35,6 +37,7 @@ from kubegpu.cli.options import (
     environment,
     fail_on_init_error_option,
     files_root,
+    log_options,
     mig_strategy_option,
     mps_root_option,
     named_config_options,
@@ -45,7 +48,7 @@ from kubegpu.cli.options import (
 )
 from kubegpu.config import Config, GfdFlags, flag_overrides
 from kubegpu.config.source import ConfigSource, NamedConfigs, NodeLabels
-from kubegpu.errors import ConfigError, KubegpuError
+from kubegpu.errors import ConfigError, InitError, KubegpuError
 from kubegpu.kube import Kube, KubeError, default_client
 from kubegpu.labeller import (
     FeatureFileSink,
@@ -160,6 +163,7 @@ LABELS_OPTIONS: list[click.Parameter] = [
         show_default="/",
         help="root under which sys/bus/pci is read (for gpu.present and gpu.mode)",
     ),
+    *log_options(),
 ]
 
 
@@ -211,21 +215,29 @@ def run_labels(
     (node label, then fallbacks), followed live, so the replica and `-SHARED` labels say
     what the device plugin advertises.
     """
+    setup_logging(values.get("log_level") or "info", values.get("log_format") or "text")
     try:
         overrides = flag_overrides(values, LABELS_KEYS)
         named = named_configs(values, node_labels)
     except ConfigError as exc:
-        print(f"kubegpu labels: {exc}", file=sys.stderr)
+        logformat.error_line(f"kubegpu labels: {exc}")
         return 2
     try:
         return asyncio.run(
             _label(values, overrides, named, environ, api_factory or _connected_client)
         )
     except (UsageError, ConfigError) as exc:
-        print(f"kubegpu labels: {exc}", file=sys.stderr)
+        logformat.error_line(f"kubegpu labels: {exc}")
         return 2
+    except InitError as exc:
+        # GFD's default too; its other answer, labels without the GPU ones, is one flag away.
+        logformat.error_line(
+            f"kubegpu labels: {exc}; to label without GPU labels (as GFD), "
+            "set --fail-on-init-error=false (GFD_FAIL_ON_INIT_ERROR)"
+        )
+        return 1
     except KubegpuError as exc:
-        print(f"kubegpu labels: {exc}", file=sys.stderr)
+        logformat.error_line(f"kubegpu labels: {exc}")
         return 1
 
 

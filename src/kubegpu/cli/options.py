@@ -31,6 +31,7 @@ from kubegpu.config.v1 import DeviceDiscoveryStrategy
 from kubegpu.devices import BACKENDS
 from kubegpu.errors import KubegpuError
 from kubegpu.gosyntax import parse_bool, parse_go_int
+from kubegpu.logformat import FORMATS as LOG_FORMATS
 from kubegpu.plugin.manager import MAX_SOCKET_PATH
 
 #: Where the environment to read is kept in `click.Context.meta` (os.environ when absent).
@@ -508,6 +509,27 @@ def nvidia_ctk_path_option(
         help=help,
         **defaults,
     )
+
+
+def log_options() -> list[click.Parameter]:
+    """How a command that runs for a while logs: `--log-level` and `--log-format`, the same
+    in every such command (`serve`, `labels`, `cdi generate`); `kubegpu.logformat`."""
+    return [
+        option(
+            "--log-level",
+            envvar="LOG_LEVEL",
+            type=Parsed("level", choice("debug", "info", "warning", "error")),
+            default="info",
+            help="debug, info, warning, error",
+        ),
+        option(
+            "--log-format",
+            envvar="LOG_FORMAT",
+            type=Parsed("format", choice(*LOG_FORMATS)),
+            default=LOG_FORMATS[0],
+            help="text (a line for people) or json (one object a line, for log shippers)",
+        ),
+    ]
 
 
 def named_config_options(*, node_name_help: str) -> list[click.Parameter]:

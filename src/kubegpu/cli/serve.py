@@ -47,6 +47,7 @@ from kubegpu.cli.options import (
     environment,
     fail_on_init_error_option,
     list_option,
+    log_options,
     mig_strategy_option,
     mps_root_option,
     named_config_options,
@@ -304,13 +305,7 @@ SERVE_OPTIONS: list[click.Parameter] = [
         show_default="false",
         help="also write GPU Feature Discovery labels (to flags.gfd.outputFile)",
     ),
-    option(
-        "--log-level",
-        envvar="LOG_LEVEL",
-        type=Parsed("level", choice("debug", "info", "warning", "error")),
-        default="info",
-        help="debug, info, warning, error",
-    ),
+    *log_options(),
 ]
 
 
@@ -351,7 +346,7 @@ def _daemon_main(
 ) -> Callable[[], Coroutine[Any, Any, None]]:
     """`serve`'s checks, logging and settings; the coroutine function that runs it."""
     check_serve(values, env)
-    setup_logging(values["log_level"])
+    setup_logging(values["log_level"], values["log_format"])
     named = named_configs(values)
     for notice in serve_notices(values):
         log.warning("%s", notice)

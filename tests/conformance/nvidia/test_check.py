@@ -14,11 +14,11 @@ file's `# override: KEY=VALUE` header says what the chart sets beside it.
 
 from __future__ import annotations
 
-import json
 import re
 from pathlib import Path
 
 import pytest
+import yaml
 
 from kubegpu.cli import main
 from tests.conformance.origin import PEER_DATA, needs_peer_data, peer_file
@@ -40,9 +40,12 @@ def _chart_env(path: Path) -> dict[str, str]:
 
 
 def _effective(out: str) -> dict[str, object]:
-    """The effective config `check` printed (`...: valid; effective config: {json}`)."""
-    line = next(line for line in out.splitlines() if "effective config: " in line)
-    value: dict[str, object] = json.loads(line.split("effective config: ", 1)[1])
+    """The effective config `check` printed: the YAML from its `# effective config` line
+    to the first blank line."""
+    lines = out.splitlines()
+    start = next(i for i, line in enumerate(lines) if line.startswith("# effective config"))
+    end = lines.index("", start) if "" in lines[start:] else len(lines)
+    value: dict[str, object] = yaml.safe_load("\n".join(lines[start:end]))
     return value
 
 
