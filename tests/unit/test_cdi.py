@@ -661,3 +661,27 @@ async def test_the_writer_follows_the_inventory_and_the_config(
         store.update(inventory=Inventory(gpus=(gpu(0),), driver_version=VERSION))
         spec = directory / cdi.DEFAULT_NAME
         await eventually(lambda: len(json.loads(spec.read_text())["devices"]) == 2)
+
+
+@pytest.mark.parametrize("kind", ["fifo", "link-to-device", "directory"])
+def test_cli_generate_never_replaces_a_special_file(
+    kind: str, tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    """`-o /dev/null` as root once replaced the node's /dev/null with the spec: the write
+    renames a file over its target. A device, FIFO or directory is refused and left as is."""
+    from kubegpu.cli import main
+
+    out = tmp_path / "out"
+    if kind == "fifo":
+        os.mkfifo(out)
+    elif kind == "directory":
+        out.mkdir()
+    else:
+        out.symlink_to("/dev/null")
+    before = out.lstat()
+    assert main(["cdi", "generate", "--simulate", "t4-1", "-o", str(out)]) == 1
+    err = capsys.readouterr().err
+    assert f"cannot write {out}: it is not a regular file" in err
+    assert len(err.strip().splitlines()) == 1
+    after = out.lstat()
+    assert (after.st_mode, after.st_ino) == (before.st_mode, before.st_ino)

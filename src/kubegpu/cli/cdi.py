@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import stat
 import sys
 from pathlib import Path
 from typing import Any
@@ -55,11 +56,29 @@ def run_generate(values: dict[str, Any]) -> int:
         sys.stdout.write(spec.dump(written, values["format"]))
         return 0
     out = Path(output)
+    _refuse_to_replace_a_special_file(out)
     try:
         spec.write_spec(written, str(out.parent), out.name, format=values["format"])
     except OSError as e:
         raise KubegpuError(f"cannot write {output}: {e}") from e
     return 0
+
+
+def _refuse_to_replace_a_special_file(out: Path) -> None:
+    """The spec is written beside `out` and renamed over it, which replaces whatever `out`
+    names: run as root, `-o /dev/null` would turn the node's /dev/null into a file. Only a
+    regular file (or nothing) is replaced; a device, FIFO or directory is refused."""
+    try:
+        mode = out.stat().st_mode
+    except FileNotFoundError:
+        return
+    except OSError as e:
+        raise KubegpuError(f"cannot write {out}: {e.strerror or e}") from e
+    if not stat.S_ISREG(mode):
+        raise KubegpuError(
+            f"cannot write {out}: it is not a regular file, and writing the spec would replace "
+            "it; name a file, or use -o - and redirect the output"
+        )
 
 
 GENERATE_OPTIONS: list[click.Parameter] = [
