@@ -14,6 +14,7 @@ import datetime
 import itertools
 import threading
 import uuid
+from collections import Counter
 from collections.abc import AsyncIterator, Callable, Mapping
 from dataclasses import dataclass, field
 from typing import Any, Final
@@ -112,6 +113,18 @@ class FakeKube:
                 if call.startswith(prefix):
                     del self._pending[i]
                     raise error
+
+    def request_counts(self) -> Counter[tuple[str, str]]:
+        """Requests so far by verb and resource, from the call log: ("get", "node"),
+        ("list", "resourceslices"), ("watch", "node"), ("create", "event")... What a client
+        sent the API server (`make bench`'s API budget); safe from any thread."""
+        with self._lock:
+            lines = list(self.calls)
+        counts: Counter[tuple[str, str]] = Counter()
+        for line in lines:
+            verb, _, path = line.partition(" ")
+            counts[(verb, path.split("/", 1)[0])] += 1
+        return counts
 
     # -- Nodes, Pods, Events --------------------------------------------------------------
 
