@@ -13,8 +13,9 @@ from pathlib import Path
 
 import pytest
 
-from benchmarks import harness, watch
+from benchmarks import api_budget, dra, harness, watch
 from benchmarks.clock import LoopClock
+from kubegpu.dra.publisher import RESYNC_S
 from kubegpu.kubelet import KubeletEmulator
 
 
@@ -45,3 +46,25 @@ async def test_waiting_for_registration_outlasts_a_slow_start(socket_dir: Path) 
                     await waiting
     finally:
         await kubelet.stop()
+
+
+async def test_the_dra_benchmark_calls_the_node_over_its_socket_from_another_process() -> None:
+    figures = (await dra.bench_dra(claims=2, warmup=1))["dra"]
+    assert figures["claims"] == 2
+    assert figures["load_failures"] == 0
+    # One API read per prepared claim, in the node's process: the client is elsewhere.
+    assert figures["api_requests"]["get resourceclaim"] == 5
+
+
+@pytest.mark.parametrize("mode", api_budget.MODES)
+async def test_the_api_budget_counts_what_a_health_flap_sends(mode: str) -> None:
+    counts = await api_budget.measure(mode, "health_flap", api_budget.health_flap)
+    # GPUUnhealthy, then GPUHealthy; in DRA mode the slices are written again each time.
+    assert counts["create event"] == 2
+    assert counts.get("replace resourceslice", 0) == (2 if mode == "dra" else 0)
+
+
+async def test_the_api_budget_moves_the_loops_clock_through_a_steady_hour() -> None:
+    counts = await api_budget.measure("dra", "steady_hour", api_budget.steady_hour)
+    # The publisher compares its slices with the API every RESYNC_S, and nothing else is due.
+    assert counts == {"list resourceslices": int(3600 // RESYNC_S)}
