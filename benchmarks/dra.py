@@ -10,7 +10,9 @@ NodePrepareResources for one claim of one GPU, then NodeUnprepareResources, each
 (a prepare reads the claim, writes its CDI spec and records it in the checkpoint, each
 file fsync'd; an unprepare records the release and removes the spec). WARMUP uncounted
 claims first, then `claims` timed ones idle, then `claims` more while a third process
-(`benchmarks/http_load.py`) GETs /metrics and /healthz without pause.
+(`benchmarks/http_load.py`) GETs /metrics and /healthz without pause. Beside the idle
+latencies, the CPU the node's process used per claim (prepare and unprepare together,
+utime+stime), which a loaded machine moves far less.
 
 The claims are read from the node's in-memory API (`FakeKube`, in a worker thread as a real
 client's GET would be): the API server's round trip is not in these figures.
@@ -23,10 +25,13 @@ import asyncio
 import contextlib
 import json
 import logging
+import os
+import shutil
 import socket
 import sys
 import time
 from collections.abc import AsyncIterator
+from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
@@ -119,14 +124,36 @@ def _stats(samples_ns: list[int]) -> dict[str, float]:
     }
 
 
-async def _phase(kubelet: Kubelet, first: int, count: int) -> tuple[list[int], list[int]]:
-    prepared: list[int] = []
-    unprepared: list[int] = []
+@dataclass
+class Phase:
+    """One phase's latencies (ns), and the CPU the node's process used for them."""
+
+    prepared: list[int]
+    unprepared: list[int]
+    node_cpu_s: float
+
+    def figures(self, suffix: str = "") -> Figures:
+        return {
+            f"prepare{suffix}_ms": _stats(self.prepared),
+            f"unprepare{suffix}_ms": _stats(self.unprepared),
+        }
+
+    def cpu_ms_per_claim(self) -> float:
+        """utime+stime of the node per claim: what it spent, which a loaded machine moves
+        far less than the wall-clock latencies (those wait for the CPU and for fsync)."""
+        return round(1000 * self.node_cpu_s / len(self.prepared), 2)
+
+
+async def _phase(kubelet: Kubelet, node: harness.Child, first: int, count: int) -> Phase:
+    hz = os.sysconf("SC_CLK_TCK")
+    ticks = harness.cpu_ticks(node.pid)
+    phase = Phase([], [], 0.0)
     for n in range(first, first + count):
         p, u = await kubelet.cycle(n)
-        prepared.append(p)
-        unprepared.append(u)
-    return prepared, unprepared
+        phase.prepared.append(p)
+        phase.unprepared.append(u)
+    phase.node_cpu_s = (harness.cpu_ticks(node.pid) - ticks) / hz
+    return phase
 
 
 async def bench_dra(claims: int = CLAIMS, warmup: int = WARMUP) -> Figures:
@@ -156,20 +183,19 @@ async def bench_dra(claims: int = CLAIMS, warmup: int = WARMUP) -> Figures:
             sock = work / "plugins" / DRIVER / "dra.sock"
             async with grpc.aio.insecure_channel(f"unix://{sock}") as channel:
                 kubelet = Kubelet(channel)
-                await _phase(kubelet, 0, warmup)
-                idle = await _phase(kubelet, warmup, claims)
+                await _phase(kubelet, node, 0, warmup)
+                idle = await _phase(kubelet, node, warmup, claims)
                 async with _started(load_args, work / "load.log") as load:
-                    busy = await _phase(kubelet, warmup + claims, claims)
+                    busy = await _phase(kubelet, node, warmup + claims, claims)
                     scraped = await _finish(load)
             requests = await _finish(node)
     gets = requests.get("get resourceclaim", 0)
     return {
         "dra": {
             "claims": claims,
-            "prepare_ms": _stats(idle[0]),
-            "unprepare_ms": _stats(idle[1]),
-            "prepare_loaded_ms": _stats(busy[0]),
-            "unprepare_loaded_ms": _stats(busy[1]),
+            **idle.figures(),
+            "node_cpu_ms_per_claim": idle.cpu_ms_per_claim(),
+            **busy.figures("_loaded"),
             "load_requests_per_s": round(scraped["answered"] / scraped["seconds"], 1),
             "load_failures": scraped["failed"],
             "api_gets_per_prepare": round(gets / (warmup + 2 * claims), 2),
@@ -187,8 +213,6 @@ def main() -> int:
     try:
         figures = asyncio.run(bench_dra(args.claims))
     finally:
-        import shutil
-
         shutil.rmtree(prefix, ignore_errors=True)
     print(json.dumps({**harness.machine(), **figures}, separators=(", ", ": ")), flush=True)
     return 0
