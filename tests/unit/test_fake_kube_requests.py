@@ -2,6 +2,9 @@
 
 from __future__ import annotations
 
+from collections.abc import AsyncGenerator
+from typing import cast
+
 import pytest
 
 from kubegpu.kube import FakeKube, KubeError
@@ -16,7 +19,7 @@ async def test_requests_are_counted_by_verb_and_resource_failures_included() -> 
     kube.fail_next("list resourceslices/", KubeError("list: HTTP 500", status=500))
     with pytest.raises(KubeError):
         kube.list_resource_slices("gpu.nvidia.com", "n1")
-    watch = kube.watch_node_label("n1", "label")
+    watch = cast(AsyncGenerator[str | None], kube.watch_node_label("n1", "label"))
     assert await anext(watch) is None
     await watch.aclose()
     assert kube.request_counts() == {
