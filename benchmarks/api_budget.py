@@ -233,7 +233,7 @@ async def _start(n: Node) -> None:
 
 async def steady_hour(n: Node) -> None:
     with LoopClock() as clock:
-        await clock.advance(3600.0)
+        await clock.advance(3600.0, step=10.0, settle=0.005)
         await n.settled()
 
 
