@@ -48,8 +48,9 @@ lint: $(STAMP)
 	$(BIN)/mypy --strict deployments/render-static.py
 	$(BIN)/lint-imports
 
+# `make bench BENCH_ARGS=--quick`: every section with smaller counts; `--only dra api`: some.
 bench: $(STAMP)
-	$(BIN)/python -m benchmarks.run
+	$(BIN)/python -m benchmarks.run $(BENCH_ARGS)
 
 proto: $(STAMP)
 	$(BIN)/python -m grpc_tools.protoc -I src --python_out=src --grpc_python_out=src --pyi_out=src src/kubegpu/api/api.proto src/kubegpu/api/pluginregistration.proto src/kubegpu/api/dra.proto src/kubegpu/api/dra_health.proto src/kubegpu/api/podresources.proto

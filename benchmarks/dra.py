@@ -1,113 +1,222 @@
-"""DRA prepare and unprepare latency, as the kubelet calls them, over the real unix socket.
+"""DRA prepare and unprepare as the kubelet sees them: over the plugin's unix socket, gRPC
+included, from another process.
 
-The DRA kubelet plugin (`kubegpu.dra.DraDriver`) serves a simulated 8×H100 node; a grpc
-client calls NodePrepareResources for one claim of one GPU, then NodeUnprepareResources,
-CLAIMS times, each claim new (a fresh CDI spec file and one checkpoint write, each with
-fsync, on prepare; one checkpoint write on unprepare). The claims are read from an
-in-memory API (`FakeKube`, in a worker thread as a real client's GET would be), so the
-figures are the plugin's own work plus the socket, without the API server's round trip.
+    python -m benchmarks.dra [--claims 300]
+
+The DRA node (`benchmarks/dra_node.py`: `serve --mode dra`'s daemon on the simulated
+`h100-8` node, with /metrics and /healthz on loopback) runs in a process of its own; this
+process is the kubelet's side: a grpc client on `<plugins>/gpu.nvidia.com/dra.sock` calls
+NodePrepareResources for one claim of one GPU, then NodeUnprepareResources, each claim new
+(a prepare reads the claim, writes its CDI spec and records it in the checkpoint, each
+file fsync'd; an unprepare records the release and removes the spec). WARMUP uncounted
+claims first, then `claims` timed ones idle, then `claims` more while a third process
+(`benchmarks/http_load.py`) GETs /metrics and /healthz without pause. Beside the idle
+latencies, the CPU the node's process used per claim (prepare and unprepare together,
+utime+stime), which a loaded machine moves far less.
+
+The claims are read from the node's in-memory API (`FakeKube`, in a worker thread as a real
+client's GET would be): the API server's round trip is not in these figures.
 """
 
 from __future__ import annotations
 
+import argparse
 import asyncio
+import contextlib
+import json
+import logging
+import os
 import shutil
-import statistics
-import tempfile
+import socket
+import sys
 import time
+from collections.abc import AsyncIterator
+from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
 import grpc
 
+from benchmarks import harness
+from benchmarks.dra_node import DRIVER, NAMESPACE, claim_name, claim_uid
 from kubegpu.api import dra_pb2
-from kubegpu.config import Config
-from kubegpu.devices.simulated import SimulatedBackend
-from kubegpu.dra.driver import DraDriver
-from kubegpu.dra.service import SERVICES, ClaimPreparer
-from kubegpu.kube import FakeKube
-from kubegpu.state import NodeStore
+from kubegpu.dra.service import SERVICES
 
-#: Claims prepared and unprepared (one GPU each), after WARMUP uncounted ones.
-CLAIMS = 200
-WARMUP = 10
-DRIVER = "gpu.nvidia.com"
-NODE = "bench-node"
+#: Timed claims per phase (idle, then under load), after WARMUP uncounted ones.
+CLAIMS = 300
+WARMUP = 20
+Figures = dict[str, Any]
 
 
-def _stats(samples: list[float]) -> dict[str, float]:
-    ordered = sorted(samples)
-    return {
-        "median": statistics.median(ordered),
-        "p90": ordered[int(0.9 * (len(ordered) - 1))],
-        "max": ordered[-1],
-    }
+def _free_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        port: int = s.getsockname()[1]
+        return port
 
 
-async def bench_dra(claims: int = CLAIMS, warmup: int = WARMUP) -> dict[str, Any]:
-    root = Path(tempfile.mkdtemp(prefix="kgb-dra-", dir="/tmp"))
+async def _finish(child: harness.Child) -> Figures:
+    """Close the child's stdin (its signal to stop) and read the JSON line it ends with."""
+    proc = child.proc
+    assert proc.stdin is not None and proc.stdout is not None
+    proc.stdin.close()
+    out = await asyncio.wait_for(proc.stdout.read(), harness.DEADLINE_S)
+    await asyncio.wait_for(proc.wait(), harness.DEADLINE_S)
+    lines = out.decode(errors="replace").strip().splitlines()
     try:
-        backend = SimulatedBackend.load("h100-8")
-        store = NodeStore()
-        store.update(inventory=backend.discover(), config=Config())
-        kube = FakeKube()
-        preparer = ClaimPreparer(
-            store, kube, data_dir=root / "plugins" / DRIVER, cdi_dir=root / "cdi", pool=NODE
-        )
-        driver = DraDriver(
-            preparer, driver=DRIVER, registrar_dir=root / "reg", plugins_dir=root / "plugins"
-        )
-        await driver.start()
-        try:
-            async with grpc.aio.insecure_channel(f"unix://{driver.service.path}") as channel:
-                prepare = channel.unary_unary(
-                    f"/{SERVICES[0]}/NodePrepareResources",
-                    request_serializer=dra_pb2.NodePrepareResourcesRequest.SerializeToString,
-                    response_deserializer=dra_pb2.NodePrepareResourcesResponse.FromString,
-                )
-                unprepare = channel.unary_unary(
-                    f"/{SERVICES[0]}/NodeUnprepareResources",
-                    request_serializer=dra_pb2.NodeUnprepareResourcesRequest.SerializeToString,
-                    response_deserializer=dra_pb2.NodeUnprepareResourcesResponse.FromString,
-                )
-                prepared: list[float] = []
-                unprepared: list[float] = []
-                for n in range(warmup + claims):
-                    stored = kube.put_resource_claim(_claim(f"c{n}", f"gpu-{n % 8}"))
-                    claim = dra_pb2.Claim(
-                        namespace="bench", name=f"c{n}", uid=stored["metadata"]["uid"]
-                    )
-                    start = time.perf_counter()
-                    answer = await prepare(dra_pb2.NodePrepareResourcesRequest(claims=[claim]))
-                    middle = time.perf_counter()
-                    await unprepare(dra_pb2.NodeUnprepareResourcesRequest(claims=[claim]))
-                    end = time.perf_counter()
-                    if answer.claims[claim.uid].error:
-                        raise RuntimeError(f"prepare failed: {answer.claims[claim.uid].error}")
-                    if n >= warmup:
-                        prepared.append((middle - start) * 1000)
-                        unprepared.append((end - middle) * 1000)
-        finally:
-            await driver.stop()
-        return {
-            "dra": {
-                "claims": claims,
-                "prepare_ms": _stats(prepared),
-                "unprepare_ms": _stats(unprepared),
-            }
-        }
-    finally:
-        shutil.rmtree(root, ignore_errors=True)
+        found: Figures = json.loads(lines[-1])
+    except (IndexError, ValueError):
+        raise RuntimeError(f"{child.log.name}: no figures in {lines!r}\n{child.tail()}") from None
+    return found
 
 
-def _claim(name: str, device: str) -> dict[str, Any]:
-    result = {"request": "gpu", "driver": DRIVER, "pool": NODE, "device": device}
+@contextlib.asynccontextmanager
+async def _started(args: list[str], log: Path) -> AsyncIterator[harness.Child]:
+    """`args` run until the block ends, once the process printed `ready`."""
+    async with harness.child(args, log, stdin_pipe=True) as proc:
+        assert proc.proc.stdout is not None
+        line = await asyncio.wait_for(proc.proc.stdout.readline(), harness.DEADLINE_S)
+        if line.strip() != b"ready":
+            raise RuntimeError(f"{args[2]} did not start: {line!r}\n{proc.tail()}")
+        yield proc
+
+
+class Kubelet:
+    """The kubelet's calls on the driver's socket (grpc, as the kubelet's grpc-go client)."""
+
+    def __init__(self, channel: grpc.aio.Channel) -> None:
+        service = SERVICES[0]
+        self.prepare = channel.unary_unary(
+            f"/{service}/NodePrepareResources",
+            request_serializer=dra_pb2.NodePrepareResourcesRequest.SerializeToString,
+            response_deserializer=dra_pb2.NodePrepareResourcesResponse.FromString,
+        )
+        self.unprepare = channel.unary_unary(
+            f"/{service}/NodeUnprepareResources",
+            request_serializer=dra_pb2.NodeUnprepareResourcesRequest.SerializeToString,
+            response_deserializer=dra_pb2.NodeUnprepareResourcesResponse.FromString,
+        )
+
+    async def cycle(self, n: int) -> tuple[int, int]:
+        """Prepare then unprepare claim `n`; each call's latency in ns."""
+        claim = dra_pb2.Claim(namespace=NAMESPACE, name=claim_name(n), uid=claim_uid(n))
+        clock = time.perf_counter_ns
+        start = clock()
+        prepared = await self.prepare(
+            dra_pb2.NodePrepareResourcesRequest(claims=[claim]), timeout=harness.DEADLINE_S
+        )
+        middle = clock()
+        released = await self.unprepare(
+            dra_pb2.NodeUnprepareResourcesRequest(claims=[claim]), timeout=harness.DEADLINE_S
+        )
+        end = clock()
+        error = prepared.claims[claim.uid].error or released.claims[claim.uid].error
+        if error:
+            raise RuntimeError(f"claim {claim.name}: {error}")
+        return middle - start, end - middle
+
+
+def _stats(samples_ns: list[int]) -> dict[str, float]:
     return {
-        "metadata": {"namespace": "bench", "name": name},
-        "spec": {},
-        "status": {"allocation": {"devices": {"results": [result]}}},
+        "median": round(harness.percentile(samples_ns, 50), 3),
+        "p99": round(harness.percentile(samples_ns, 99), 3),
+        "max": round(max(samples_ns) / 1e6, 3),
     }
+
+
+@dataclass
+class Phase:
+    """One phase's latencies (ns), and the CPU the node's process used for them."""
+
+    prepared: list[int]
+    unprepared: list[int]
+    node_cpu_s: float
+
+    def figures(self, suffix: str = "") -> Figures:
+        return {
+            f"prepare{suffix}_ms": _stats(self.prepared),
+            f"unprepare{suffix}_ms": _stats(self.unprepared),
+        }
+
+    def cpu_ms_per_claim(self) -> float:
+        """utime+stime of the node per claim: what it spent, which a loaded machine moves
+        far less than the wall-clock latencies (those wait for the CPU and for fsync)."""
+        return round(1000 * self.node_cpu_s / len(self.prepared), 2)
+
+
+async def _phase(kubelet: Kubelet, node: harness.Child, first: int, count: int) -> Phase:
+    hz = os.sysconf("SC_CLK_TCK")
+    ticks = harness.cpu_ticks(node.pid)
+    phase = Phase([], [], 0.0)
+    for n in range(first, first + count):
+        p, u = await kubelet.cycle(n)
+        phase.prepared.append(p)
+        phase.unprepared.append(u)
+    phase.node_cpu_s = (harness.cpu_ticks(node.pid) - ticks) / hz
+    return phase
+
+
+async def bench_dra(claims: int = CLAIMS, warmup: int = WARMUP) -> Figures:
+    metrics, health = _free_port(), _free_port()
+    node_args = [
+        sys.executable,
+        "-m",
+        "benchmarks.dra_node",
+        "",  # the work directory, below
+        "--claims",
+        str(warmup + 2 * claims),
+        "--metrics-port",
+        str(metrics),
+        "--health-port",
+        str(health),
+    ]
+    load_args = [
+        sys.executable,
+        "-m",
+        "benchmarks.http_load",
+        f"http://127.0.0.1:{metrics}/metrics",
+        f"http://127.0.0.1:{health}/healthz",
+    ]
+    with harness.temp_dir("kgb-dra-") as work:
+        node_args[3] = str(work)
+        async with _started(node_args, work / "node.log") as node:
+            sock = work / "plugins" / DRIVER / "dra.sock"
+            async with grpc.aio.insecure_channel(f"unix://{sock}") as channel:
+                kubelet = Kubelet(channel)
+                await _phase(kubelet, node, 0, warmup)
+                idle = await _phase(kubelet, node, warmup, claims)
+                async with _started(load_args, work / "load.log") as load:
+                    busy = await _phase(kubelet, node, warmup + claims, claims)
+                    scraped = await _finish(load)
+            requests = await _finish(node)
+    gets = requests.get("get resourceclaim", 0)
+    return {
+        "dra": {
+            "claims": claims,
+            **idle.figures(),
+            "node_cpu_ms_per_claim": idle.cpu_ms_per_claim(),
+            **busy.figures("_loaded"),
+            "load_requests_per_s": round(scraped["answered"] / scraped["seconds"], 1),
+            "load_failures": scraped["failed"],
+            "api_gets_per_prepare": round(gets / (warmup + 2 * claims), 2),
+            "api_requests": requests,
+        }
+    }
+
+
+def main() -> int:
+    logging.basicConfig(level=logging.ERROR, format="%(levelname)s %(name)s: %(message)s")
+    parser = argparse.ArgumentParser(description=(__doc__ or "").splitlines()[0])
+    parser.add_argument("--claims", type=int, default=CLAIMS)
+    args = parser.parse_args()
+    prefix = harness.use_bytecode_cache()
+    try:
+        figures = asyncio.run(bench_dra(args.claims))
+    finally:
+        shutil.rmtree(prefix, ignore_errors=True)
+    print(json.dumps({**harness.machine(), **figures}, separators=(", ", ": ")), flush=True)
+    return 0
 
 
 if __name__ == "__main__":
-    print(asyncio.run(bench_dra()))
+    sys.exit(main())

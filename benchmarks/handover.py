@@ -44,7 +44,7 @@ VERSIONS = ("1.36", "1.37")
 Figures = dict[str, Any]
 
 
-async def _log_says(child: harness.Child, text: str, timeout: float = 30.0) -> None:
+async def _log_says(child: harness.Child, text: str, timeout: float = harness.DEADLINE_S) -> None:
     """Until `child`'s log holds `text` (the log file is the only thing that says it)."""
     deadline = time.monotonic() + timeout
     while text not in child.log.read_text(errors="replace"):
@@ -55,7 +55,7 @@ async def _log_says(child: harness.Child, text: str, timeout: float = 30.0) -> N
 
 async def _wait(kubelet: KubeletEmulator, child: harness.Child, predicate: Any) -> None:
     try:
-        await kubelet.wait_for(predicate, timeout=30)
+        await kubelet.wait_for(predicate, timeout=harness.DEADLINE_S)
     except TimeoutError as exc:
         raise RuntimeError(f"{exc}\n--- kubegpu serve log:\n{child.tail()}") from None
 

@@ -1,30 +1,36 @@
 """`make bench`: what a node and an operator feel, cold and warm, over real unix sockets.
 
+    python -m benchmarks.run [--quick] [--only SECTION ...]
+
 Sections (docs/performance.md has the figures and the method):
 
-- **fresh processes** (`benchmarks/startup.py`): every simulated-node preset and a 64-GPU
-  node, TRIALS fresh `kubegpu serve` processes each: start → registered, RSS after
+- **fresh** (`benchmarks/startup.py`): every simulated-node preset and a 64-GPU
+  node, fresh `kubegpu serve` processes each: start → registered, RSS after
   registration, the first pod's admission through the kubelet emulator (cold) and the
-  next WARM pods (warm).
-- **watches** (`benchmarks/watch.py`): kubelet restart or the plugin socket deleted →
-  re-registered, config edit → new
-  ListAndWatch list at the kubelet, idle CPU of `serve`.
+  next pods (warm).
+- **watch** (`benchmarks/watch.py`): kubelet restart or the plugin socket deleted →
+  re-registered, config edit → new ListAndWatch list at the kubelet, idle CPU of `serve`.
 - **handover** (`benchmarks/handover.py`): `serve` handing over to `serve --handover` under
   a 1.36 and a 1.37 kubelet: the unhealthy gap 1.36's stale disconnect opens, and how many.
 - **placement** (`benchmarks/placement.py`, its own module): GetPreferredAllocation
   in-process, called through PLACEMENT_ENTRY.
-- **DRA** (`benchmarks/dra.py`): NodePrepareResources and NodeUnprepareResources of the
-  DRA kubelet plugin over its unix socket, one claim of one GPU each.
-- **GPU usage** (`benchmarks/usage.py`): a /metrics scrape of an 8-GPU node with 64
+- **dra** (`benchmarks/dra.py`): NodePrepareResources and NodeUnprepareResources over the
+  DRA plugin's unix socket, from another process, idle and under /metrics and /healthz load.
+- **api** (`benchmarks/api_budget.py`): the requests one node sends the API server, per
+  hour and per event, in each mode.
+- **usage** (`benchmarks/usage.py`): a /metrics scrape of an 8-GPU node with 64
   attributed processes, and Allocate with and without a scrape every second.
 
-Each target is printed as met or missed; nothing here fails on a missed target (timings
-are never asserted), only on a section that could not measure. The last line printed is
-one JSON object with every figure.
+`--quick` runs every section with smaller counts (`QUICK`), for a check that everything
+still measures; its figures are noisier. Each target is printed as met or missed; nothing
+here fails on a missed target (timings are never asserted), only on a section that could
+not measure: it is reported, the others still run, and the exit status is 1. The last line
+printed is one JSON object with every figure.
 """
 
 from __future__ import annotations
 
+import argparse
 import asyncio
 import importlib
 import inspect
@@ -33,22 +39,55 @@ import logging
 import os
 import shutil
 import sys
+import threading
 import time
 import traceback
-from collections.abc import Awaitable, Callable
-from dataclasses import dataclass
+from collections.abc import Awaitable, Callable, Mapping
+from dataclasses import dataclass, replace
 from typing import Any
 
-from benchmarks import dra, handover, harness, startup, usage, watch
+from benchmarks import api_budget, dra, handover, harness, startup, usage, watch
 
 #: benchmarks/placement.py's `make bench` entry (a function returning a dict of figures,
 #: sync or async). That module is maintained on its own: if it renames the function,
 #: this is the one line to change.
 PLACEMENT_ENTRY = "bench_placement"
 
-#: Fresh processes per node, and warm pods per process after the first.
-TRIALS = startup.TRIALS
-WARM = startup.WARM
+
+@dataclass(frozen=True)
+class Plan:
+    """How much each section measures."""
+
+    #: Fresh processes per node, and warm pods per process after the first.
+    trials: int = startup.TRIALS
+    warm: int = startup.WARM
+    #: Kubelet restarts and socket deletions, config changes per kind, idle window (s).
+    restarts: int = watch.RESTARTS
+    reloads: int = watch.RELOADS
+    idle_s: float = watch.IDLE_S
+    handovers: int = handover.TRIALS
+    #: Timed DRA claims per phase (idle, then under load).
+    dra_claims: int = dra.CLAIMS
+    #: Health events in each storm of the API budget.
+    storm: int = api_budget.STORM
+
+
+FULL = Plan()
+#: `--quick`: every section, smaller counts.
+QUICK = replace(
+    FULL,
+    trials=3,
+    warm=5,
+    restarts=10,
+    reloads=6,
+    idle_s=5.0,
+    handovers=2,
+    dra_claims=60,
+    storm=200,
+)
+#: A section still running after this long is stopped and reported as failed (every wait
+#: inside has its own deadline; this catches anything that has none).
+SECTION_DEADLINE_S = 1800.0
 
 #: Targets, ms / s / MiB.
 COLD_MS = 5.0
@@ -81,22 +120,34 @@ Figures = dict[str, Any]
 # -- sections -------------------------------------------------------------------------
 
 
-async def bench_fresh() -> Figures:
-    return {"nodes": await startup.bench_fresh_processes(trials=TRIALS, warm=WARM)}
+async def bench_fresh(plan: Plan) -> Figures:
+    return {"nodes": await startup.bench_fresh_processes(trials=plan.trials, warm=plan.warm)}
 
 
-async def bench_watch() -> Figures:
-    figures = await watch.bench_reregister(watch.RESTARTS)
-    figures.update(await watch.bench_socket_deleted(watch.RESTARTS))
-    figures.update(await watch.bench_reload_and_idle(watch.RELOADS, watch.IDLE_S))
+async def bench_watch(plan: Plan) -> Figures:
+    figures = await watch.bench_reregister(plan.restarts)
+    figures.update(await watch.bench_socket_deleted(plan.restarts))
+    figures.update(await watch.bench_reload_and_idle(plan.reloads, plan.idle_s))
     return figures
 
 
-async def bench_handover() -> Figures:
-    return await handover.bench_handover(handover.TRIALS)
+async def bench_handover(plan: Plan) -> Figures:
+    return await handover.bench_handover(plan.handovers)
 
 
-async def bench_placement() -> Figures:
+async def bench_dra(plan: Plan) -> Figures:
+    return await dra.bench_dra(plan.dra_claims)
+
+
+async def bench_api(plan: Plan) -> Figures:
+    return await api_budget.bench_api_budget(plan.storm)
+
+
+async def bench_usage(plan: Plan) -> Figures:
+    return await usage.bench_usage()
+
+
+async def bench_placement(plan: Plan) -> Figures:
     module = importlib.import_module("benchmarks.placement")
     entry: Callable[[], Figures | Awaitable[Figures]] | None = getattr(
         module, PLACEMENT_ENTRY, None
@@ -186,7 +237,8 @@ def _node_rows(figures: Figures) -> list[Row]:
                 None,
             ),
             Row(
-                f"  RSS after {WARM + 1} pods (largest: {grown})",
+                f"  RSS after {nodes[grown]['warm_pods'] // nodes[grown]['processes'] + 1}"
+                f" pods (largest: {grown})",
                 f"{after[grown]['median']:.1f} MiB",
                 f"{after[grown]['max']:.1f} MiB",
                 "",
@@ -281,20 +333,60 @@ def _handover_rows(figures: Figures) -> list[Row]:
 def _dra_rows(figures: Figures) -> list[Row]:
     found: Figures = figures.get("dra") or {}
     rows = []
+    load = found.get("load_requests_per_s")
     for key, title, target in (
-        ("prepare_ms", "DRA NodePrepareResources (1 claim, 1 GPU)", DRA_PREPARE_MS),
-        ("unprepare_ms", "DRA NodeUnprepareResources (1 claim)", DRA_UNPREPARE_MS),
+        (
+            "prepare_ms",
+            "DRA NodePrepareResources (1 claim, 1 GPU), over the socket",
+            DRA_PREPARE_MS,
+        ),
+        ("unprepare_ms", "DRA NodeUnprepareResources (1 claim), over the socket", DRA_UNPREPARE_MS),
+        ("prepare_loaded_ms", f"  the same, /metrics and /healthz at {load} req/s", None),
+        ("unprepare_loaded_ms", f"  unprepare, /metrics and /healthz at {load} req/s", None),
     ):
         f = found.get(key)
-        if f is not None:
-            median, worst = f["median"], f["max"]
-            met = median <= target
-            rows.append(Row(title, _ms(median), _ms(worst), f"≤ {target:g} ms", met))
+        if f is None:
+            continue
+        median, worst = f["median"], f"p99 {f['p99']:.2f}, max {f['max']:.2f} ms"
+        if target is None:
+            rows.append(Row(title, _ms(median), worst, "", None))
+        else:
+            rows.append(Row(title, _ms(median), worst, f"≤ {target:g} ms", median <= target))
     return rows
 
 
-async def bench_dra() -> Figures:
-    return await dra.bench_dra()
+#: A storm of health events is coalesced when it costs the API at most this many
+#: ResourceSlice writes, and at most the event recorder's burst in events.
+STORM_WRITES = 10
+STORM_EVENTS = 25
+
+
+def _writes(counts: Mapping[str, int]) -> int:
+    return sum(
+        n
+        for k, n in counts.items()
+        if k.split()[0] in ("create", "replace", "delete")
+        and k.split()[1].startswith("resourceslice")
+    )
+
+
+def _api_rows(figures: Figures) -> list[Row]:
+    found: Figures = figures.get("api") or {}
+    rows = []
+    for mode in api_budget.MODES:
+        scenarios: Figures = found.get(mode) or {}
+        for name, counts in scenarios.items():
+            total = sum(counts.values())
+            detail = ", ".join(f"{k} {n}" for k, n in counts.items()) or "none"
+            title = f"API requests, {mode}: {name.replace('_', ' ')}"
+            if name in ("xid_storm", "flap_storm"):
+                events = counts.get("create event", 0)
+                met = _writes(counts) <= STORM_WRITES and events <= STORM_EVENTS
+                target = f"≤ {STORM_WRITES} slice writes, ≤ {STORM_EVENTS} events"
+                rows.append(Row(title, str(total), detail, target, met))
+            else:
+                rows.append(Row(title, str(total), detail, "", None))
+    return rows
 
 
 def _placement_rows(figures: Figures) -> list[Row]:
@@ -313,6 +405,7 @@ def table(figures: Figures) -> str:
         *_watch_rows(figures),
         *_handover_rows(figures),
         *_dra_rows(figures),
+        *_api_rows(figures),
         *_placement_rows(figures),
         *(Row(*row) for row in usage.report(figures)),
     ]
@@ -324,52 +417,119 @@ def table(figures: Figures) -> str:
     return "\n".join("  ".join(c.ljust(w) for c, w in zip(r, widths, strict=True)) for r in cells)
 
 
-async def _sections() -> int:
+Section = Callable[[Plan], Awaitable[Figures]]
+
+#: Name (for --only), title, and the section, in the order they run.
+SECTIONS: tuple[tuple[str, str, Section], ...] = (
+    (
+        "fresh",
+        "fresh serve processes, every preset and 64 GPUs (benchmarks/startup.py)",
+        bench_fresh,
+    ),
+    ("watch", "kubelet restarts, config changes, idle CPU (benchmarks/watch.py)", bench_watch),
+    (
+        "handover",
+        "serve --handover, 1.36 and 1.37 kubelets (benchmarks/handover.py)",
+        bench_handover,
+    ),
+    ("placement", "placement in-process (benchmarks/placement.py)", bench_placement),
+    (
+        "dra",
+        "DRA prepare and unprepare over the socket, from another process (benchmarks/dra.py)",
+        bench_dra,
+    ),
+    ("api", "API requests per node, per hour and per event (benchmarks/api_budget.py)", bench_api),
+    (
+        "usage",
+        "GPU usage metrics: scrape, Allocate under scrapes (benchmarks/usage.py)",
+        bench_usage,
+    ),
+)
+
+
+async def _run_section(title: str, section: Section, plan: Plan) -> tuple[Figures, str | None]:
+    """The section's figures, or why it could not measure (its traceback is printed)."""
+    loop = asyncio.get_running_loop()
+    task = asyncio.ensure_future(section(plan))
+    expired = threading.Event()
+
+    def expire() -> None:
+        expired.set()
+        loop.call_soon_threadsafe(task.cancel)
+
+    # A thread's timer, in real time: the API budget moves the loop's own clock on by hours.
+    watchdog = threading.Timer(SECTION_DEADLINE_S, expire)
+    watchdog.daemon = True
+    watchdog.start()
+    try:
+        return await task, None
+    except asyncio.CancelledError:
+        if not expired.is_set():
+            raise  # cancelled from outside, not by the deadline
+        return {}, f"still running after {SECTION_DEADLINE_S:g} s"
+    except Exception as exc:
+        traceback.print_exc()
+        return {}, f"{type(exc).__name__}: {str(exc).splitlines()[0] if str(exc) else ''}"
+    finally:
+        watchdog.cancel()
+
+
+async def _sections(plan: Plan, only: list[str]) -> int:
     figures: Figures = {**harness.machine(), "loadavg_1m": os.getloadavg()[0]}
-    failed = []
-    sections = [
-        ("fresh serve processes, every preset and 64 GPUs (benchmarks/startup.py)", bench_fresh),
-        ("kubelet restarts, config changes, idle CPU (benchmarks/watch.py)", bench_watch),
-        ("serve --handover, 1.36 and 1.37 kubelets (benchmarks/handover.py)", bench_handover),
-        ("placement in-process (benchmarks/placement.py)", bench_placement),
-        ("DRA prepare and unprepare over the socket (benchmarks/dra.py)", bench_dra),
-        (
-            "GPU usage metrics: scrape, Allocate under scrapes (benchmarks/usage.py)",
-            usage.bench_usage,
-        ),
-    ]
-    for title, section in sections:
+    figures["quick"] = plan is QUICK
+    failed: dict[str, str] = {}
+    began = time.perf_counter()
+    for name, title, section in SECTIONS:
+        if only and name not in only:
+            continue
         print(f"... {title}", file=sys.stderr, flush=True)
         start = time.perf_counter()
-        try:
-            figures.update(await section())
-        except Exception:
-            failed.append(title)
-            traceback.print_exc()
-        print(f"    {time.perf_counter() - start:.1f} s", file=sys.stderr, flush=True)
+        found, error = await _run_section(title, section, plan)
+        figures.update(found)
+        seconds = time.perf_counter() - start
+        figures.setdefault("section_seconds", {})[name] = round(seconds, 1)
+        if error is not None:
+            failed[name] = error
+            print(f"    FAILED after {seconds:.1f} s: {error}", file=sys.stderr, flush=True)
+        else:
+            print(f"    {seconds:.1f} s", file=sys.stderr, flush=True)
+    figures["total_seconds"] = round(time.perf_counter() - began, 1)
     figures["loadavg_1m_after"] = os.getloadavg()[0]
     print()
     print(table(figures))
     print()
+    for name, error in failed.items():
+        print(f"FAILED section {name}: {error}")
     if failed:
         figures["failed_sections"] = failed
     print(json.dumps(figures, separators=(", ", ": ")), flush=True)
     return 1 if failed else 0
 
 
-async def _main() -> int:
+async def _main(plan: Plan, only: list[str]) -> int:
     pycache = harness.use_bytecode_cache()
     try:
-        return await _sections()
+        return await _sections(plan, only)
     finally:
         shutil.rmtree(pycache, ignore_errors=True)
 
 
-def main() -> int:
+def main(argv: list[str] | None = None) -> int:
+    parser = argparse.ArgumentParser(description=(__doc__ or "").splitlines()[0])
+    parser.add_argument("--quick", action="store_true", help="every section, smaller counts")
+    parser.add_argument(
+        "--only",
+        nargs="+",
+        default=[],
+        choices=[name for name, _, _ in SECTIONS],
+        metavar="SECTION",
+        help=f"run only these sections: {', '.join(name for name, _, _ in SECTIONS)}",
+    )
+    args = parser.parse_args(argv)
     # The emulator and daemon log every step; only errors matter here (gRPC core is
     # quietened in benchmarks/__init__.py).
     logging.basicConfig(level=logging.ERROR, format="%(levelname)s %(name)s: %(message)s")
-    return asyncio.run(_main())
+    return asyncio.run(_main(QUICK if args.quick else FULL, args.only))
 
 
 if __name__ == "__main__":

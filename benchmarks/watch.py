@@ -79,10 +79,18 @@ def _configmap_publish(mount: Path, replicas: int, version: int) -> None:
     staged.replace(mount / "..data")
 
 
+def _registered_endpoint(kubelet: KubeletEmulator) -> str:
+    """The socket name of the plugin's last successful registration of `RESOURCE`."""
+    for record in reversed(kubelet.registrations):
+        if record.ok and record.resource == RESOURCE:
+            return record.endpoint
+    raise RuntimeError(f"no successful registration of {RESOURCE}: {kubelet.registrations}")
+
+
 async def _wait(kubelet: KubeletEmulator, capacity: int, plugin: harness.Child) -> None:
     try:
         await kubelet.wait_for_resource(
-            RESOURCE, capacity=capacity, allocatable=capacity, timeout=30
+            RESOURCE, capacity=capacity, allocatable=capacity, timeout=harness.DEADLINE_S
         )
     except TimeoutError as exc:
         raise RuntimeError(f"{exc}\n--- kubegpu serve log:\n{plugin.tail()}") from None
@@ -153,7 +161,7 @@ async def _allocate_forever(socket: Path, ids: list[str], stop: asyncio.Event) -
             stub = device_plugin_stub(channel)
             with contextlib.suppress(grpc.aio.AioRpcError):
                 while not stop.is_set():
-                    await stub.Allocate(request, timeout=30)
+                    await stub.Allocate(request, timeout=harness.DEADLINE_S)
         if not stop.is_set():
             await asyncio.sleep(0.001)  # a client's retry pause, not a wait for state
 
@@ -169,7 +177,9 @@ async def bench_socket_deleted(deletions: int) -> Figures:
             harness.serve(plugin_dir, work / "serve.log") as plugin,
         ):
             await _wait(kubelet, GPUS, plugin)
-            (socket,) = [p for p in plugin_dir.iterdir() if p.name.startswith("kubegpu-")]
+            # The socket the plugin registered, by the kubelet's record: the directory holds
+            # other `kubegpu-*` entries too (the `kubegpu-handover` lock directory).
+            socket = plugin_dir / _registered_endpoint(kubelet)
             ids = list(kubelet.devices(RESOURCE))
             for key, clients in (("socket_deleted", 0), ("socket_deleted_busy", ALLOCATE_CLIENTS)):
                 stop = asyncio.Event()
@@ -189,7 +199,8 @@ async def bench_socket_deleted(deletions: int) -> Figures:
                             start = time.perf_counter()
                             socket.unlink()
                             await kubelet.wait_for(
-                                lambda: held.at is not None and back(), timeout=30
+                                lambda: held.at is not None and back(),
+                                timeout=harness.DEADLINE_S,
                             )
                         runs.append(held.ms_since(start))
                 finally:

@@ -5,7 +5,10 @@ the event on a bounded queue and returns; a background task sends it through the
 Kubernetes client in a worker thread. When the API is slow the queue fills and new
 events are dropped (and counted); when it fails, the first failure of each kind is
 logged as a warning and the event is dropped. Identical events repeated within
-`dedupe_seconds` are sent once, so a flapping GPU cannot flood the API server.
+`dedupe_seconds` are sent once, and the events that remain share one token bucket per
+node, as client-go's event recorder limits each source and object (`EventCorrelator`'s
+spam filter: a burst of 25, then one event every 5 minutes), so a node whose GPUs keep
+flapping sends at most 12 events an hour once its burst is spent, not two per GPU a minute.
 
 The Kubernetes API sits behind the small `EventSink` protocol: `KubernetesEventSink`
 writes through the one Kubernetes adapter (`kubegpu.kube`: `KubeClient` for a real
@@ -59,6 +62,12 @@ class Reason(StrEnum):
 
 #: The name events' failures had before `kubegpu.kube`: every API failure is a `KubeError`.
 EventError = KubeError
+
+#: Events a node may send at once, and the seconds that earn it one more: client-go's
+#: `defaultSpamBurst` and `defaultSpamQPS` (1/300), which every Kubernetes component's
+#: event recorder applies per source and object (ours: this node's plugin, the Node).
+SPAM_BURST = 25
+SPAM_REFILL_SECONDS = 300.0
 
 
 @dataclass(frozen=True)
@@ -159,6 +168,28 @@ class FakeEventSink:
         self.events.append(event)
 
 
+class TokenBucket:
+    """`burst` tokens, one more every `refill_seconds` (client-go's token bucket rate
+    limiter, read passively: `take` answers at once). Ten lines of arithmetic on an
+    injected clock, which the tests and benchmarks move; not worth a dependency."""
+
+    def __init__(self, burst: int, refill_seconds: float, now: float) -> None:
+        self.burst = burst
+        self.refill_seconds = refill_seconds
+        self._tokens = float(burst)
+        self._at = now
+
+    def take(self, now: float) -> bool:
+        """Spend a token if one is there (refilled up to `burst` since the last call)."""
+        earned = (now - self._at) / self.refill_seconds if self.refill_seconds > 0 else self.burst
+        self._tokens = min(float(self.burst), self._tokens + max(0.0, earned))
+        self._at = now
+        if self._tokens < 1:
+            return False
+        self._tokens -= 1
+        return True
+
+
 class NodeEvents:
     """Best-effort recorder of events on one Node.
 
@@ -175,17 +206,22 @@ class NodeEvents:
         maxsize: int = 64,
         dedupe_seconds: float = 60.0,
         clock: Callable[[], float] = time.monotonic,
+        spam_burst: int = SPAM_BURST,
+        spam_refill_seconds: float = SPAM_REFILL_SECONDS,
     ) -> None:
         self.node = node
         self.sink = sink
         self.metrics = metrics
         self.dedupe_seconds = dedupe_seconds
         self._clock = clock
+        #: Every event of this node that is not a repeat spends a token (see the module doc).
+        self._bucket = TokenBucket(spam_burst, spam_refill_seconds, clock())
+        self._limit_logged = False
         self._queue: asyncio.Queue[NodeEvent] = asyncio.Queue(maxsize)
         self._last_sent: dict[tuple[str, str, str], float] = {}
         self._failures_logged: set[tuple[str, str]] = set()
         self._task: asyncio.Task[None] | None = None
-        #: Events given up on, by cause: `queue-full`, `api-error`.
+        #: Events given up on, by cause: `rate-limited`, `queue-full`, `api-error`.
         self.dropped: dict[str, int] = {}
         #: Events delivered to the sink.
         self.sent = 0
@@ -240,6 +276,10 @@ class NodeEvents:
         last = self._last_sent.get(key)
         if last is not None and now - last < self.dedupe_seconds:
             return False
+        # A repeat costs nothing above; anything else spends the node's budget.
+        if not self._bucket.take(now):
+            self._rate_limited(reason)
+            return False
         try:
             self._queue.put_nowait(NodeEvent(self.node, reason, message, type))
         except asyncio.QueueFull:
@@ -247,6 +287,20 @@ class NodeEvents:
             return False
         self._last_sent[key] = now
         return True
+
+    def _rate_limited(self, reason: str) -> None:
+        if not self._limit_logged:
+            self._limit_logged = True
+            log.warning(
+                "node %s: more than %d events at once; dropping events (%s first) until the "
+                "budget refills, one every %.0f s (further drops are counted in "
+                "kubegpu_events_dropped_total, not logged)",
+                self.node,
+                self._bucket.burst,
+                reason,
+                self._bucket.refill_seconds,
+            )
+        self._drop("rate-limited")
 
     def warning(self, reason: str, message: str) -> bool:
         return self.emit(reason, message, EventType.WARNING)

@@ -226,7 +226,7 @@ _FAMILIES: tuple[tuple[str, str, str, tuple[str, ...]], ...] = (
     ),
     (
         "kubegpu_events_dropped",
-        "Kubernetes Events not recorded (queue full or API failure), by reason.",
+        "Kubernetes Events not recorded (rate limited, queue full or API failure), by reason.",
         "counter",
         ("reason",),
     ),
@@ -335,7 +335,7 @@ class Metrics:
         self._inc("kubegpu_health_transitions", (resource, health))
 
     def event_dropped(self, reason: str) -> None:
-        """Count a Kubernetes Event given up on (`queue-full`, `api-error`)."""
+        """Count a Kubernetes Event given up on (`rate-limited`, `queue-full`, `api-error`)."""
         self._inc("kubegpu_events_dropped", (reason,))
 
     def set_stale_resources(self, resources: Iterable[str]) -> None:

@@ -516,7 +516,7 @@ def test_a_write_the_server_changes_is_logged_once_and_not_repeated(
     store.update(health={gpu(0).uuid: Health.UNHEALTHY, gpu(1).uuid: Health.UNHEALTHY})
     assert [pub.sync(store.state) for _ in range(3)] == [True, False, False]
     assert generations(kube) == {3}
-    assert kube.requests()["replace resourceslice"] == 2
+    assert kube.request_counts()[("replace", "resourceslice")] == 2
     (line,) = [r.getMessage() for r in caplog.records]
     assert line == (
         f"node {NODE}: the API server stored the {NVIDIA_DRIVER} pool differently from what "
@@ -544,7 +544,7 @@ async def test_a_server_that_drops_fields_is_not_written_in_a_loop(kube: FakeKub
         # One sync at a time: this one runs after any the watch poked.
         assert await asyncio.to_thread(pub.sync, store.state) is False
         assert generations(kube) == {2}
-        assert kube.requests()["replace resourceslice"] == 1
+        assert kube.request_counts()[("replace", "resourceslice")] == 1
     finally:
         task.cancel()
         with pytest.raises(asyncio.CancelledError):
@@ -559,8 +559,8 @@ def test_the_fake_counts_requests_by_verb_and_resource(kube: FakeKube) -> None:
     store.update(health={gpu(0).uuid: Health.UNHEALTHY})
     pub.sync(store.state)
     pub.sync(store.state)
-    assert kube.requests() == {
-        "list resourceslices": 3,
-        "create resourceslice": 1,
-        "replace resourceslice": 1,
+    assert kube.request_counts() == {
+        ("list", "resourceslices"): 3,
+        ("create", "resourceslice"): 1,
+        ("replace", "resourceslice"): 1,
     }

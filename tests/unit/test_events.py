@@ -99,6 +99,36 @@ async def test_identical_events_deduplicated_within_window() -> None:
     assert len(sink.events) == 3
 
 
+def test_a_node_sends_a_burst_then_one_event_per_five_minutes(
+    caplog: pytest.LogCaptureFixture,
+) -> None:
+    """Eight GPUs flapping for an hour made 960 events (two per GPU a minute, every one a
+    new message past the de-duplication window); client-go's recorders stop at 25 and then
+    one every 5 minutes per source and object, and so does the node's recorder now."""
+    now = [0.0]
+    events = NodeEvents("n", FakeEventSink(), metrics=Metrics(), maxsize=100, clock=lambda: now[0])
+    with caplog.at_level(logging.WARNING, logger="kubegpu.events"):
+        sent = [events.warning(Reason.GPU_UNHEALTHY, f"GPU-{i} is unhealthy") for i in range(30)]
+    assert sent == [True] * 25 + [False] * 5
+    assert events.dropped == {"rate-limited": 5}
+    assert events.metrics is not None
+    assert events.metrics.value("kubegpu_events_dropped_total", {"reason": "rate-limited"}) == 5
+    (logged,) = caplog.records  # the first drop only
+    assert "dropping events (GPUUnhealthy first)" in logged.getMessage()
+    now[0] += 300
+    assert events.emit(Reason.GPU_HEALTHY, "GPU-0 is healthy again")
+    assert not events.emit(Reason.GPU_HEALTHY, "GPU-1 is healthy again")
+    now[0] += 3600 * 24  # a quiet day refills the burst, and no more
+    assert [events.emit("E", str(i)) for i in range(26)] == [True] * 25 + [False]
+
+
+def test_repeats_do_not_spend_the_nodes_event_budget() -> None:
+    now = [0.0]
+    events = NodeEvents("n", FakeEventSink(), maxsize=100, clock=lambda: now[0])
+    assert sum(events.warning(Reason.GPU_UNHEALTHY, "GPU-0 is unhealthy") for _ in range(100)) == 1
+    assert all(events.emit("E", str(i)) for i in range(24))
+
+
 async def test_stop_flushes_pending_events() -> None:
     sink = FakeEventSink()
     events = NodeEvents("n", sink)

@@ -165,7 +165,7 @@ def _reference(version: str) -> tuple[CollectorRegistry, dict[str, Any]]:
         ),
         "dropped": Counter(
             "kubegpu_events_dropped",
-            "Kubernetes Events not recorded (queue full or API failure), by reason.",
+            "Kubernetes Events not recorded (rate limited, queue full or API failure), by reason.",
             ["reason"],
             registry=r,
         ),

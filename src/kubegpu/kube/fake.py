@@ -8,13 +8,13 @@ server would (a missing Node is a 404 `KubeError`, creating an existing NodeFeat
 from __future__ import annotations
 
 import asyncio
-import collections
 import contextlib
 import copy
 import datetime
 import itertools
 import threading
 import uuid
+from collections import Counter
 from collections.abc import AsyncIterator, Callable, Mapping
 from dataclasses import dataclass, field
 from typing import Any, Final
@@ -129,11 +129,6 @@ class FakeKube:
         with self._lock:
             self._pending.append((prefix, error))
 
-    def requests(self) -> collections.Counter[str]:
-        """Calls so far by verb and resource ("list resourceslices": 3), watches included."""
-        with self._lock:
-            return collections.Counter(call.split("/", 1)[0] for call in self.calls)
-
     def _enter(self, call: str) -> None:
         with self._lock:
             self.calls.append(call)
@@ -143,6 +138,18 @@ class FakeKube:
                 if call.startswith(prefix):
                     del self._pending[i]
                     raise error
+
+    def request_counts(self) -> Counter[tuple[str, str]]:
+        """Requests so far by verb and resource, from the call log: ("get", "node"),
+        ("list", "resourceslices"), ("watch", "node"), ("create", "event")... What a client
+        sent the API server (`make bench`'s API budget); safe from any thread."""
+        with self._lock:
+            lines = list(self.calls)
+        counts: Counter[tuple[str, str]] = Counter()
+        for line in lines:
+            verb, _, path = line.partition(" ")
+            counts[(verb, path.split("/", 1)[0])] += 1
+        return counts
 
     # -- Nodes, Pods, Events --------------------------------------------------------------
 

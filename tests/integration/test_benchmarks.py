@@ -1,0 +1,70 @@
+"""`make bench`'s sections measure what they say on today's tree, on a loaded machine.
+
+No figure is judged here (speed is `make bench`'s business): these check that a section
+can run at all, with the smallest counts, and that its waits do not give up while a slow
+machine is still getting there.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import sys
+from pathlib import Path
+
+import pytest
+
+from benchmarks import api_budget, dra, harness, watch
+from benchmarks.clock import LoopClock
+from kubegpu.dra.publisher import RESYNC_S
+from kubegpu.kubelet import KubeletEmulator
+
+
+async def test_the_socket_deletion_benchmark_runs_beside_the_handover_directory() -> None:
+    # `serve` keeps a `kubegpu-handover` lock directory beside its socket: the benchmark
+    # must delete the socket the plugin registered, whatever else the directory holds.
+    figures = await watch.bench_socket_deleted(1)
+    assert figures["socket_deleted_n"] == 1
+    assert figures["socket_deleted_busy_n"] == 1
+
+
+async def test_waiting_for_registration_outlasts_a_slow_start(socket_dir: Path) -> None:
+    """A first `serve` that compiles its bytecode on a loaded machine has taken more than
+    30 s to register: the benchmark keeps waiting (the loop's clock is moved on, no real
+    wait), and still gives up, saying so, at its deadline."""
+    kubelet = KubeletEmulator(socket_dir / "dp")
+    await kubelet.start()
+    try:
+        # A process that stays up and never registers: a `serve` still starting.
+        args = [sys.executable, "-c", "import sys; sys.stdin.read()"]
+        async with harness.child(args, socket_dir / "log", stdin_pipe=True) as slow:
+            with LoopClock() as clock:
+                waiting = asyncio.ensure_future(harness.wait_registered(kubelet, None, slow))
+                await clock.advance(60, step=5)
+                assert not waiting.done()
+                await clock.advance(harness.DEADLINE_S, step=30)
+                with pytest.raises(RuntimeError, match=r"did not hold .* within 300 s"):
+                    await waiting
+    finally:
+        await kubelet.stop()
+
+
+async def test_the_dra_benchmark_calls_the_node_over_its_socket_from_another_process() -> None:
+    figures = (await dra.bench_dra(claims=2, warmup=1))["dra"]
+    assert figures["claims"] == 2
+    assert figures["load_failures"] == 0
+    # One API read per prepared claim, in the node's process: the client is elsewhere.
+    assert figures["api_requests"]["get resourceclaim"] == 5
+
+
+@pytest.mark.parametrize("mode", api_budget.MODES)
+async def test_the_api_budget_counts_what_a_health_flap_sends(mode: str) -> None:
+    counts = await api_budget.measure(mode, "health_flap", api_budget.health_flap)
+    # GPUUnhealthy, then GPUHealthy; in DRA mode the slices are written again each time.
+    assert counts["create event"] == 2
+    assert counts.get("replace resourceslice", 0) == (2 if mode == "dra" else 0)
+
+
+async def test_the_api_budget_moves_the_loops_clock_through_a_steady_hour() -> None:
+    counts = await api_budget.measure("dra", "steady_hour", api_budget.steady_hour)
+    # The publisher compares its slices with the API every RESYNC_S, and nothing else is due.
+    assert counts == {"list resourceslices": int(3600 // RESYNC_S)}
