@@ -39,8 +39,17 @@ HEAVY = (
     "kubegpu.devices",
     "kubegpu.cli.options",
 )
-#: The commands that serve no gRPC: they load neither gRPC nor protobuf.
-WITHOUT_GRPC = ("labels", "cdi", "info", "check", "config")
+_GRPC = ("grpc", "google.protobuf", "kubegpu.api")
+_KUBE = ("lightkube", "httpx2", "kubegpu.kube", "kubegpu.config.source")
+#: What a command has no use for, and so does not load: gRPC where it serves no kubelet,
+#: the Kubernetes client where it reads no API, and for the schema no GPU or event loop.
+NOT_NEEDED = {
+    "labels": _GRPC,
+    "cdi": _GRPC + _KUBE,
+    "info": _GRPC + _KUBE,
+    "check": _GRPC + _KUBE,
+    "config": (*_GRPC, *_KUBE, "pynvml", "kubegpu.devices", "asyncio"),
+}
 #: Each command's module.
 MODULES = {name: f"kubegpu.cli.{name}" for name in COMMANDS}
 
@@ -96,10 +105,10 @@ def test_a_command_loads_no_other_command(name: str) -> None:
     assert _within(loaded, others) == []
 
 
-@pytest.mark.parametrize("name", WITHOUT_GRPC)
-def test_a_command_that_serves_no_grpc_loads_none(name: str) -> None:
+@pytest.mark.parametrize("name", list(NOT_NEEDED))
+def test_a_command_loads_nothing_it_has_no_use_for(name: str) -> None:
     loaded = _loaded_after(f"import {MODULES[name]}")
-    assert _within(loaded, ("grpc", "google.protobuf", "kubegpu.api")) == []
+    assert _within(loaded, NOT_NEEDED[name]) == []
 
 
 def _unreachable_cluster(directory: Path) -> Path:

@@ -23,9 +23,8 @@ import click
 
 from kubegpu.cli.usage import UsageError as UsageError  # what check_simulate_backend raises
 from kubegpu.config import Config, DeviceIDStrategy, MigStrategy, config_to_raw
-from kubegpu.config.names import is_label_key, parse_go_duration
+from kubegpu.config.names import DEFAULT_NODE_LABEL, is_label_key, parse_go_duration
 from kubegpu.config.settings import driver_files_root
-from kubegpu.config.source import DEFAULT_NODE_LABEL
 from kubegpu.config.v1 import DeviceDiscoveryStrategy
 from kubegpu.devices import BACKENDS
 from kubegpu.gosyntax import parse_bool, parse_go_int
