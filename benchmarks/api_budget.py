@@ -54,7 +54,8 @@ from typing import Any
 
 from benchmarks import harness
 from benchmarks.clock import LoopClock
-from kubegpu.config.source import DEFAULT_NODE_LABEL, KubernetesNodeLabels, NamedConfigs
+from kubegpu.config.names import DEFAULT_NODE_LABEL
+from kubegpu.config.source import KubernetesNodeLabels, NamedConfigs
 from kubegpu.daemon import Daemon, DaemonSettings
 from kubegpu.devices import Health
 from kubegpu.devices.simulated import SimulatedBackend

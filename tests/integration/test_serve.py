@@ -152,9 +152,10 @@ async def hup_storm_until_registered(serve: Serve, kubelet: KubeletEmulator) -> 
 #: Records, in a fresh interpreter with SIGHUP at its default, each module loaded (the
 #: `import` audit event) and whether SIGHUP was ignored when it started loading, while the
 #: entry point in argv[2] runs ("script": the installed console script, "module": `python
-#: -m kubegpu.cli`); writes them as JSON to argv[1].
+#: -m kubegpu.cli`); writes them as JSON to argv[1]. Its own modules load before the audit
+#: hook is added, so only what the entry point loads is recorded.
 IMPORTS_UNTIL_HUP_IS_IGNORED = """
-import _signal, sys
+import _signal, json, sys
 _signal.signal(_signal.SIGHUP, _signal.SIG_DFL)
 seen = []
 sys.addaudithook(
@@ -171,7 +172,6 @@ try:
         runpy.run_module("kubegpu.cli", run_name="__main__", alter_sys=True)
 except SystemExit:
     pass
-import json
 with open(out, "w") as f:
     json.dump(seen, f)
 """

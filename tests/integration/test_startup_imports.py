@@ -1,6 +1,9 @@
-"""`kubegpu serve` as a node runs it: a fresh process that starts, registers and allocates
-with no Kubernetes API in reach (the API is only needed for Node events and the
-named-config label, and neither may hold up serving), then stops cleanly on SIGTERM.
+"""What a fresh `kubegpu` process loads, and `serve` as a node runs it.
+
+Each command loads what it needs and nothing else: `--version` and `--help` no command at
+all, and no command another one. `serve` starts, registers and allocates with no
+Kubernetes API in reach (the API is only needed for Node events and the named-config
+label, and neither may hold up serving), then stops cleanly on SIGTERM.
 """
 
 from __future__ import annotations
@@ -9,14 +12,123 @@ import asyncio
 import json
 import os
 import signal
+import subprocess
 import sys
 from pathlib import Path
 
 import pytest
 
+from kubegpu.cli import COMMANDS
 from tests.waiting import WAIT, Kubelet
 
 GPU = "nvidia.com/gpu"
+
+#: What only a command that runs may load: gRPC and protobuf, the config schema's
+#: validator, YAML, the Kubernetes client, NVML, and the modules built on them.
+HEAVY = (
+    "grpc",
+    "google.protobuf",
+    "pydantic",
+    "pydantic_core",
+    "yaml",
+    "lightkube",
+    "httpx2",
+    "pynvml",
+    "kubegpu.api",
+    "kubegpu.config",
+    "kubegpu.devices",
+    "kubegpu.cli.options",
+)
+_GRPC = ("grpc", "google.protobuf", "kubegpu.api")
+_KUBE = ("lightkube", "httpx2", "kubegpu.kube", "kubegpu.config.source")
+#: What a command has no use for, and so does not load: gRPC where it serves no kubelet,
+#: the Kubernetes client where it reads no API, and for the schema no GPU or event loop.
+NOT_NEEDED = {
+    "labels": _GRPC,
+    "cdi": _GRPC + _KUBE,
+    "info": _GRPC + _KUBE,
+    "check": _GRPC + _KUBE,
+    "config": (*_GRPC, *_KUBE, "pynvml", "kubegpu.devices", "asyncio"),
+}
+#: Each command's module.
+MODULES = {name: f"kubegpu.cli.{name}" for name in COMMANDS}
+
+
+def _loaded_after(code: str) -> set[str]:
+    """The modules a fresh interpreter holds after running `code`."""
+    probe = f"{code}\nimport sys\nprint(' '.join(sys.modules))"
+    out = subprocess.run(
+        [sys.executable, "-c", probe], capture_output=True, text=True, check=True
+    ).stdout
+    return set(out.splitlines()[-1].split())
+
+
+def _within(modules: set[str], packages: tuple[str, ...]) -> list[str]:
+    return sorted(m for m in modules if any(m == p or m.startswith(p + ".") for p in packages))
+
+
+@pytest.mark.parametrize("argv", [["--version"], ["--help"], []])
+def test_version_and_help_load_no_command(argv: list[str]) -> None:
+    """`kubegpu --version`, `--help` and a bare `kubegpu` (its usage) load click and the
+    top-level command only: no command module, nothing a command needs."""
+    loaded = _loaded_after(
+        "import contextlib, io\nfrom kubegpu.cli import main\nquiet = io.StringIO()\n"
+        "with contextlib.redirect_stdout(quiet), contextlib.redirect_stderr(quiet):\n"
+        f"    main({argv!r})"
+    )
+    assert _within(loaded, HEAVY + tuple(MODULES.values())) == []
+
+
+def test_help_lists_every_command_with_its_line(
+    capsys: pytest.CaptureFixture[str], monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """The listing is written without importing the commands, from the text each command
+    gives as its own short help."""
+    from kubegpu.cli import kubegpu, main
+
+    monkeypatch.setenv("COLUMNS", "200")  # one line per command, however narrow the tty
+    assert main(["--help"]) == 0
+    listing = capsys.readouterr().out.partition("Commands:")[2].splitlines()
+    rows = [line.split(None, 1) for line in listing if line.strip()]
+    assert [name for name, _ in rows] == list(COMMANDS)
+    ctx = kubegpu.make_context("kubegpu", ["--help"], resilient_parsing=True)
+    for name, line in rows:
+        command = kubegpu.get_command(ctx, name)
+        assert command is not None
+        assert line == COMMANDS[name].summary == command.get_short_help_str(limit=1000)
+
+
+@pytest.mark.parametrize("name", list(MODULES))
+def test_a_command_loads_no_other_command(name: str) -> None:
+    loaded = _loaded_after(f"import {MODULES[name]}")
+    others = tuple(module for other, module in MODULES.items() if other != name)
+    assert _within(loaded, others) == []
+
+
+@pytest.mark.parametrize("name", list(NOT_NEEDED))
+def test_a_command_loads_nothing_it_has_no_use_for(name: str) -> None:
+    loaded = _loaded_after(f"import {MODULES[name]}")
+    assert _within(loaded, NOT_NEEDED[name]) == []
+
+
+def test_the_config_models_are_built_on_first_use() -> None:
+    """Importing the config schema builds no model (pydantic's `defer_build`); validating
+    a config builds what it needs, and the models validate as before."""
+    probe = (
+        "import kubegpu.config.v1 as v1\n"
+        "from pydantic.dataclasses import is_pydantic_dataclass\n"
+        "models = [m for m in vars(v1).values() if is_pydantic_dataclass(m)]\n"
+        "built = lambda: sorted(m.__name__ for m in models if m.__pydantic_complete__)\n"
+        "print(built())\n"
+        "config = v1.CONFIG_ADAPTER.validate_python({'flags': {'migStrategy': 'mixed'}})\n"
+        "assert config.flags.mig_strategy is v1.MigStrategy.MIXED\n"
+        "assert config.flags.plugin == v1.PluginFlags() and v1.Config() == v1.Config()\n"
+        "print(v1.CONFIG_ADAPTER.pydantic_complete)"
+    )
+    out = subprocess.run(
+        [sys.executable, "-c", probe], capture_output=True, text=True, check=True
+    ).stdout
+    assert out.splitlines() == ["[]", "True"]
 
 
 def _unreachable_cluster(directory: Path) -> Path:

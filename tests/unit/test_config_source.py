@@ -14,8 +14,8 @@ import pytest
 
 from kubegpu.config import MigStrategy, parse_config
 from kubegpu.config.loader import read_bytes
+from kubegpu.config.names import DEFAULT_NODE_LABEL
 from kubegpu.config.source import (
-    DEFAULT_NODE_LABEL,
     SETTLE_READS,
     ConfigSource,
     ConfigUpdate,

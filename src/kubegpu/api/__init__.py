@@ -13,16 +13,12 @@ import grpc
 from kubegpu.api import api_pb2 as pb
 from kubegpu.api import api_pb2_grpc as pb_grpc
 from kubegpu.api import dra_health_pb2_grpc, podresources_pb2_grpc
+from kubegpu.kubelet_paths import DEVICE_PLUGIN_PATH, KUBELET_SOCKET, POD_RESOURCES_SOCKET
 
 #: The only API version the kubelet accepts from device plugins.
 VERSION = "v1beta1"
 HEALTHY = "Healthy"
 UNHEALTHY = "Unhealthy"
-#: Where the kubelet looks for plugin sockets and serves its own.
-DEVICE_PLUGIN_PATH = "/var/lib/kubelet/device-plugins/"
-KUBELET_SOCKET = "kubelet.sock"
-#: Where the kubelet serves the PodResources API.
-POD_RESOURCES_SOCKET = "/var/lib/kubelet/pod-resources/kubelet.sock"
 
 
 # Typed doors into the untyped generated gRPC module.

@@ -4,7 +4,8 @@ Options are declared once per command with click (`kubegpu.cli.options`), with t
 var names NVIDIA's plugin and GFD read, shown in `--help`. Every mistake is one line on
 stderr and exit status 2; a problem with the node is one line and exit status 1; never a
 traceback. Commands are imported when run (click's lazy group), so `kubegpu serve` loads
-no other command.
+no other command, and `kubegpu --help` and `--version` load none: this module imports only
+click and light modules, and `--help` lists each command from `COMMANDS`.
 
 SIGHUP's default action ends the process, and `serve` re-reads its config on it, so a HUP
 must never find the default in place. Importing this package ignores it in its first
@@ -47,45 +48,69 @@ import importlib  # noqa: E402
 import logging  # noqa: E402
 import sys  # noqa: E402
 from collections.abc import Sequence  # noqa: E402
-from typing import Any  # noqa: E402
+from typing import Any, Final, NamedTuple  # noqa: E402
 
 import click  # noqa: E402
 
 from kubegpu import __version__, logformat  # noqa: E402
-from kubegpu.api import DEVICE_PLUGIN_PATH, KUBELET_SOCKET  # noqa: E402
-from kubegpu.cli.options import Group, UsageError, one_line  # noqa: E402
+from kubegpu.cli.usage import Group, UsageError, one_line  # noqa: E402
 from kubegpu.errors import KubegpuError  # noqa: E402
+from kubegpu.kubelet_paths import DEVICE_PLUGIN_PATH, KUBELET_SOCKET  # noqa: E402
 
 __all__ = ["DEVICE_PLUGIN_PATH", "KUBELET_SOCKET", "UsageError", "kubegpu", "main"]
 
 log = logging.getLogger("kubegpu")
 
-#: Each command's module and object, imported only when the command runs (or `--help`).
-COMMANDS = {
-    "serve": "kubegpu.cli.serve:serve",
-    "labels": "kubegpu.cli.labels:labels",
-    "cdi": "kubegpu.cli.cdi:cdi",
-    "info": "kubegpu.cli.info:info",
-    "demo": "kubegpu.cli.demo:demo",
-    "check": "kubegpu.cli.check:check",
-    "config": "kubegpu.cli.config:config",
-    "top": "kubegpu.cli.top:top",
+
+class LazyCommand(NamedTuple):
+    """A command of `kubegpu`, imported only when it runs."""
+
+    #: `module:object`.
+    target: str
+    #: Its line in `kubegpu --help` and its `short_help`: the command module reads it from
+    #: here, so the listing is written without importing the command, from the same text.
+    summary: str
+
+
+#: Every command, in `--help`'s order.
+COMMANDS: Final = {
+    "serve": LazyCommand("kubegpu.cli.serve:serve", "run the device plugin daemon"),
+    "labels": LazyCommand(
+        "kubegpu.cli.labels:labels",
+        "label the node with its GPUs (GPU Feature Discovery compatible)",
+    ),
+    "cdi": LazyCommand("kubegpu.cli.cdi:cdi", "Container Device Interface specs."),
+    "info": LazyCommand("kubegpu.cli.info:info", "show this node's GPUs as kubegpu sees them"),
+    "demo": LazyCommand(
+        "kubegpu.cli.demo:demo", "simulated node + plugin + kubelet emulator, end to end"
+    ),
+    "check": LazyCommand(
+        "kubegpu.cli.check:check",
+        "validate a config file offline and show what it would advertise",
+    ),
+    "config": LazyCommand("kubegpu.cli.config:config", "The config file (version v1)."),
+    "top": LazyCommand("kubegpu.cli.top:top", "show which pod uses what on this node's GPUs"),
 }
 
 
 class LazyGroup(Group):
-    """A group whose commands are imported on first use."""
+    """A group whose commands are imported on first use; `--help` imports none."""
 
     def list_commands(self, ctx: click.Context) -> list[str]:
         return list(COMMANDS)
 
     def get_command(self, ctx: click.Context, cmd_name: str) -> click.Command | None:
-        target = COMMANDS.get(cmd_name)
-        if target is None:
+        entry = COMMANDS.get(cmd_name)
+        if entry is None:
             return None
-        module, _, name = target.partition(":")
+        module, _, name = entry.target.partition(":")
         command: click.Command = getattr(importlib.import_module(module), name)
         return command
+
+    def format_commands(self, ctx: click.Context, formatter: click.HelpFormatter) -> None:
+        # click's own listing asks every command for its short help, importing them all.
+        with formatter.section("Commands"):
+            formatter.write_dl([(name, entry.summary) for name, entry in COMMANDS.items()])
 
 
 @click.group(

@@ -11,11 +11,9 @@ import click
 
 from kubegpu import cdi as spec
 from kubegpu import devices
-from kubegpu.cli import setup_logging
+from kubegpu.cli import COMMANDS, setup_logging
 from kubegpu.cli.options import (
     TEXT,
-    Command,
-    Group,
     container_driver_root_option,
     dev_root_option,
     device_id_strategy_option,
@@ -26,6 +24,7 @@ from kubegpu.cli.options import (
     option,
     simulate_option,
 )
+from kubegpu.cli.usage import Command, Group
 from kubegpu.errors import KubegpuError
 
 
@@ -115,4 +114,4 @@ generate = Command(
     help="Generate a CDI spec (kind k8s.device-plugin.nvidia.com/gpu).",
     short_help="write the CDI spec for this node's GPUs",
 )
-cdi = Group("cdi", commands=[generate], help="Container Device Interface specs.")
+cdi = Group("cdi", commands=[generate], help=COMMANDS["cdi"].summary)

@@ -8,8 +8,8 @@ from typing import Any
 import click
 
 from kubegpu.check import run_check
+from kubegpu.cli import COMMANDS
 from kubegpu.cli.options import (
-    Command,
     backend_option,
     container_driver_root_option,
     driver_root_option,
@@ -17,6 +17,7 @@ from kubegpu.cli.options import (
     mps_root_option,
     simulate_option,
 )
+from kubegpu.cli.usage import Command
 from kubegpu.config import flag_overrides
 
 
@@ -46,7 +47,7 @@ check = Command(
     help="Validate CONFIG (the config file, as mounted from the ConfigMap) exactly as "
     "'serve' loads it (with --mps-root/MPS_ROOT on top, as serve takes it), then print the "
     "resources and device counts it would advertise on this node or a simulated one.",
-    short_help="validate a config file offline and show what it would advertise",
+    short_help=COMMANDS["check"].summary,
 )
 
 #: The config keys check's options set on top of the file, by value name: the MPS root

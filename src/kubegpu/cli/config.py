@@ -9,7 +9,8 @@ from __future__ import annotations
 import json
 import sys
 
-from kubegpu.cli.options import Command, Group
+from kubegpu.cli import COMMANDS
+from kubegpu.cli.usage import Command, Group
 from kubegpu.config.v1 import json_schema
 
 
@@ -32,4 +33,4 @@ schema = Command(
     ),
     short_help="print the config file's JSON Schema",
 )
-config = Group("config", commands=[schema], help="The config file (version v1).")
+config = Group("config", commands=[schema], help=COMMANDS["config"].summary)

@@ -4,7 +4,8 @@ from __future__ import annotations
 
 import click
 
-from kubegpu.cli.options import Command
+from kubegpu.cli import COMMANDS
+from kubegpu.cli.usage import Command
 from kubegpu.demo import run_demo
 
 
@@ -20,5 +21,5 @@ demo = Command(
     ],
     callback=_demo,
     help="A simulated node, the plugin and the kubelet emulator, end to end.",
-    short_help="simulated node + plugin + kubelet emulator, end to end",
+    short_help=COMMANDS["demo"].summary,
 )

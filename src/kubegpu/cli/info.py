@@ -7,8 +7,8 @@ from typing import Any
 import click
 
 from kubegpu import devices
+from kubegpu.cli import COMMANDS
 from kubegpu.cli.options import (
-    Command,
     backend_option,
     check_simulate_backend,
     container_driver_root_option,
@@ -16,6 +16,7 @@ from kubegpu.cli.options import (
     files_root,
     simulate_option,
 )
+from kubegpu.cli.usage import Command
 from kubegpu.devices import Inventory
 
 
@@ -42,7 +43,7 @@ info = Command(
     ],
     callback=_info,
     help="Show this node's GPUs as kubegpu sees them.",
-    short_help="show this node's GPUs as kubegpu sees them",
+    short_help=COMMANDS["info"].summary,
 )
 
 

@@ -19,14 +19,12 @@ from typing import Any
 import click
 
 from kubegpu import logformat
-from kubegpu.cli import setup_logging
+from kubegpu.cli import COMMANDS, setup_logging
 from kubegpu.cli.options import (
     GO_DURATION,
     PATH,
     PLUGIN_DISCOVERY_STRATEGIES,
     TEXT,
-    Command,
-    UsageError,
     backend_option,
     bool_option,
     config_file_option,
@@ -41,11 +39,11 @@ from kubegpu.cli.options import (
     mig_strategy_option,
     mps_root_option,
     named_config_options,
-    one_line,
     option,
     parse,
     simulate_option,
 )
+from kubegpu.cli.usage import Command, UsageError, one_line
 from kubegpu.config import Config, GfdFlags, flag_overrides
 from kubegpu.config.source import ConfigSource, NamedConfigs, NodeLabels
 from kubegpu.errors import ConfigError, InitError, KubegpuError
@@ -178,7 +176,7 @@ labels = Command(
     callback=_labels,
     help="Label this node with its GPUs, in GPU Feature Discovery's label names. "
     "Precedence: flag, environment variable, config file, default.",
-    short_help="label the node with its GPUs (GPU Feature Discovery compatible)",
+    short_help=COMMANDS["labels"].summary,
 )
 #: The dotted config key each labels option overrides, by value name.
 LABELS_KEYS = config_keys(labels)

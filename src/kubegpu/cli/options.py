@@ -17,22 +17,18 @@ import ipaddress
 import os
 import re
 from collections.abc import Callable, Mapping, Sequence
-from pathlib import Path
 from typing import Any, Final, get_args
 
 import click
 
-from kubegpu.api import DEVICE_PLUGIN_PATH, KUBELET_SOCKET
+from kubegpu.cli.usage import UsageError as UsageError  # what check_simulate_backend raises
 from kubegpu.config import Config, DeviceIDStrategy, MigStrategy, config_to_raw
-from kubegpu.config.names import is_label_key, parse_go_duration
+from kubegpu.config.names import DEFAULT_NODE_LABEL, is_label_key, parse_go_duration
 from kubegpu.config.settings import driver_files_root
-from kubegpu.config.source import DEFAULT_NODE_LABEL
 from kubegpu.config.v1 import DeviceDiscoveryStrategy
 from kubegpu.devices import BACKENDS
-from kubegpu.errors import KubegpuError
 from kubegpu.gosyntax import parse_bool, parse_go_int
 from kubegpu.logformat import FORMATS as LOG_FORMATS
-from kubegpu.plugin.manager import MAX_SOCKET_PATH
 
 #: Where the environment to read is kept in `click.Context.meta` (os.environ when absent).
 ENV_KEY = "kubegpu.environ"
@@ -41,10 +37,6 @@ _USED_KEY = "kubegpu.envvar."
 DEFAULTS: Final = Config()
 #: NVIDIA's device discovery strategies (the plugin's; GFD's add `vfio`).
 PLUGIN_DISCOVERY_STRATEGIES: Final[tuple[str, ...]] = get_args(DeviceDiscoveryStrategy)
-
-
-class UsageError(KubegpuError):
-    """Bad command-line or environment input (exit 2)."""
 
 
 # -- value parsers: each raises ValueError saying what is wrong and what to do -----------
@@ -116,20 +108,6 @@ def choice(*choices: str) -> Callable[[str], str]:
     return parse
 
 
-def check_plugin_path(value: str) -> str:
-    if not value:
-        raise ValueError(f"empty; give the kubelet's directory, {DEVICE_PLUGIN_PATH}")
-    if not value.startswith("/"):
-        raise ValueError(f"{value!r} is relative; give an absolute path")
-    longest = len(os.fsencode(Path(value) / KUBELET_SOCKET))
-    if longest > MAX_SOCKET_PATH:
-        raise ValueError(
-            f"{value!r} is too long: its socket paths would exceed the {MAX_SOCKET_PATH}-byte "
-            f"unix limit; use a shorter directory"
-        )
-    return value
-
-
 def check_simulate(value: str) -> str:
     if not value:
         raise ValueError("empty; name a preset or a node description YAML file")
@@ -156,22 +134,6 @@ def parse_imex_channels(text: str) -> list[int]:
     if value not in ([], [0]):
         raise ValueError(
             f"{value} is not a supported channel list; only IMEX channel 0 exists, use 0"
-        )
-    return value
-
-
-def check_kubelet_socket(value: str) -> str:
-    """kubegpu finds the kubelet's socket in the device-plugin directory, where the kubelet
-    also looks for the plugins' sockets; only the directory can move."""
-    if not value:
-        raise ValueError(
-            "empty: kubegpu always registers with the kubelet; drop the setting, or give "
-            f"<device-plugin dir>/{KUBELET_SOCKET}"
-        )
-    if not value.startswith("/") or Path(value).name != KUBELET_SOCKET:
-        raise ValueError(
-            f"{value!r} must be an absolute path ending in /{KUBELET_SOCKET}; to move the "
-            f"device-plugin directory use --device-plugin-path"
         )
     return value
 
@@ -317,29 +279,6 @@ def _context(command: click.Command, argv: Sequence[str], env: Mapping[str, str]
     root = click.Context(command, info_name="kubegpu")
     root.meta[ENV_KEY] = env
     return command.make_context(command.name, list(argv), parent=root)
-
-
-def one_line(exc: click.ClickException) -> str:
-    """A click error as one line naming the command: `kubegpu serve: error: ...`."""
-    ctx = getattr(exc, "ctx", None)
-    where = ctx.command_path if ctx is not None else "kubegpu"
-    return f"{where}: error: {' '.join(exc.format_message().split())}"
-
-
-class OneLineMixin:
-    """Usage lines as argparse wrote them (`usage: kubegpu ...`)."""
-
-    def format_usage(self, ctx: click.Context, formatter: click.HelpFormatter) -> None:
-        pieces = self.collect_usage_pieces(ctx)  # type: ignore[attr-defined]
-        formatter.write_usage(ctx.command_path, " ".join(pieces), prefix="usage: ")
-
-
-class Command(OneLineMixin, click.Command):
-    pass
-
-
-class Group(OneLineMixin, click.Group):
-    pass
 
 
 # -- options several commands share: one declaration, one meaning ----------------------

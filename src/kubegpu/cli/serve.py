@@ -13,6 +13,7 @@ from __future__ import annotations
 
 import asyncio
 import logging
+import os
 import signal
 from collections.abc import Callable, Coroutine, Mapping
 from pathlib import Path
@@ -20,21 +21,16 @@ from typing import Any
 
 import click
 
-from kubegpu.api import DEVICE_PLUGIN_PATH, KUBELET_SOCKET, POD_RESOURCES_SOCKET
-from kubegpu.cli import setup_logging
+from kubegpu.cli import COMMANDS, setup_logging
 from kubegpu.cli.options import (
     ADDRESS,
     PLUGIN_DISCOVERY_STRATEGIES,
     PORT,
     TEXT,
-    Command,
     Parsed,
-    UsageError,
     backend_option,
     bool_option,
     check_absolute,
-    check_kubelet_socket,
-    check_plugin_path,
     check_simulate_backend,
     choice,
     config_file_option,
@@ -56,6 +52,7 @@ from kubegpu.cli.options import (
     parse_imex_channels,
     simulate_option,
 )
+from kubegpu.cli.usage import Command, UsageError
 from kubegpu.config import (
     AllocationPolicy,
     AmdNamingStrategy,
@@ -68,6 +65,8 @@ from kubegpu.dra.driver import PLUGINS_DIRECTORY, REGISTRAR_DIRECTORY
 from kubegpu.errors import ConfigError, KubegpuError
 from kubegpu.events import NodeEvents
 from kubegpu.health import health_flags_from_env
+from kubegpu.kubelet_paths import DEVICE_PLUGIN_PATH, KUBELET_SOCKET, POD_RESOURCES_SOCKET
+from kubegpu.plugin.manager import MAX_SOCKET_PATH
 from kubegpu.usage import DEFAULT_MAX_ROWS
 
 log = logging.getLogger("kubegpu")
@@ -96,6 +95,36 @@ def _directory(text: str) -> str:
     if not text.startswith("/"):
         raise ValueError(f"{text!r} is not an absolute path; give the kubelet's directory")
     return text
+
+
+def check_plugin_path(value: str) -> str:
+    if not value:
+        raise ValueError(f"empty; give the kubelet's directory, {DEVICE_PLUGIN_PATH}")
+    if not value.startswith("/"):
+        raise ValueError(f"{value!r} is relative; give an absolute path")
+    longest = len(os.fsencode(Path(value) / KUBELET_SOCKET))
+    if longest > MAX_SOCKET_PATH:
+        raise ValueError(
+            f"{value!r} is too long: its socket paths would exceed the {MAX_SOCKET_PATH}-byte "
+            f"unix limit; use a shorter directory"
+        )
+    return value
+
+
+def check_kubelet_socket(value: str) -> str:
+    """kubegpu finds the kubelet's socket in the device-plugin directory, where the kubelet
+    also looks for the plugins' sockets; only the directory can move."""
+    if not value:
+        raise ValueError(
+            "empty: kubegpu always registers with the kubelet; drop the setting, or give "
+            f"<device-plugin dir>/{KUBELET_SOCKET}"
+        )
+    if not value.startswith("/") or Path(value).name != KUBELET_SOCKET:
+        raise ValueError(
+            f"{value!r} must be an absolute path ending in /{KUBELET_SOCKET}; to move the "
+            f"device-plugin directory use --device-plugin-path"
+        )
+    return value
 
 
 MODES = ("plugin", "dra")
@@ -320,7 +349,7 @@ serve = Command(
     callback=_serve,
     help="Run the device plugin daemon (or, with --mode dra, the DRA kubelet plugin). "
     "Precedence: flag, environment variable, config file, default.",
-    short_help="run the device plugin daemon",
+    short_help=COMMANDS["serve"].summary,
 )
 #: The dotted config key each serve option overrides, by value name.
 SERVE_KEYS = config_keys(serve)

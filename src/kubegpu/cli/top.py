@@ -20,7 +20,9 @@ from typing import Any
 import click
 from prometheus_client.parser import text_string_to_metric_families
 
-from kubegpu.cli.options import Command, Parsed, UsageError, environment, option
+from kubegpu.cli import COMMANDS
+from kubegpu.cli.options import Parsed, environment, option
+from kubegpu.cli.usage import Command, UsageError
 from kubegpu.errors import KubegpuError
 from kubegpu.metrics import UNATTRIBUTED, USAGE_LABELS
 
@@ -229,5 +231,5 @@ top = Command(
     help="Show which pod uses what on this node's GPUs: memory used against the "
     "allocation's limit, and SM utilization, per GPU, MIG slice and container. Reads the "
     "daemon's /metrics.",
-    short_help="show which pod uses what on this node's GPUs",
+    short_help=COMMANDS["top"].summary,
 )

@@ -1,9 +1,14 @@
 """Configuration: the versioned schema, loading, and flag/env precedence.
 
 Precedence, highest first: command-line flag, environment variable, config file, default.
-`load_config` (and `ConfigSource`, which also reloads) merges flag and env overrides, given
-as dotted key paths of the file (e.g. `flags.plugin.deviceIDStrategy`), into the file's
-keys and validates the result once, so every error names a key, its value and a fix.
+`load_config` (and `kubegpu.config.source.ConfigSource`, which also reloads) merges flag and
+env overrides, given as dotted key paths of the file (e.g. `flags.plugin.deviceIDStrategy`),
+into the file's keys and validates the result once, so every error names a key, its value
+and a fix.
+
+This package's names are pure values and functions. The live source (file watches, the
+node's label through the Kubernetes API) is `kubegpu.config.source`, imported by the
+commands that follow a config, so the rest load neither asyncio nor the Kubernetes client.
 """
 
 from kubegpu.config.loader import (
@@ -16,14 +21,6 @@ from kubegpu.config.loader import (
 )
 from kubegpu.config.names import parse_quantity, qualify_resource_name
 from kubegpu.config.settings import driver_files_root, effective_config, flag_overrides
-from kubegpu.config.source import (
-    ConfigSource,
-    ConfigUpdate,
-    FakeNodeLabels,
-    KubernetesNodeLabels,
-    NamedConfigs,
-    NodeLabels,
-)
 from kubegpu.config.v1 import (
     MPS_MAX_REPLICAS,
     SUPPORTED_VERSIONS,
@@ -53,19 +50,13 @@ __all__ = [
     "AllocationPolicy",
     "AmdNamingStrategy",
     "Config",
-    "ConfigSource",
-    "ConfigUpdate",
     "DeviceIDStrategy",
     "DeviceListStrategy",
-    "FakeNodeLabels",
     "Flags",
     "GfdFlags",
     "HealthFlags",
     "Imex",
-    "KubernetesNodeLabels",
     "MigStrategy",
-    "NamedConfigs",
-    "NodeLabels",
     "PluginFlags",
     "ReplicatedResource",
     "ResourcePattern",

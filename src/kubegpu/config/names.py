@@ -16,6 +16,8 @@ from kubegpu.untrusted import is_dns_subdomain
 
 #: Names given without a domain belong to NVIDIA's, as in NVIDIA's plugin (`gpu`).
 DEFAULT_RESOURCE_PREFIX: Final = "nvidia.com"
+#: The node label NVIDIA's chart uses to pick a named config.
+DEFAULT_NODE_LABEL: Final = "nvidia.com/device-plugin.config"
 
 _NAME_PART = re.compile(r"[A-Za-z0-9]([-A-Za-z0-9_.]*[A-Za-z0-9])?")
 

@@ -36,6 +36,7 @@ from pathlib import Path
 from typing import Any, Final, Protocol
 
 from kubegpu.config.loader import load_config_bytes, read_bytes
+from kubegpu.config.names import DEFAULT_NODE_LABEL
 from kubegpu.config.v1 import Config
 from kubegpu.errors import ConfigError
 from kubegpu.kube import Kube, default_client
@@ -44,8 +45,6 @@ from kubegpu.watch import PathWatch
 
 log = logging.getLogger(__name__)
 
-#: The node label NVIDIA's chart uses to pick a named config.
-DEFAULT_NODE_LABEL: Final = "nvidia.com/device-plugin.config"
 #: `named`: the `default` config; `single`: the only config; `empty`: no config at all.
 FALLBACK_STRATEGIES: Final = ("named", "single", "empty")
 _SUFFIXES: Final = (".yaml", ".yml")

@@ -34,8 +34,9 @@ from pydantic import (
     model_validator,
 )
 from pydantic.alias_generators import to_camel
-from pydantic.dataclasses import dataclass
-from pydantic_core import PydanticCustomError
+from pydantic.dataclasses import dataclass, is_pydantic_dataclass
+from pydantic.json_schema import GenerateJsonSchema
+from pydantic_core import PydanticCustomError, core_schema
 
 from kubegpu.config.names import (
     DEFAULT_RESOURCE_PREFIX,
@@ -154,6 +155,12 @@ def _allows_null(prop: dict[str, Any]) -> bool:
 
 _CONFIG: Final = ConfigDict(
     extra="forbid",
+    # Each model's validator and serializer are built on its first use, not at import
+    # (pydantic's own deferral): importing the schema for its enums or types builds
+    # nothing, and validating a `Config` builds its tree once. The nested models' defaults
+    # are factories for the same reason: a default instance would be validated, and its
+    # model built, as the class is defined; a factory builds it when a default is needed.
+    defer_build=True,
     alias_generator=file_key,
     validate_by_name=True,
     validate_by_alias=True,
@@ -329,9 +336,9 @@ class Flags(_Model):
     gdrcopy_enabled: _Bool = False
     #: NVIDIA's plugin and GFD accept exactly these.
     device_discovery_strategy: DeviceDiscoveryStrategy = "auto"
-    plugin: PluginFlags = PluginFlags()
-    gfd: GfdFlags = GfdFlags()
-    health: HealthFlags = HealthFlags()
+    plugin: PluginFlags = field(default_factory=PluginFlags)
+    gfd: GfdFlags = field(default_factory=GfdFlags)
+    health: HealthFlags = field(default_factory=HealthFlags)
 
     @model_validator(mode="before")
     @classmethod
@@ -682,10 +689,10 @@ class Config(_Model):
     _schema: ClassVar[dict[str, Any]] = {"properties": {"version": {"enum": [VERSION, ""]}}}
 
     version: str = VERSION
-    flags: Flags = Flags()
-    resources: Resources = Resources()
-    sharing: Sharing = Sharing()
-    imex: Imex = Imex()
+    flags: Flags = field(default_factory=Flags)
+    resources: Resources = field(default_factory=Resources)
+    sharing: Sharing = field(default_factory=Sharing)
+    imex: Imex = field(default_factory=Imex)
 
     @field_validator("version", mode="before")
     @classmethod
@@ -724,12 +731,24 @@ class Config(_Model):
         return self
 
 
-#: Validates and dumps `Config` (and builds its JSON Schema).
+#: Validates and dumps `Config` (and builds its JSON Schema); built on first use, as the
+#: models are, reusing `Config`'s own validator when that is built first.
 CONFIG_ADAPTER: Final = TypeAdapter(Config)
+
+
+class _ModelDefaults(GenerateJsonSchema):
+    """Shows a nested model's default, which a factory makes, as the object it is
+    (pydantic leaves factories out unless this method is overridden to call them)."""
+
+    def get_default_value(self, schema: core_schema.WithDefaultSchema) -> Any:
+        factory = schema.get("default_factory")
+        if isinstance(factory, type) and is_pydantic_dataclass(factory):
+            return factory()
+        return super().get_default_value(schema)
 
 
 def json_schema() -> dict[str, Any]:
     """The JSON Schema (draft 2020-12) of a v1 config file, as `kubegpu config schema`
     prints it: for editors and CI checks of a ConfigMap before it reaches a node."""
-    schema = CONFIG_ADAPTER.json_schema(by_alias=True)
+    schema = CONFIG_ADAPTER.json_schema(by_alias=True, schema_generator=_ModelDefaults)
     return {"$schema": "https://json-schema.org/draft/2020-12/schema", **schema}

@@ -18,7 +18,8 @@ from pathlib import Path
 
 import pytest
 
-from kubegpu.config import Config, ConfigSource, MigStrategy, parse_config, yamlsafe
+from kubegpu.config import Config, MigStrategy, parse_config, yamlsafe
+from kubegpu.config.source import ConfigSource
 from kubegpu.errors import ConfigError
 from kubegpu.resources import build_resources
 from tests.builders import gpu, inventory
