@@ -440,9 +440,19 @@ def test_driver_root_is_mounted_only_when_it_names_one(chart: Any) -> None:
 @pytest.mark.deliberate("helm-mounts-only-when-needed")
 def test_nvidia_values_mount_only_what_is_used(chart: Any) -> None:
     """NVIDIA's plugin pod always mounts /var/run/cdi and the MPS dirs (NVIDIA
-    daemonset-device-plugin.yml); kubegpu's only when CDI or MPS is on."""
+    daemonset-device-plugin.yml); kubegpu's only when CDI or MPS is on. With metrics on (the
+    default) it reads, read-only, what attributes GPU use to containers: the host's process
+    cgroups and the kubelet's PodResources socket."""
     ds = render(chart, nvidia_values()).plugin()
-    assert host_paths(ds) == {"/var/lib/kubelet/device-plugins"}
+    assert host_paths(ds) == {
+        "/var/lib/kubelet/device-plugins",
+        "/proc",
+        "/var/lib/kubelet/pod-resources",
+    }
+    assert mounts(ds)["/host/proc"].get("readOnly") is True
+    assert mounts(ds)["/var/lib/kubelet/pod-resources"].get("readOnly") is True
+    off = render(chart, {**nvidia_values(), "metrics": {"enabled": False}}).plugin()
+    assert host_paths(off) == {"/var/lib/kubelet/device-plugins"}
 
 
 @pytest.mark.parametrize(
