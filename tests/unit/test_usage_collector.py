@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import asyncio
 import io
+import os
 import shutil
 import tempfile
 import threading
@@ -31,6 +32,7 @@ from kubegpu.state import NodeStore
 from kubegpu.testing import FakeNvml, FakePodResources
 from kubegpu.usage import UsageCollector, UsageSettings
 from kubegpu.usage.cgroup import MAX_CGROUP_BYTES
+from kubegpu.usage.kubelet import MAX_CHECKPOINT_BYTES, SourceError, checkpoint_pod_uids
 from tests.usage_fixtures import MIB, KubeletCheckpoint, ProcTree, pod_uid
 
 GPU = "nvidia.com/gpu"
@@ -278,6 +280,23 @@ def test_sources_down_cost_attribution_not_the_scrape(node: Node) -> None:
     node.kubelet.fail = None
     node.checkpoint.save()
     assert value(metrics, USED, **labels("ml", "train-0", "main")) == 21 * 1024 * MIB
+
+
+def test_a_checkpoint_that_is_no_regular_file_or_too_big_is_not_read(tmp_path: Path) -> None:
+    fifo = tmp_path / "fifo"
+    os.mkfifo(fifo)  # would block a plain read until some writer came
+    link = tmp_path / "link"
+    link.symlink_to("/dev/urandom")  # would never end
+    big = tmp_path / "big"
+    big.write_bytes(b" " * (MAX_CHECKPOINT_BYTES + 1))
+    with pytest.raises(SourceError, match=r"fifo is a FIFO, not a regular file: not read$"):
+        checkpoint_pod_uids(fifo)
+    with pytest.raises(SourceError, match=r"link is a symbolic link, not a regular file"):
+        checkpoint_pod_uids(link)
+    with pytest.raises(SourceError, match=rf"big is over {MAX_CHECKPOINT_BYTES} bytes"):
+        checkpoint_pod_uids(big)
+    with pytest.raises(SourceError, match=r"absent \(No such file or directory\)$"):
+        checkpoint_pod_uids(tmp_path / "absent")
 
 
 def test_without_the_checkpoint_a_gpu_held_by_one_container_is_still_its(node: Node) -> None:

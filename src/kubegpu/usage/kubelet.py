@@ -27,7 +27,7 @@ from pathlib import Path
 import grpc
 
 from kubegpu.api import pod_resources_stub, podresources_pb2, podresources_pb2_grpc
-from kubegpu.files import read_regular
+from kubegpu.files import NotRegularFile, read_regular
 from kubegpu.untrusted import escape, is_dns_label, is_dns_subdomain
 
 log = logging.getLogger("kubegpu.usage")
@@ -208,8 +208,14 @@ def checkpoint_pod_uids(path: Path) -> dict[tuple[str, str, frozenset[str]], str
     """The pod UID of each (container, resource, device IDs) in the kubelet's checkpoint."""
     try:
         data = read_regular(path, MAX_CHECKPOINT_BYTES, follow_links=False)
+    except NotRegularFile as err:
+        raise SourceError(
+            f"the kubelet's checkpoint {path} is {err.kind}, not a regular file: not read"
+        ) from err
     except OSError as err:
-        raise SourceError(f"cannot read the kubelet's checkpoint {path}: {err}") from err
+        raise SourceError(
+            f"cannot read the kubelet's checkpoint {path} ({err.strerror or err})"
+        ) from err
     if len(data) > MAX_CHECKPOINT_BYTES:
         raise SourceError(
             f"the kubelet's checkpoint {path} is over {MAX_CHECKPOINT_BYTES} bytes: not read"
