@@ -24,6 +24,7 @@ import pytest
 
 from kubegpu.errors import KubegpuError
 from kubegpu.kube import RELIST, FakeKube, KubeClient, KubeError, owner_references
+from kubegpu.kube.client import _lines, _LineTooLong
 from kubegpu.kube.errors import status_object_error
 from tests.waiting import WAIT, eventually
 
@@ -1328,3 +1329,13 @@ def test_an_answer_that_says_when_to_retry_carries_it(
     with pytest.raises(KubeError) as info:
         client_of(api).get_node_metadata("gpu-1")
     assert (info.value.status, info.value.retry_after) == (429, seconds)
+
+
+def test_watch_lines_are_split_at_newlines_only_and_bounded() -> None:
+    nel = b'{"a": "x\xc2\x85y"}'  # U+0085 inside a string: no line end for JSON
+    chunks = [nel + b'\n{"b"', b": 1}\n\n", b"1234567", b"890123\n", b"tail"]
+    assert list(_lines(chunks, len(nel))) == [nel, b'{"b": 1}', b"", b"1234567890123", b"tail"]
+    with pytest.raises(_LineTooLong):
+        list(_lines([b"1234567", b"8901234\n"], 13))  # too long before its end arrives
+    with pytest.raises(_LineTooLong):
+        list(_lines([b"12345678901234"], 13))  # no end yet, already too long
