@@ -20,11 +20,11 @@ from typing import Any
 
 import grpc
 
-from kubegpu.api import dra_pb2
+from kubegpu.api import dra_pb2, dra_stub
 from kubegpu.config import Config
 from kubegpu.devices.simulated import SimulatedBackend
 from kubegpu.dra.driver import DraDriver
-from kubegpu.dra.service import SERVICES, ClaimPreparer
+from kubegpu.dra.service import ClaimPreparer
 from kubegpu.kube import FakeKube
 from kubegpu.state import NodeStore
 
@@ -60,16 +60,8 @@ async def bench_dra(claims: int = CLAIMS, warmup: int = WARMUP) -> dict[str, Any
         await driver.start()
         try:
             async with grpc.aio.insecure_channel(f"unix://{driver.service.path}") as channel:
-                prepare = channel.unary_unary(
-                    f"/{SERVICES[0]}/NodePrepareResources",
-                    request_serializer=dra_pb2.NodePrepareResourcesRequest.SerializeToString,
-                    response_deserializer=dra_pb2.NodePrepareResourcesResponse.FromString,
-                )
-                unprepare = channel.unary_unary(
-                    f"/{SERVICES[0]}/NodeUnprepareResources",
-                    request_serializer=dra_pb2.NodeUnprepareResourcesRequest.SerializeToString,
-                    response_deserializer=dra_pb2.NodeUnprepareResourcesResponse.FromString,
-                )
+                stub = dra_stub(channel)
+                prepare, unprepare = stub.NodePrepareResources, stub.NodeUnprepareResources
                 prepared: list[float] = []
                 unprepared: list[float] = []
                 for n in range(warmup + claims):
