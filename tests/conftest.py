@@ -1,4 +1,4 @@
-"""Suite-wide rules: a fast `python3` for fake binaries.
+"""Suite-wide rules: a fast `python3` for fake binaries, a short directory for sockets.
 
 Time: each test is bounded only by the hang guard (`timeout` in pyproject.toml), the same
 for every test, and each of its waits by `tests.waiting.WAIT`; no test carries a shorter
@@ -8,7 +8,10 @@ budget of its own, since a loaded machine would make it fire.
 from __future__ import annotations
 
 import os
+import shutil
 import sys
+import tempfile
+from collections.abc import Iterator
 from pathlib import Path
 
 import pytest
@@ -35,3 +38,16 @@ def python3_on_path(_python3_dir: Path, monkeypatch: pytest.MonkeyPatch) -> Path
     """
     monkeypatch.setenv("PATH", os.pathsep.join([str(_python3_dir), os.environ.get("PATH", "")]))
     return _python3_dir
+
+
+@pytest.fixture
+def socket_dir() -> Iterator[Path]:
+    """A short, private directory under /tmp for unix sockets.
+
+    pytest's tmp_path can exceed the ~107-byte limit of a unix socket path.
+    """
+    path = Path(tempfile.mkdtemp(prefix="kg-", dir="/tmp"))
+    try:
+        yield path
+    finally:
+        shutil.rmtree(path, ignore_errors=True)

@@ -47,24 +47,26 @@ def read_regular(path: str | Path, limit: int, *, follow_links: bool = True) -> 
 
     `NotRegularFile` for anything else (with `follow_links=False`, a symbolic link too,
     whatever it points at); `FileNotFoundError` and other `OSError`s as the system gives
-    them. Never blocks on what the path holds.
+    them. Never blocks on what the path holds. The size `fstat` reports is not used:
+    procfs files report 0 and still have content, so the length is what `read` gives.
     """
-    p = Path(path)
+    # `path` goes to the system as given, a Path is built only for an error: some callers
+    # read a /proc file per process at every scrape.
     flags = os.O_RDONLY | os.O_NONBLOCK | os.O_CLOEXEC | (0 if follow_links else os.O_NOFOLLOW)
     try:
-        fd = os.open(p, flags)
+        fd = os.open(path, flags)
     except FileNotFoundError:
         raise
     except OSError as exc:
         # A link under O_NOFOLLOW (ELOOP) or a socket (ENXIO) fails to open: say what it is.
-        kind = _kind_of(p, follow_links)
+        kind = _kind_of(Path(path), follow_links)
         if kind is not None:
-            raise NotRegularFile(p, kind) from exc
+            raise NotRegularFile(Path(path), kind) from exc
         raise
     try:
         mode = os.fstat(fd).st_mode
         if not stat.S_ISREG(mode):
-            raise NotRegularFile(p, file_kind(mode))
+            raise NotRegularFile(Path(path), file_kind(mode))
         return _read_up_to(fd, limit + 1)
     finally:
         os.close(fd)

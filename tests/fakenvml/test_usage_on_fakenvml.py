@@ -11,17 +11,13 @@ from __future__ import annotations
 
 import asyncio
 import os
-import shutil
 import signal
 import socket
 import subprocess
 import sys
-import tempfile
 import urllib.request
-from collections.abc import Iterator
 from pathlib import Path
 
-import pytest
 from prometheus_client.parser import text_string_to_metric_families
 
 from kubegpu.cli.top import size
@@ -109,15 +105,6 @@ MACHINE = {
 }
 
 
-@pytest.fixture
-def node_dir() -> Iterator[Path]:
-    path = Path(tempfile.mkdtemp(prefix="kg-", dir="/tmp"))
-    try:
-        yield path
-    finally:
-        shutil.rmtree(path, ignore_errors=True)
-
-
 def free_port() -> int:
     with socket.socket() as s:
         s.bind(("127.0.0.1", 0))
@@ -152,22 +139,22 @@ def sample(text: str, family: str, **wanted: str) -> float | None:
 
 
 async def test_serve_attributes_real_nvml_processes_and_top_shows_them(
-    fakenvml_lib: Path, node_dir: Path
+    fakenvml_lib: Path, socket_dir: Path
 ) -> None:
-    proc = ProcTree(node_dir / "proc")
+    proc = ProcTree(socket_dir / "proc")
     for pid, n in ((4242, 1), (4243, 1), (4343, 2), (4444, 3), (4646, 4)):
         proc.put(pid, f"0::{cgroup(n)}\n")
     proc.put(4545, "0::/system.slice/tool.service\n")
-    config = node_dir / "config.yaml"
+    config = socket_dir / "config.yaml"
     config.write_text(TIME_SLICED)
     port = free_port()
     url = f"http://127.0.0.1:{port}/metrics"
     env = fakenvml_env(fakenvml_lib, MACHINE)
     for name in ("CONFIG_FILE", "MIG_STRATEGY", "METRICS_PORT"):
         env.pop(name, None)
-    log = node_dir / "serve.log"
-    with log.open("w") as out, FakePodResources(node_dir / "pr.sock") as pod_resources:
-        async with Kubelet(node_dir / "dp", grace_period=0.5) as kubelet:
+    log = socket_dir / "serve.log"
+    with log.open("w") as out, FakePodResources(socket_dir / "pr.sock") as pod_resources:
+        async with Kubelet(socket_dir / "dp", grace_period=0.5) as kubelet:
             serve = await asyncio.create_subprocess_exec(
                 sys.executable,
                 "-m",

@@ -2,28 +2,13 @@
 
 from __future__ import annotations
 
-import shutil
-import tempfile
-from collections.abc import AsyncIterator, Iterator
+from collections.abc import AsyncIterator
 from pathlib import Path
 
 import pytest
 
 from kubegpu.kubelet import KubeletEmulator
 from tests.waiting import Kubelet
-
-
-@pytest.fixture
-def socket_dir() -> Iterator[Path]:
-    """A short, private directory under /tmp for unix sockets.
-
-    pytest's tmp_path can exceed the ~107-byte limit of a unix socket path.
-    """
-    path = Path(tempfile.mkdtemp(prefix="kg-", dir="/tmp"))
-    try:
-        yield path
-    finally:
-        shutil.rmtree(path, ignore_errors=True)
 
 
 @pytest.fixture

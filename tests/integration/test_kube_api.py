@@ -36,6 +36,7 @@ from kubegpu.dra.publisher import SlicePublisher
 from kubegpu.dra.slices import NVIDIA_DRIVER, Fault
 from kubegpu.events import KubernetesEventSink, NodeEvent
 from kubegpu.kube import RELIST, KubeClient, KubeError
+from kubegpu.kube.client import MAX_WATCH_LINE_BYTES
 from kubegpu.state import NodeState, NodeStore
 from kubegpu.watch.backoff import Backoff
 from tests.builders import gpu, inventory
@@ -162,7 +163,8 @@ class ApiServer:
 
     `stalls`: the next that many watch requests are answered with headers and then
     nothing. `ends_watches`: every other watch (not of slices) ends right after its
-    headers.
+    headers. `endless_line`: the next such watch sends its events, then that many bytes
+    with no line end.
     """
 
     objects: dict[str, dict[str, Any]] = field(default_factory=dict)
@@ -171,6 +173,7 @@ class ApiServer:
     slices: Slices = field(default_factory=Slices)
     stalls: int = 0
     ends_watches: bool = False
+    endless_line: int = 0
     #: Set at teardown: open watch streams end.
     closing: threading.Event = field(default_factory=threading.Event)
 
@@ -288,7 +291,12 @@ def handler_for(api: ApiServer) -> type[BaseHTTPRequestHandler]:
             self.start_stream()
             events, api.watch_events = api.watch_events, []
             for event in events:
-                self.chunk(json.dumps(event).encode() + b"\n")
+                # As the API server's encoder writes it: non-ASCII as it is, not \u-escaped.
+                self.chunk(json.dumps(event, ensure_ascii=False).encode() + b"\n")
+            junk, api.endless_line = api.endless_line, 0
+            for _ in range(0, junk, 1 << 20):
+                if not self.chunk(b"x" * (1 << 20)):
+                    return  # the client took the stream for broken
             if not api.ends_watches:
                 api.closing.wait(WAIT)  # a quiet watch, until the test ends
             self.chunk(b"")
@@ -455,9 +463,22 @@ def test_a_node_event_as_the_kubelet_records_one(api: ApiServer) -> None:
     assert post.body["firstTimestamp"].endswith("+00:00")
 
 
-async def test_the_label_watch_reads_then_watches_the_node_by_name(api: ApiServer) -> None:
+@pytest.mark.parametrize(
+    "annotations",
+    [
+        {},
+        # JSON carries U+0085 (NEL) unescaped inside a string, and the API server writes it
+        # so: it split the Node's event in two unreadable halves, and its label was missed.
+        {"note": "one\u0085two"},
+    ],
+)
+async def test_the_label_watch_reads_then_watches_the_node_by_name(
+    api: ApiServer, annotations: dict[str, str]
+) -> None:
     api.objects["/api/v1/nodes/n1"] = node("n1", {LABEL: "a100"})
-    api.watch_events.append({"type": "MODIFIED", "object": node("n1", {LABEL: "t4"}, "8")})
+    changed = node("n1", {LABEL: "t4"}, "8")
+    changed["metadata"]["annotations"] = annotations
+    api.watch_events.append({"type": "MODIFIED", "object": changed})
     stream = KubeClient(timeout=WAIT).watch_node_label("n1", LABEL)
     try:
         assert await asyncio.wait_for(anext(stream), WAIT) == "a100"
@@ -552,6 +573,34 @@ async def test_watches_the_server_ends_at_once_wait_between_tries(api: ApiServer
     assert pauses.delays == [1.0, 2.0, 4.0, 8.0]
     assert api.count("GET", "/api/v1/nodes", watch=True) == 4
     assert api.count("GET", "/api/v1/nodes/n1") == 1
+
+
+async def test_an_endless_watch_line_is_a_broken_stream_resumed_after_the_backoff(
+    api: ApiServer, caplog: pytest.LogCaptureFixture
+) -> None:
+    """A line past any object the API server stores, and no end to it: it was read into
+    memory for as long as the server sent it. Now the stream is dropped at the bound and
+    watched again, after the backoff, from the last version it delivered."""
+    api.objects["/api/v1/nodes/n1"] = node("n1", {LABEL: "a100"})
+    api.watch_events.append({"type": "MODIFIED", "object": node("n1", {LABEL: "t4"}, "8")})
+    api.endless_line = MAX_WATCH_LINE_BYTES + (4 << 20)
+    pauses = Pauses(limit=1000)
+    client = KubeClient(timeout=WAIT, backoff=(1.0, 30.0), pause=pauses)
+    stream = client.watch_node_label("n1", LABEL)
+    try:
+        assert await asyncio.wait_for(anext(stream), WAIT) == "a100"
+        assert await asyncio.wait_for(anext(stream), WAIT) == "t4"
+        await eventually(lambda: api.count("GET", "/api/v1/nodes", watch=True) == 2)
+    finally:
+        await stream.aclose()  # type: ignore[attr-defined]
+    first, again = (r for r in api.requests if r.query.get("watch") == ["true"])
+    assert first.query["resourceVersion"] == ["7"]
+    assert again.query["resourceVersion"] == ["8"]  # from the last event, not the read
+    assert pauses.delays == [1.0]
+    assert api.count("GET", "/api/v1/nodes/n1") == 1  # no new read
+    (warning,) = [r.getMessage() for r in caplog.records if r.levelno == logging.WARNING]
+    assert f"sent a line of over {MAX_WATCH_LINE_BYTES} bytes" in warning
+    assert warning.endswith("taking the stream for broken; retrying in 1.0s")
 
 
 def without_taints(body: dict[str, Any]) -> None:

@@ -60,3 +60,16 @@ def test_a_socket_and_a_directory_are_named(tmp_path: Path) -> None:
 def test_a_missing_file_is_file_not_found(tmp_path: Path) -> None:
     with pytest.raises(FileNotFoundError):
         read_regular(tmp_path / "absent", 10)
+
+
+def test_a_proc_file_is_read_whole_though_it_reports_size_zero() -> None:
+    # procfs reports st_size 0 for files with content: the length is what read() gives.
+    path = Path("/proc/self/status")
+    assert path.stat().st_size == 0
+    data = read_regular(path, 1 << 20, follow_links=False)
+    assert data.startswith(b"Name:") and b"\nPid:" in data
+
+
+def test_a_proc_file_over_the_limit_reads_one_byte_over() -> None:
+    data = read_regular("/proc/self/status", 10)
+    assert len(data) == 11

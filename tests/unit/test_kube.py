@@ -24,6 +24,8 @@ import pytest
 
 from kubegpu.errors import KubegpuError
 from kubegpu.kube import RELIST, FakeKube, KubeClient, KubeError, owner_references
+from kubegpu.kube.client import _lines, _LineTooLong
+from kubegpu.kube.errors import status_object_error
 from tests.waiting import WAIT, eventually
 
 LABEL = "nvidia.com/device-plugin.config"
@@ -275,6 +277,27 @@ def test_every_client_failure_is_one_line_naming_the_call_and_a_fix(
     if isinstance(failure, Exception):
         assert info.value.__cause__ is failure
     assert isinstance(info.value, KubegpuError)
+
+
+@pytest.mark.parametrize(
+    "message",
+    [
+        "x" * 100_000 + "\nFORGED level=INFO all is well",
+        "\x1b[2K\x00\u202eFORGED level=INFO all is well" + "x" * 100_000,
+    ],
+)
+def test_a_hostile_server_message_is_one_bounded_escaped_line(api: ApiServer, message: str) -> None:
+    api.failures.append(status(500, message))
+    with pytest.raises(KubeError) as info:
+        client_of(api).get_node_metadata("gpu-1")
+    text = str(info.value)
+    assert text.isprintable()  # no line break, no escape sequence, no bidi override
+    assert len(text) < 600
+    assert text.startswith("get Node gpu-1: HTTP 500 Internal Server Error (")
+    assert text.endswith("...); the API server failed: check its health and logs")
+    # A watch's ERROR event carries a Status of its own: the same bound.
+    error = status_object_error("watch Node gpu-1", {"code": 500, "reason": message})
+    assert str(error).isprintable() and len(str(error)) < 300
 
 
 def test_a_conflict_says_to_read_again(api: ApiServer) -> None:
@@ -1306,3 +1329,13 @@ def test_an_answer_that_says_when_to_retry_carries_it(
     with pytest.raises(KubeError) as info:
         client_of(api).get_node_metadata("gpu-1")
     assert (info.value.status, info.value.retry_after) == (429, seconds)
+
+
+def test_watch_lines_are_split_at_newlines_only_and_bounded() -> None:
+    nel = b'{"a": "x\xc2\x85y"}'  # U+0085 inside a string: no line end for JSON
+    chunks = [nel + b'\n{"b"', b": 1}\n\n", b"1234567", b"890123\n", b"tail"]
+    assert list(_lines(chunks, len(nel))) == [nel, b'{"b": 1}', b"", b"1234567890123", b"tail"]
+    with pytest.raises(_LineTooLong):
+        list(_lines([b"1234567", b"8901234\n"], 13))  # too long before its end arrives
+    with pytest.raises(_LineTooLong):
+        list(_lines([b"12345678901234"], 13))  # no end yet, already too long

@@ -12,7 +12,6 @@ import os
 import shutil
 import socket
 import stat
-import tempfile
 import threading
 from collections.abc import Iterator
 from pathlib import Path
@@ -32,13 +31,8 @@ NAME = "kubegpu-nvidia.com-gpu.sock"
 
 
 @pytest.fixture
-def plugin_dir() -> Iterator[Path]:
-    """A short directory under /tmp: socket paths have a ~107-byte limit."""
-    path = Path(tempfile.mkdtemp(prefix="kg-", dir="/tmp"))
-    try:
-        yield path
-    finally:
-        shutil.rmtree(path, ignore_errors=True)
+def plugin_dir(socket_dir: Path) -> Path:
+    return socket_dir
 
 
 @pytest.fixture

@@ -5,8 +5,8 @@ from __future__ import annotations
 
 import asyncio
 import io
+import os
 import shutil
-import tempfile
 import threading
 from collections.abc import Iterator
 from contextlib import contextmanager, redirect_stdout
@@ -31,6 +31,7 @@ from kubegpu.state import NodeStore
 from kubegpu.testing import FakeNvml, FakePodResources
 from kubegpu.usage import UsageCollector, UsageSettings
 from kubegpu.usage.cgroup import MAX_CGROUP_BYTES
+from kubegpu.usage.kubelet import MAX_CHECKPOINT_BYTES, SourceError, checkpoint_pod_uids
 from tests.usage_fixtures import MIB, KubeletCheckpoint, ProcTree, pod_uid
 
 GPU = "nvidia.com/gpu"
@@ -43,16 +44,6 @@ TIME_SLICED = (
     "      replicas: 4\n"
 )
 H100 = 81559 * MIB
-
-
-@pytest.fixture
-def short_dir() -> Iterator[Path]:
-    """A directory short enough for unix socket paths (pytest's tmp_path may not be)."""
-    path = Path(tempfile.mkdtemp(prefix="kg-", dir="/tmp"))
-    try:
-        yield path
-    finally:
-        shutil.rmtree(path, ignore_errors=True)
 
 
 @dataclass
@@ -101,10 +92,10 @@ def make_node(root: Path, backend: DeviceBackend, config: Config) -> Iterator[No
 
 
 @pytest.fixture
-def node(short_dir: Path) -> Iterator[Node]:
+def node(socket_dir: Path) -> Iterator[Node]:
     """Two simulated H100s, time-sliced in 4 replicas each."""
     backend = SimulatedBackend(parse_node({"gpus": [{"count": 2}]}, "n", "n"))
-    with make_node(short_dir, backend, parse_config(TIME_SLICED)) as node:
+    with make_node(socket_dir, backend, parse_config(TIME_SLICED)) as node:
         yield node
 
 
@@ -172,13 +163,13 @@ def test_each_container_shows_its_use_and_limit(node: Node) -> None:
     collector.close()
 
 
-def test_mps_replicas_have_nvidias_fixed_limit(short_dir: Path) -> None:
+def test_mps_replicas_have_nvidias_fixed_limit(socket_dir: Path) -> None:
     config = parse_config(
         "version: v1\nflags: {mpsRoot: /run/nvidia/mps}\nsharing:\n  mps:\n    resources:\n"
         "    - name: nvidia.com/gpu\n      replicas: 4\n"
     )
     backend = SimulatedBackend(parse_node({"gpus": [{}]}, "n", "n"))
-    with make_node(short_dir, backend, config) as node:
+    with make_node(socket_dir, backend, config) as node:
         (g0,) = node.uuids
         node.give("ml", "a", "main", pod_uid(1), [f"{g0}::0"])
         backend.start_process(0, 10, 4096, kind="mps", sm_util=20)
@@ -189,7 +180,7 @@ def test_mps_replicas_have_nvidias_fixed_limit(short_dir: Path) -> None:
         assert value(metrics, USED, **labels("ml", "a", "main")) == 4096 * MIB
 
 
-def test_on_fake_nvml_with_mig(short_dir: Path) -> None:
+def test_on_fake_nvml_with_mig(socket_dir: Path) -> None:
     """The same through the NVML backend (FakeNvml): a MIG slice, and a whole GPU."""
     fake = FakeNvml()
     whole = fake.add_gpu()
@@ -199,7 +190,7 @@ def test_on_fake_nvml_with_mig(short_dir: Path) -> None:
     slice_.add_process(12, 1024)
     config = parse_config("version: v1\nflags: {migStrategy: mixed}")
     backend = NvmlBackend.open(nvml=fake, exists=lambda path: True)
-    with make_node(short_dir, backend, config) as node:
+    with make_node(socket_dir, backend, config) as node:
         node.give("ml", "a", "main", pod_uid(1), [whole.uuid])
         node.checkpoint.add(pod_uid(2), "main", "nvidia.com/mig-3g.20gb", [slice_.uuid])
         node.kubelet.add("ml", "b", "main", "nvidia.com/mig-3g.20gb", [slice_.uuid])
@@ -280,6 +271,23 @@ def test_sources_down_cost_attribution_not_the_scrape(node: Node) -> None:
     assert value(metrics, USED, **labels("ml", "train-0", "main")) == 21 * 1024 * MIB
 
 
+def test_a_checkpoint_that_is_no_regular_file_or_too_big_is_not_read(tmp_path: Path) -> None:
+    fifo = tmp_path / "fifo"
+    os.mkfifo(fifo)  # would block a plain read until some writer came
+    link = tmp_path / "link"
+    link.symlink_to("/dev/urandom")  # would never end
+    big = tmp_path / "big"
+    big.write_bytes(b" " * (MAX_CHECKPOINT_BYTES + 1))
+    with pytest.raises(SourceError, match=r"fifo is a FIFO, not a regular file: not read$"):
+        checkpoint_pod_uids(fifo)
+    with pytest.raises(SourceError, match=r"link is a symbolic link, not a regular file"):
+        checkpoint_pod_uids(link)
+    with pytest.raises(SourceError, match=rf"big is over {MAX_CHECKPOINT_BYTES} bytes"):
+        checkpoint_pod_uids(big)
+    with pytest.raises(SourceError, match=r"absent \(No such file or directory\)$"):
+        checkpoint_pod_uids(tmp_path / "absent")
+
+
 def test_without_the_checkpoint_a_gpu_held_by_one_container_is_still_its(node: Node) -> None:
     shared_gpu(node)
     node.checkpoint.path.unlink()
@@ -291,10 +299,10 @@ def test_without_the_checkpoint_a_gpu_held_by_one_container_is_still_its(node: N
     assert value(metrics, USED, **labels("", UNATTRIBUTED, "")) == 31 * 1024 * MIB
 
 
-def test_dra_mode_attributes_to_the_claim_or_the_containers_using_it(short_dir: Path) -> None:
+def test_dra_mode_attributes_to_the_claim_or_the_containers_using_it(socket_dir: Path) -> None:
     backend = SimulatedBackend(parse_node({"gpus": [{"count": 2}]}, "n", "n"))
-    with make_node(short_dir, backend, Config()) as node:
-        data_dir = short_dir / "gpu.nvidia.com"
+    with make_node(socket_dir, backend, Config()) as node:
+        data_dir = socket_dir / "gpu.nvidia.com"
         checkpoint = Checkpoint(data_dir)
         for uid, name, device in (("u1", "train", "gpu-0"), ("u2", "infer", "gpu-1")):
             prepared = PreparedDevice(

@@ -12,7 +12,7 @@ import grpc
 
 from kubegpu.api import api_pb2 as pb
 from kubegpu.api import api_pb2_grpc as pb_grpc
-from kubegpu.api import dra_health_pb2_grpc, podresources_pb2_grpc
+from kubegpu.api import dra_health_pb2_grpc, dra_pb2_grpc, podresources_pb2_grpc
 from kubegpu.kubelet_paths import DEVICE_PLUGIN_PATH, KUBELET_SOCKET, POD_RESOURCES_SOCKET
 
 #: The only API version the kubelet accepts from device plugins.
@@ -48,6 +48,11 @@ def add_dra_health_servicer(
     dra_health_pb2_grpc.add_DRAResourceHealthServicer_to_server(servicer, server)
 
 
+def dra_stub(channel: grpc.Channel | grpc.aio.Channel) -> dra_pb2_grpc.DRAPluginStub:
+    """The DRA plugin API v1, as the kubelet calls it."""
+    return dra_pb2_grpc.DRAPluginStub(channel)
+
+
 def dra_health_stub(channel: grpc.aio.Channel) -> dra_health_pb2_grpc.DRAResourceHealthStub:
     return dra_health_pb2_grpc.DRAResourceHealthStub(channel)
 
@@ -76,6 +81,7 @@ __all__ = [
     "add_registration_servicer",
     "device_plugin_stub",
     "dra_health_stub",
+    "dra_stub",
     "pb",
     "pb_grpc",
     "pod_resources_stub",

@@ -61,10 +61,10 @@ from enum import StrEnum
 from pathlib import Path
 from typing import Any
 
-from kubegpu import rpc
 from kubegpu.dra.claims import PreparedDevice, claim_uid_of, spec_file_name
 from kubegpu.errors import KubegpuError
 from kubegpu.files import NotRegularFile, read_regular
+from kubegpu.untrusted import escape
 
 log = logging.getLogger("kubegpu.dra")
 
@@ -181,12 +181,10 @@ class Checkpoint:
             raw = json.loads(data)
             if not isinstance(raw, dict) or raw.get("kind") != KIND:
                 kind = raw.get("kind") if isinstance(raw, dict) else None
-                raise CorruptCheckpoint(
-                    f"it is not a {KIND} file (kind {rpc.bounded(repr(kind), 64)})"
-                )
+                raise CorruptCheckpoint(f"it is not a {KIND} file (kind {escape(repr(kind), 64)})")
             if raw.get("version") != VERSION:
                 raise UnsupportedCheckpoint(
-                    f"it is version {rpc.bounded(repr(raw.get('version')), 64)}, written by "
+                    f"it is version {escape(repr(raw.get('version')), 64)}, written by "
                     f"another kubegpu; this one reads version {VERSION}"
                 )
             claims = raw["claims"]
@@ -196,7 +194,7 @@ class Checkpoint:
         except CorruptCheckpoint:
             raise
         except (ValueError, KeyError, TypeError, AttributeError, RecursionError) as exc:
-            why = rpc.bounded(f"{type(exc).__name__}: {exc}", 200)
+            why = escape(f"{type(exc).__name__}: {exc}", 200)
             raise CorruptCheckpoint(f"it is not valid ({why})") from exc
         return cls(directory, records)
 

@@ -46,7 +46,6 @@ import threading
 from collections.abc import Callable, Mapping, Sequence
 from typing import Any, Final
 
-from kubegpu.allocation import escape
 from kubegpu.dra.slices import (
     DRIVERS,
     Fault,
@@ -58,6 +57,7 @@ from kubegpu.dra.slices import (
 from kubegpu.kube import RELIST, Kube, KubeError, SliceEvent
 from kubegpu.state import NodeState, NodeStore
 from kubegpu.supervisor import spawn
+from kubegpu.untrusted import escape
 from kubegpu.watch.backoff import Backoff
 
 log = logging.getLogger("kubegpu.dra.publisher")

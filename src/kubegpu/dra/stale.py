@@ -30,11 +30,11 @@ from collections.abc import Callable, Iterable, Mapping
 from dataclasses import dataclass
 from typing import Any, Final
 
-from kubegpu.allocation import escape
 from kubegpu.dra.slices import AMD_DRIVER, NVIDIA_DRIVER
 from kubegpu.events import NodeEvents, Reason
 from kubegpu.kube import Kube, KubeError
 from kubegpu.metrics import Metrics
+from kubegpu.untrusted import escape
 
 log = logging.getLogger("kubegpu.dra.stale")
 

@@ -14,9 +14,10 @@ from pathlib import Path
 from kubegpu.dra.checkpoint import Checkpoint, CorruptCheckpoint
 from kubegpu.dra.claims import node_devices
 from kubegpu.resources import ResourceSpec, Unit
+from kubegpu.untrusted import is_dns_label, is_dns_subdomain
 from kubegpu.usage.attribution import ClaimDevices
 from kubegpu.usage.collector import DraView
-from kubegpu.usage.kubelet import SourceError, is_dns_label, is_dns_subdomain
+from kubegpu.usage.kubelet import SourceError
 
 
 def prepared_claims(data_dir: Path, pool: str = "") -> tuple[ClaimDevices, ...]:

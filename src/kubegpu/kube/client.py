@@ -28,7 +28,7 @@ import random
 import threading
 import time
 import weakref
-from collections.abc import AsyncGenerator, AsyncIterator, Callable
+from collections.abc import AsyncGenerator, AsyncIterator, Callable, Iterable, Iterator
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, Final, TypeVar
@@ -94,6 +94,11 @@ MIN_WATCH_TIMEOUT_S: Final = 300
 SHORT_WATCH_S: Final = 1.0
 #: Unreadable watch events remembered per watch, so each is logged once.
 SKIPPED_REMEMBERED: Final = 1024
+#: The longest watch event line read (bytes): past it, the stream is taken for broken. The
+#: API server refuses to store an object larger than etcd's request limit (1.5 MiB by
+#: default, etcd's `--max-request-bytes`), and an event line is one object with a few bytes
+#: around it; a line ten times longer is no event, and must not grow memory without bound.
+MAX_WATCH_LINE_BYTES: Final = 16 * 1024 * 1024
 
 #: NFD's NodeFeature, as a schema-less resource: its body goes out and comes back as is.
 NodeFeature = create_namespaced_resource(NFD_GROUP, NFD_VERSION, "NodeFeature", NFD_PLURAL)
@@ -143,7 +148,8 @@ class KubeClient:
     in the tests, which then drive the real requests, URLs, bodies and error mapping).
     The watches' pacing is injectable for tests: `clock` times each stream (one that
     ends within `SHORT_WATCH_S` is a failure), `pause(stop, seconds)` waits out a backoff
-    delay (True when stopped), `watch_deadline_s` is the read deadline.
+    delay (True when stopped), `watch_deadline_s` is the read deadline,
+    `watch_line_limit` the longest watch event line read (bytes).
     """
 
     def __init__(
@@ -154,6 +160,7 @@ class KubeClient:
         backoff: tuple[float, float] = (1.0, 30.0),
         watch_timeout_s: int = MIN_WATCH_TIMEOUT_S,
         watch_deadline_s: float = WATCH_READ_DEADLINE_S,
+        watch_line_limit: int = MAX_WATCH_LINE_BYTES,
         clock: Callable[[], float] = time.monotonic,
         pause: Callable[[threading.Event, float], bool] | None = None,
     ) -> None:
@@ -166,6 +173,7 @@ class KubeClient:
         self.backoff = backoff
         self.watch_timeout_s = watch_timeout_s
         self.watch_deadline_s = watch_deadline_s
+        self.watch_line_limit = watch_line_limit
         self._clock = clock
         self._pause = pause or _pause
         # Connections are pooled per client: a KubeClient dropped unclosed still closes them.
@@ -511,25 +519,25 @@ class KubeClient:
           backoff when the watch that follows expires again;
         - a stream silent for `watch_deadline_s` (no event, no bookmark) is a dead
           connection: replaced at once from the last version seen;
-        - a failed read or watch request waits the backoff, or the server's Retry-After
-          when longer (capped); then a failed read is read again, a failed watch watched
-          again from the last version seen.
+        - a failed read or watch request (a line past `watch_line_limit` is a broken
+          stream) waits the backoff, or the server's Retry-After when longer (capped);
+          then a failed read is read again, a failed watch watched again from the last
+          version seen.
         """
         delay = Backoff(*self.backoff)
-        version: str | None = None
-        read = False  # whether `version` holds a read's (or a later event's) version
+        read = False  # whether `watch.version` holds a read's (or a later event's) version
         expired = False  # whether the last attempt ended expired: another one then waits
         while not state.stop.is_set():
             started = self._clock()
             try:
                 if not read:
-                    version = watch.read()
+                    watch.version = watch.read()
                     read = True
                 http = state.open(self._watch_http)
                 if http is None:
                     break  # stopped while reading
                 started = self._clock()  # the stream's own time, not the read's
-                end, version = self._stream(http, watch, version, state)
+                end = self._stream(http, watch, state)
             except Exception as exc:
                 if state.stop.is_set():
                     break  # closing the stream's client fails its read: not worth a warning
@@ -602,13 +610,14 @@ class KubeClient:
             if self._pause(state.stop, wait):
                 break
 
-    def _stream(
-        self, http: httpx2.Client, watch: _Watch, version: str | None, state: _WatchState
-    ) -> tuple[_End, str | None]:
-        """One watch request, read until it ends; how it ended and the last version seen.
+    def _stream(self, http: httpx2.Client, watch: _Watch, state: _WatchState) -> _End:
+        """One watch request from `watch.version`, read until it ends; how it ended.
+        `watch.version` follows each event and bookmark, so a stream that breaks is
+        watched again from the last version it delivered.
 
-        Raises `KubeError` for an ERROR event other than 410 and httpx2's errors for a
-        refused request or a broken stream, as every call here does.
+        Raises `KubeError` for an ERROR event other than 410 or a line longer than
+        `MAX_WATCH_LINE_BYTES`, and httpx2's errors for a refused request or a broken
+        stream, as every call here does.
         """
         params = {
             "watch": "true",
@@ -621,16 +630,16 @@ class KubeClient:
             # together; random, not secret.
             "timeoutSeconds": str(int(self.watch_timeout_s * (1 + random.random()))),
         }
-        if version is not None:
-            params["resourceVersion"] = version
+        if watch.version is not None:
+            params["resourceVersion"] = watch.version
         try:
             with http.stream("GET", watch.path, params=params) as answer:
                 if answer.is_error:
                     answer.read()
                     answer.raise_for_status()
-                for line in answer.iter_lines():
+                for line in _lines(answer.iter_bytes(), self.watch_line_limit):
                     if state.stop.is_set():
-                        return _End.STOPPED, version
+                        return _End.STOPPED
                     if not line.strip():
                         continue
                     decoded = _watch_event(line)
@@ -640,21 +649,26 @@ class KubeClient:
                     kind, obj = decoded
                     if kind == "ERROR":
                         if obj.get("code") == 410:  # expired: no failure, read again
-                            return _End.EXPIRED, version
+                            return _End.EXPIRED
                         raise status_object_error(watch.what, obj)
                     seen = obj["metadata"].get("resourceVersion")
                     if not isinstance(seen, str) or not seen:
                         watch.skip("no metadata.resourceVersion", line)
                         continue
-                    version = seen
+                    watch.version = seen
                     if kind == "BOOKMARK":
                         continue
                     problem = watch.on_event(kind, obj)
                     if problem is not None:
                         watch.skip(problem, line)
         except httpx2.ReadTimeout:
-            return _End.STALLED, version
-        return _End.CLOSED, version
+            return _End.STALLED
+        except _LineTooLong as exc:
+            raise KubeError(
+                f"{watch.what}: the API server sent a line of over {exc.limit} bytes, longer "
+                f"than any object it stores: taking the stream for broken"
+            ) from None
+        return _End.CLOSED
 
     def _watch_http(self) -> httpx2.Client:
         """An HTTP client of the stream's own, so that closing it ends only that stream,
@@ -756,9 +770,11 @@ class _Watch:
     on_event: Callable[[str, dict[str, Any]], str | None]
     #: Sees each failure of a read or a watch request before it is retried.
     on_error: Callable[[KubeError], None] = _ignore
+    #: The resourceVersion to watch from: the read's, then each event's or bookmark's.
+    version: str | None = None
     _skipped: set[int] = field(default_factory=set)
 
-    def skip(self, problem: str, line: str) -> None:
+    def skip(self, problem: str, line: bytes) -> None:
         """Log an unreadable event once (by its text) and leave it alone: an object that
         cannot be read is no reason to stop watching the others."""
         key = hash(line)
@@ -776,11 +792,45 @@ class _Watch:
         )
 
 
-def _watch_event(line: str) -> tuple[str, dict[str, Any]] | str:
+class _LineTooLong(Exception):
+    def __init__(self, limit: int) -> None:
+        super().__init__(f"a line of over {limit} bytes")
+        self.limit = limit
+
+
+def _lines(chunks: Iterable[bytes], limit: int) -> Iterator[bytes]:
+    """The lines of a watch stream (each event is one JSON object and a "\\n"), at most
+    `limit` bytes each: `_LineTooLong` as soon as one is longer, before more is read.
+
+    Hand-written: httpx2's `iter_lines` keeps a line however long it grows, and splits
+    at every character `str.splitlines` takes for a line end (U+0085 and U+2028 among
+    them, which JSON carries unescaped inside a string). Only "\\n" ends an event.
+    """
+    pending = bytearray()
+    for chunk in chunks:
+        start = 0
+        while (end := chunk.find(b"\n", start)) >= 0:
+            if len(pending) + end - start > limit:
+                raise _LineTooLong(limit)
+            if pending:
+                pending += chunk[start:end]
+                yield bytes(pending)
+                pending.clear()
+            else:
+                yield chunk[start:end]
+            start = end + 1
+        pending += chunk[start:]
+        if len(pending) > limit:
+            raise _LineTooLong(limit)
+    if pending:
+        yield bytes(pending)  # cut short: the stream broke inside an event
+
+
+def _watch_event(line: bytes) -> tuple[str, dict[str, Any]] | str:
     """One line of a watch stream as (type, object), or what makes it unreadable."""
     try:
         event = json.loads(line)
-    except ValueError:
+    except ValueError:  # UnicodeDecodeError too: not UTF-8
         return "not JSON"
     if not isinstance(event, dict):
         return "not a JSON object"

@@ -6,6 +6,11 @@ not a JSON Status), the transport (httpx2: refused, reset, timed out) or the cre
 (lightkube's `ConfigError`, an unreadable kubeconfig). The message is one line:
 the call and object ("patch Node gpu-1"), what went wrong, and what to do about it.
 
+What the server says (its Status message and reason, an HTTP reason phrase, a transport
+error's text, which can quote the server's bytes) is outside data: it reaches the message
+only through `kubegpu.untrusted.escape`, cut to a bound, with its control characters
+escaped, so a hostile or broken server cannot forge log lines or grow them without bound.
+
 An answer that says when to try again (`Retry-After`, as an overloaded API server sends
 with 429 and 503, or a Status's `details.retryAfterSeconds`) leaves that in
 `KubeError.retry_after`, for the caller's backoff.
@@ -23,6 +28,11 @@ import httpx2 as http
 from lightkube import ConfigError
 
 from kubegpu.errors import KubegpuError
+from kubegpu.untrusted import escape
+
+#: The most characters of the server's own message kept in an error: a long RBAC or
+#: admission refusal (~250 characters) whole, a hostile 100 kB one cut.
+MESSAGE_CHARS: Final = 400
 
 #: What to do, by HTTP status; 404 gets the caller's own hint (what is missing differs).
 _HINTS: Final[dict[int, str]] = {
@@ -71,9 +81,9 @@ def status_error(
         hint = "; the API server failed: check its health and logs"
     else:
         hint = _HINTS.get(status, "")
-    said = f" ({detail})" if detail else ""
+    said = f" ({escape(detail, MESSAGE_CHARS)})" if detail else ""
     return KubeError(
-        f"{what}: HTTP {status} {reason.strip()}{said}{hint}",
+        f"{what}: HTTP {status} {escape(reason.strip())}{said}{hint}",
         status=status,
         retry_after=retry_after,
     )
@@ -158,8 +168,9 @@ def no_credentials(exc: BaseException) -> KubeError:
 
 
 def first_line(exc: BaseException) -> str:
+    """The first line of an exception's text, escaped and bounded (it may quote the server)."""
     text = str(exc).strip()
-    return text.splitlines()[0] if text else type(exc).__name__
+    return escape(text.splitlines()[0], MESSAGE_CHARS) if text else type(exc).__name__
 
 
 def _body(answer: http.Response) -> bytes:
@@ -171,7 +182,8 @@ def _body(answer: http.Response) -> bytes:
 
 
 def _server_message(body: bytes) -> str:
-    """The `message` of the API server's Status object, first line only; "" if none."""
+    """The `message` of the API server's Status object, first line only, as sent ("" if
+    none): `status_error` escapes and bounds it."""
     status = _status(body)
     return _message_of(status) if status is not None else ""
 

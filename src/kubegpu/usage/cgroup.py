@@ -16,16 +16,17 @@ does the same with a pattern over containerd's Go parser).
 
 The file is the kernel's, but the tree it is read from is configurable (`/host/proc` in the
 chart) and a process may end between listing and reading: every read is bounded, refuses
-anything but a regular file (a FIFO would block), and answers None rather than raise.
+anything but a regular file (a FIFO would block; `kubegpu.files.read_regular`), and answers
+None rather than raise.
 """
 
 from __future__ import annotations
 
-import os
 import re
-import stat
 from dataclasses import dataclass
 from pathlib import Path
+
+from kubegpu.files import read_regular
 
 #: A real cgroup file is a few hundred bytes (v1: one line per hierarchy, a dozen or so).
 MAX_CGROUP_BYTES = 64 * 1024
@@ -68,38 +69,16 @@ def read_cgroup(proc_root: Path, pid: int) -> PodCgroup | None:
     """`parse_cgroup` of `<proc_root>/<pid>/cgroup`; None when it cannot be read as one."""
     if pid <= 0:
         return None
-    # A string join, not pathlib: this runs for every process at every scrape.
-    data = read_bounded(f"{proc_root}/{pid}/cgroup", MAX_CGROUP_BYTES)
+    try:
+        # A string join, not pathlib: this runs for every process at every scrape. Not
+        # following a final link: a cgroup file is never one, a planted link leaves the tree.
+        data = read_regular(f"{proc_root}/{pid}/cgroup", MAX_CGROUP_BYTES, follow_links=False)
+    except OSError:
+        return None  # gone (the process ended, ESRCH mid-read), not permitted, not a file
+    if len(data) > MAX_CGROUP_BYTES:
+        return None
     # Not UTF-8: the patterns are ASCII, so replaced bytes simply never match.
-    return None if data is None else parse_cgroup(data.decode("utf-8", errors="replace"))
+    return parse_cgroup(data.decode("utf-8", errors="replace"))
 
 
-def read_bounded(path: Path | str, limit: int) -> bytes | None:
-    """The bytes of a regular file of at most `limit` bytes; None for anything else.
-
-    Opened without following a final symlink and without blocking (a FIFO planted in a
-    fake tree answers at once); procfs files report size 0, so the length is what is read.
-    """
-    try:
-        fd = os.open(path, os.O_RDONLY | os.O_NONBLOCK | os.O_NOFOLLOW | os.O_CLOEXEC)
-    except OSError:
-        return None  # gone (the process ended), not permitted, a symlink, ...
-    try:
-        if not stat.S_ISREG(os.fstat(fd).st_mode):
-            return None
-        chunks: list[bytes] = []
-        size = 0
-        while size <= limit:
-            chunk = os.read(fd, min(65536, limit + 1 - size))
-            if not chunk:
-                break
-            chunks.append(chunk)
-            size += len(chunk)
-    except OSError:
-        return None  # ESRCH: the process ended between open and read
-    finally:
-        os.close(fd)
-    return None if size > limit else b"".join(chunks)
-
-
-__all__ = ["MAX_CGROUP_BYTES", "PodCgroup", "parse_cgroup", "read_bounded", "read_cgroup"]
+__all__ = ["MAX_CGROUP_BYTES", "PodCgroup", "parse_cgroup", "read_cgroup"]

@@ -22,12 +22,12 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import TypeVar
 
-from kubegpu.allocation import escape
 from kubegpu.api import POD_RESOURCES_SOCKET
 from kubegpu.devices import ProcessSource, ProcessTable
 from kubegpu.metrics import UsageSnapshot
 from kubegpu.resources import ResourceSpec, Unit
 from kubegpu.state import NodeState
+from kubegpu.untrusted import escape
 from kubegpu.usage.attribution import (
     Allocation,
     ClaimDevices,

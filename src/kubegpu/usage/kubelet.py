@@ -11,15 +11,14 @@ so `checkpoint_pod_uids` lets the two be joined. Its layout is the kubelet's (ch
 one scrape its UIDs.
 
 Every name read here comes from outside: `valid_names` keeps only what Kubernetes itself
-allows for a namespace, pod and container (DNS-1123 labels and subdomains), so a label
-value or a log line never carries anything else.
+allows for a namespace, pod and container (DNS-1123 labels and subdomains, checked by
+`kubegpu.untrusted`), so a label value or a log line never carries anything else.
 """
 
 from __future__ import annotations
 
 import json
 import logging
-import re
 import threading
 from collections.abc import Mapping
 from dataclasses import dataclass
@@ -27,9 +26,9 @@ from pathlib import Path
 
 import grpc
 
-from kubegpu.allocation import escape
 from kubegpu.api import pod_resources_stub, podresources_pb2, podresources_pb2_grpc
-from kubegpu.usage.cgroup import read_bounded
+from kubegpu.files import NotRegularFile, read_regular
+from kubegpu.untrusted import escape, is_dns_label, is_dns_subdomain
 
 log = logging.getLogger("kubegpu.usage")
 
@@ -38,22 +37,9 @@ MAX_LIST_BYTES = 16 * 1024 * 1024
 #: The largest device checkpoint read: an entry is about 1 KiB (its Allocate answer).
 MAX_CHECKPOINT_BYTES = 8 * 1024 * 1024
 
-_LABEL = re.compile(r"[a-z0-9]([-a-z0-9]*[a-z0-9])?")
-_SUBDOMAIN = re.compile(r"[a-z0-9]([-a-z0-9]*[a-z0-9])?(\.[a-z0-9]([-a-z0-9]*[a-z0-9])?)*")
-
 
 class SourceError(Exception):
     """A source of allocations cannot be read now (one line, names what and why)."""
-
-
-def is_dns_label(text: str) -> bool:
-    """A namespace or container name: at most 63 of a-z, 0-9 and '-' (apimachinery's rule)."""
-    return len(text) <= 63 and _LABEL.fullmatch(text) is not None
-
-
-def is_dns_subdomain(text: str) -> bool:
-    """A pod or claim name: at most 253 characters, DNS labels joined by '.'."""
-    return len(text) <= 253 and _SUBDOMAIN.fullmatch(text) is not None
 
 
 def valid_names(namespace: str, pod: str, container: str) -> bool:
@@ -220,11 +206,19 @@ class CheckpointReader:
 
 def checkpoint_pod_uids(path: Path) -> dict[tuple[str, str, frozenset[str]], str]:
     """The pod UID of each (container, resource, device IDs) in the kubelet's checkpoint."""
-    data = read_bounded(path, MAX_CHECKPOINT_BYTES)
-    if data is None:
+    try:
+        data = read_regular(path, MAX_CHECKPOINT_BYTES, follow_links=False)
+    except NotRegularFile as err:
         raise SourceError(
-            f"cannot read the kubelet's checkpoint {path} (missing, not a regular file, "
-            f"or over {MAX_CHECKPOINT_BYTES} bytes)"
+            f"the kubelet's checkpoint {path} is {err.kind}, not a regular file: not read"
+        ) from err
+    except OSError as err:
+        raise SourceError(
+            f"cannot read the kubelet's checkpoint {path} ({err.strerror or err})"
+        ) from err
+    if len(data) > MAX_CHECKPOINT_BYTES:
+        raise SourceError(
+            f"the kubelet's checkpoint {path} is over {MAX_CHECKPOINT_BYTES} bytes: not read"
         )
     try:
         entries = json.loads(data)["Data"]["PodDeviceEntries"] or []
@@ -251,7 +245,5 @@ __all__ = [
     "PodUids",
     "SourceError",
     "checkpoint_pod_uids",
-    "is_dns_label",
-    "is_dns_subdomain",
     "valid_names",
 ]

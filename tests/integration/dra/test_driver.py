@@ -16,7 +16,7 @@ import grpc
 import httpx2
 import pytest
 
-from kubegpu.api import dra_pb2
+from kubegpu.api import dra_pb2, dra_stub
 from kubegpu.api import pluginregistration_pb2 as reg_pb
 from kubegpu.api import pluginregistration_pb2_grpc as reg_grpc
 from kubegpu.config import Config
@@ -516,11 +516,7 @@ async def test_a_path_in_a_name_sends_no_api_request(
     task = await running(driver)
     try:
         async with grpc.aio.insecure_channel(f"unix://{driver.service.path}") as channel:
-            call = channel.unary_unary(
-                f"/{SERVICES[0]}/NodePrepareResources",
-                request_serializer=dra_pb2.NodePrepareResourcesRequest.SerializeToString,
-                response_deserializer=dra_pb2.NodePrepareResourcesResponse.FromString,
-            )
+            call = dra_stub(channel).NodePrepareResources
             claim = dra_pb2.Claim(namespace=namespace, name=name, uid=UNKNOWN_UID)
             await refused(call(dra_pb2.NodePrepareResourcesRequest(claims=[claim])))
             assert sent == []

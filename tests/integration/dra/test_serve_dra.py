@@ -14,7 +14,7 @@ from pathlib import Path
 import grpc
 import pytest
 
-from kubegpu.api import dra_pb2
+from kubegpu.api import dra_pb2, dra_stub
 from kubegpu.api import pluginregistration_pb2 as reg_pb
 from kubegpu.api import pluginregistration_pb2_grpc as reg_grpc
 from kubegpu.cli.options import parse
@@ -153,12 +153,8 @@ async def test_claims_are_answered_over_the_socket(
     claim = put_claim(kube, "c", "gpu-7")
     sock = socket_dir / "plugins" / "gpu.nvidia.com" / "dra.sock"
     async with grpc.aio.insecure_channel(f"unix://{sock}") as channel:
-        call = channel.unary_unary(
-            "/k8s.io.kubelet.pkg.apis.dra.v1.DRAPlugin/NodePrepareResources",
-            request_serializer=dra_pb2.NodePrepareResourcesRequest.SerializeToString,
-            response_deserializer=dra_pb2.NodePrepareResourcesResponse.FromString,
-        )
-        answer = await call(dra_pb2.NodePrepareResourcesRequest(claims=[claim]))
+        request = dra_pb2.NodePrepareResourcesRequest(claims=[claim])
+        answer = await dra_stub(channel).NodePrepareResources(request)
     assert answer.claims[claim.uid].devices[0].device_name == "gpu-7"
 
 
