@@ -39,8 +39,7 @@ import grpc
 
 from benchmarks import harness
 from benchmarks.dra_node import DRIVER, NAMESPACE, claim_name, claim_uid
-from kubegpu.api import dra_pb2
-from kubegpu.dra.service import SERVICES
+from kubegpu.api import dra_pb2, dra_stub
 
 #: Timed claims per phase (idle, then under load), after WARMUP uncounted ones.
 CLAIMS = 300
@@ -85,17 +84,9 @@ class Kubelet:
     """The kubelet's calls on the driver's socket (grpc, as the kubelet's grpc-go client)."""
 
     def __init__(self, channel: grpc.aio.Channel) -> None:
-        service = SERVICES[0]
-        self.prepare = channel.unary_unary(
-            f"/{service}/NodePrepareResources",
-            request_serializer=dra_pb2.NodePrepareResourcesRequest.SerializeToString,
-            response_deserializer=dra_pb2.NodePrepareResourcesResponse.FromString,
-        )
-        self.unprepare = channel.unary_unary(
-            f"/{service}/NodeUnprepareResources",
-            request_serializer=dra_pb2.NodeUnprepareResourcesRequest.SerializeToString,
-            response_deserializer=dra_pb2.NodeUnprepareResourcesResponse.FromString,
-        )
+        stub = dra_stub(channel)
+        self.prepare = stub.NodePrepareResources
+        self.unprepare = stub.NodeUnprepareResources
 
     async def cycle(self, n: int) -> tuple[int, int]:
         """Prepare then unprepare claim `n`; each call's latency in ns."""
