@@ -103,19 +103,20 @@ def claim_dir(root: Path | str, claim_uid: str) -> Path:
 
 
 def claim_edits(directory: Path | str, thread_percentage: int) -> ContainerEdits:
-    """What a container of a claim with its own MPS daemon (in `directory`) gets: that
-    daemon's pipe directory and the shm mount, as `container_edits`, and the claim's
-    active thread percentage in the environment. The daemon's default is what holds (a
-    client's own value can only lower it); the variable tells the container its share."""
-    pipe = Path(directory) / "pipe"
+    """What a container of a claim with its own MPS daemon (in `directory`, under the MPS
+    root) gets: that daemon's pipe directory, the shared memory directory of the MPS
+    servers (`<root>/shm`, the daemons' `/dev/shm` in the chart), and the claim's active
+    thread percentage in the environment. The daemon's default is what holds (a client's
+    own value can only lower it); the variable tells the container its share."""
+    directory = Path(directory)
     return ContainerEdits(
         envs={
             "CUDA_MPS_PIPE_DIRECTORY": CONTAINER_PIPE_DIR,
             "CUDA_MPS_ACTIVE_THREAD_PERCENTAGE": str(thread_percentage),
         },
         mounts=(
-            MountSpec(container_path=CONTAINER_PIPE_DIR, host_path=str(pipe)),
-            MountSpec(container_path="/dev/shm", host_path="/dev/shm"),
+            MountSpec(container_path=CONTAINER_PIPE_DIR, host_path=str(directory / "pipe")),
+            MountSpec(container_path="/dev/shm", host_path=str(directory.parent.parent / "shm")),
         ),
     )
 
