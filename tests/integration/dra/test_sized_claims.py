@@ -11,6 +11,7 @@ real one does.
 
 from __future__ import annotations
 
+import contextlib
 import dataclasses
 import json
 import os
@@ -113,10 +114,8 @@ class Node:
         await self.kubelet.stop()
         # Daemons outlive the plugin by design: end any a failed test left behind.
         for pid_file in self.mps.glob(f"{CLAIMS_DIR}/*/pipe/daemon.pid"):
-            try:
+            with contextlib.suppress(OSError, ValueError):
                 os.kill(int(pid_file.read_text()), signal.SIGTERM)
-            except (OSError, ValueError):
-                pass
 
     def daemon_dir(self, uid: str) -> Path:
         return self.mps / CLAIMS_DIR / uid
