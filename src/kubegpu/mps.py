@@ -472,7 +472,7 @@ class MpsReconciler:
         # Ready as far as the resource goes: each claim's prepare starts its own daemon.
         # A resource that stops being one waits for its new daemon like any other.
         ready = self.store.state.mps_ready
-        marks = {
+        marks: dict[str, bool] = {
             **{k: v for k, v in ready.items() if k in own or k in self.daemons},
             **dict.fromkeys(own, True),
         }

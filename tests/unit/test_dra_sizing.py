@@ -404,3 +404,21 @@ async def test_dra_mode_starts_no_resource_daemon_for_a_sized_resource(tmp_path:
     # Served at once: each claim's prepare starts the daemon it needs.
     assert store.state.mps_ready == {"nvidia.com/gpu": True}
     assert all(d.unit.health.value == "Healthy" for s in store.state.specs for d in s.devices)
+
+
+def test_the_published_schema_describes_sizing() -> None:
+    import jsonschema  # type: ignore[import-untyped, unused-ignore]
+
+    from kubegpu.config.v1 import json_schema
+
+    validator = jsonschema.Draft202012Validator(json_schema())
+
+    def entry(sizing: Any) -> dict[str, Any]:
+        return {
+            "sharing": {"mps": {"resources": [{"name": "gpu", "replicas": 4, "sizing": sizing}]}}
+        }
+
+    assert validator.is_valid(entry({"defaultMemory": 1 << 30, "memoryStep": "1Gi"}))
+    assert validator.is_valid(entry({"defaultMemory": None}))
+    assert not validator.is_valid(entry({"defaultShares": 0}))
+    assert not validator.is_valid(entry({"memorySteps": "1Gi"}))

@@ -471,13 +471,7 @@ class ClaimSizing(_Model):
     ignores the key: its replicas keep NVIDIA's fixed limits.
     """
 
-    _schema: ClassVar[dict[str, Any]] = {
-        "properties": {
-            "defaultMemory": {"type": ["string", "integer"]},
-            "memoryStep": {"type": ["string", "integer"]},
-            "defaultShares": {"minimum": 1},
-        }
-    }
+    _schema: ClassVar[dict[str, Any]] = {"properties": {"defaultShares": {"minimum": 1}}}
 
     #: What a claim that asks for no memory takes; default the GPU's memory / replicas,
     #: rounded down to `memoryStep`.
@@ -487,7 +481,12 @@ class ClaimSizing(_Model):
     #: Shares (of the GPU's `replicas`) a claim that asks for none takes.
     default_shares: _Int = 1
 
-    @field_validator("default_memory", "memory_step", mode="before")
+    @field_validator(
+        "default_memory",
+        "memory_step",
+        mode="before",
+        json_schema_input_type=_schema_of({"type": ["string", "integer"]}),
+    )
     @classmethod
     def _quantities(cls, value: Any) -> Any:
         return _memory_quantity(value)

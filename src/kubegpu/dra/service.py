@@ -586,7 +586,7 @@ def _recorded_claim(record: ClaimRecord, driver: str) -> dict[str, Any]:
     its name and its allocation results of `driver` (with what a sized claim consumed),
     from the checkpoint's record."""
     limits = record.limits
-    results = []
+    results: list[dict[str, Any]] = []
     for device in record.devices:
         for request in device.requests:
             result: dict[str, Any] = {

@@ -626,7 +626,7 @@ def _violates(amount: Fraction, policy: dict[str, Any]) -> bool:
             low = parse_quantity(valid_range.get("min") or 0)
             return (amount - low) % parse_quantity(valid_range["step"]) != 0
         return False
-    values = policy.get("validValues")
+    values = policy.get("validValues") or ()
     return bool(values) and amount not in {parse_quantity(v) for v in values}
 
 
