@@ -73,8 +73,9 @@ class ClaimLimiter:
         self.control_binary = control_binary
         #: The kernel path, where the node has it.
         self.memory = memory
-        #: Passed to every `MpsDaemon` (timeouts, intervals: tests make them short).
-        self.daemon_options = dict(daemon_options or {})
+        #: Passed to every `MpsDaemon` (timeouts, intervals: tests make them short). A
+        #: claim's prepare waits for its daemon: it is asked every 20 ms until it answers.
+        self.daemon_options = {"probe_interval": 0.02, **(daemon_options or {})}
         #: The supervised daemons by claim UID.
         self.daemons: dict[str, mps.MpsDaemon] = {}
         self._tasks: dict[str, asyncio.Task[None]] = {}
@@ -157,8 +158,11 @@ class ClaimLimiter:
         await self._forget(uid)
         daemon = self._daemon(uid, limits, gpus)
         try:
-            # Takes over a daemon an earlier attempt left in the directory, limits set again.
-            await daemon.resume()
+            if daemon.dir.exists():
+                # An earlier attempt's daemon may answer there: taken over, limits set again.
+                await daemon.resume()
+            else:
+                await daemon.start()
         except mps.MpsError as exc:
             with contextlib.suppress(mps.MpsError):
                 await daemon.stop()
