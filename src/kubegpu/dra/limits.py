@@ -37,7 +37,7 @@ from typing import Any, Protocol
 from kubegpu import mps
 from kubegpu.devices import Gpu
 from kubegpu.dra.sizing import ClaimLimits, MemoryLimit
-from kubegpu.errors import DeviceError, KubegpuError
+from kubegpu.errors import DeviceError, PreconditionError
 from kubegpu.nvidia_paths import MPS_CONTROL_BINARY
 from kubegpu.supervisor import spawn
 from kubegpu.untrusted import escape, is_uid
@@ -56,7 +56,7 @@ class MemoryLimiter(Protocol):
     def pod_cgroup(self, pod_uid: str) -> str | None: ...
 
 
-class LimitError(KubegpuError):
+class LimitError(PreconditionError):
     """A claim's limits cannot be applied; the message is the claim's one line."""
 
 
