@@ -43,11 +43,14 @@ from kubegpu.devices import (
     open_backend,
     pci,
 )
+from kubegpu.devices.nvml import NvmlBackend
 from kubegpu.dra.claims import AMD_DRIVER, NVIDIA_DRIVER
 from kubegpu.dra.driver import PLUGINS_DIRECTORY, REGISTRAR_DIRECTORY, DraDriver
 from kubegpu.dra.health import HealthServicer
+from kubegpu.dra.limits import ClaimLimiter
 from kubegpu.dra.publisher import SlicePublisher, faults_of
 from kubegpu.dra.service import ClaimPreparer
+from kubegpu.dra.sizing import sized
 from kubegpu.dra.stale import EXTENDED_RESOURCES, StaleResourceCheck
 from kubegpu.dra.usage import dra_view
 from kubegpu.errors import ConfigError, InitError, KubegpuError, PreconditionError
@@ -180,7 +183,12 @@ class Daemon:
         #: The CDI spec files, kept in step with the store.
         self.cdi = CdiWriter(self.store, settings.cdi_dir)
         #: One supervised MPS control daemon per MPS-shared resource of the store.
-        self.mps = MpsReconciler(self.store, control_binary=settings.mps_control_binary)
+        self.mps = MpsReconciler(
+            self.store,
+            control_binary=settings.mps_control_binary,
+            # DRA mode: a memory-sized resource's claims each get a daemon of their own.
+            per_claim=sized if settings.mode == "dra" else lambda spec: False,
+        )
         #: Who uses what on the GPUs: the per-container metrics, collected when scraped.
         self.usage = self._usage_collector()
         self.metrics.follow_usage(self.usage)
@@ -375,6 +383,12 @@ class Daemon:
             cdi_dir=s.cdi_dir,
             driver=driver,
             pool=s.node_name,
+            limiter=ClaimLimiter(
+                control_binary=s.mps_control_binary,
+                memory=(
+                    self.backend.memory_limiter() if isinstance(self.backend, NvmlBackend) else None
+                ),
+            ),
         )
         return DraDriver(
             preparer,

@@ -4,12 +4,15 @@
     ├── ConfigError          a flag, env var or config file is invalid (names the key and value)
     ├── DeviceError          a GPU backend failed (NVML, sysfs, simulated node file)
     │   ├── InitError        no GPU backend could start (no driver, no library, no devices)
-    │   └── MpsError         an MPS control daemon could not start or answer (kubegpu.mps)
+    │   ├── MpsError         an MPS control daemon could not start or answer (kubegpu.mps)
+    │   └── MemoryLimitError the driver refused a cgroup's memory limit, or a pod's cgroup
+    │                        is not where the kubelet puts one (kubegpu.devices.nvml)
     ├── AllocationError      an Allocate / GetPreferredAllocation request is malformed
     │                        (gRPC INVALID_ARGUMENT)
     ├── PreconditionError    a request is well-formed but cannot be served now
     │   │                    (gRPC FAILED_PRECONDITION)
-    │   └── ClaimError       a DRA claim this node cannot prepare (kubegpu.dra)
+    │   ├── ClaimError       a DRA claim this node cannot prepare (kubegpu.dra)
+    │   └── LimitError       a sized claim's limits cannot be applied (kubegpu.dra.limits)
     ├── RegistrationError    the kubelet refused or did not answer a registration
     ├── PublishError         node labels could not be written (kubegpu.labeller)
     ├── KubeError            a Kubernetes API call failed: refused, unreachable, timed out or

@@ -91,6 +91,36 @@ def resource_edits(spec: ResourceSpec, config: Config) -> ContainerEdits | None:
     return None if root is None else container_edits(spec.name, root)
 
 
+#: Under the MPS root, the directory of the per-claim daemons (DRA mode, memory-sized
+#: GPUs): `<root>/kubegpu-claims/<claim UID>/{pipe,log}`. Not a resource's directory: a
+#: resource name always holds a `/`, which `resource_dir_name` turns into `_`.
+CLAIMS_DIR = "kubegpu-claims"
+
+
+def claim_dir(root: Path | str, claim_uid: str) -> Path:
+    """Where the MPS control daemon of one claim keeps its pipes and logs."""
+    return Path(root) / CLAIMS_DIR / claim_uid
+
+
+def claim_edits(directory: Path | str, thread_percentage: int) -> ContainerEdits:
+    """What a container of a claim with its own MPS daemon (in `directory`, under the MPS
+    root) gets: that daemon's pipe directory, the shared memory directory of the MPS
+    servers (`<root>/shm`, the daemons' `/dev/shm` in the chart), and the claim's active
+    thread percentage in the environment. The daemon's default is what holds (a client's
+    own value can only lower it); the variable tells the container its share."""
+    directory = Path(directory)
+    return ContainerEdits(
+        envs={
+            "CUDA_MPS_PIPE_DIRECTORY": CONTAINER_PIPE_DIR,
+            "CUDA_MPS_ACTIVE_THREAD_PERCENTAGE": str(thread_percentage),
+        },
+        mounts=(
+            MountSpec(container_path=CONTAINER_PIPE_DIR, host_path=str(directory / "pipe")),
+            MountSpec(container_path="/dev/shm", host_path=str(directory.parent.parent / "shm")),
+        ),
+    )
+
+
 class MpsDaemon:
     """One supervised MPS control daemon serving `replicas` clients per GPU of a resource.
 
@@ -116,8 +146,10 @@ class MpsDaemon:
         health_interval: float = 5.0,
         backoff: tuple[float, float] = (1.0, 60.0),
         on_change: Callable[[bool], None] | None = None,
+        directory: Path | None = None,
+        memory_limits_mib: Mapping[str, int] | None = None,
     ) -> None:
-        if not gpus:
+        if not gpus and directory is None:  # a claim's daemon may be a handle to stop
             raise ConfigError(f"sharing.mps: resource {resource} has no GPUs to share")
         if replicas < 1:
             raise ConfigError(f"sharing.mps: {resource} replicas must be >= 1, got {replicas}")
@@ -134,11 +166,16 @@ class MpsDaemon:
         self.memory_limit_mib = memory_limit_mib
         self.active_thread_percentage = active_thread_percentage or max(1, 100 // replicas)
         self.control_binary = control_binary
-        self.dir = Path(root) / resource_dir_name(resource)
+        #: Its own directory (a claim's daemon), else the resource's under the root.
+        self.dir = (
+            Path(directory) if directory is not None else Path(root) / resource_dir_name(resource)
+        )
         self.pipe_dir = self.dir / "pipe"
         self.log_dir = self.dir / "log"
         self.host_root = Path(host_root or root)
-        self.host_pipe_dir = pipe_dir(self.host_root, resource)
+        self.host_pipe_dir = self.host_root / self.dir.relative_to(root) / "pipe"
+        #: Pinned memory per GPU UUID, when not one value for all (a claim's own sizes).
+        self._memory_limits_mib = dict(memory_limits_mib) if memory_limits_mib else None
         self.ready_timeout = ready_timeout
         self.command_timeout = command_timeout
         self.probe_interval = probe_interval
@@ -165,6 +202,8 @@ class MpsDaemon:
 
     def memory_limits(self) -> dict[str, int]:
         """Pinned device memory per client, MiB per GPU UUID (default: an equal share)."""
+        if self._memory_limits_mib is not None:
+            return dict(self._memory_limits_mib)
         return {
             g.uuid: self.memory_limit_mib or max(1, g.memory_mib // self.replicas)
             for g in self.gpus
@@ -212,6 +251,20 @@ class MpsDaemon:
             self.replicas,
             self.active_thread_percentage,
         )
+
+    async def resume(self) -> None:
+        """Take over a daemon an earlier process started in this directory (its limits set
+        again: they are defaults, idempotent), or start one. Raises `MpsError`."""
+        self._stopping = False
+        if not await self._probe():
+            await self._start()
+            return
+        try:
+            await self._configure()
+        except BaseException:
+            await self._shutdown()
+            raise
+        self._set_ready(True)
 
     async def stop(self) -> None:
         """Ask the daemon to quit (ending its servers) and stop supervising it."""
@@ -380,9 +433,18 @@ class MpsReconciler:
     keeps the resource's devices unhealthy until its daemon answers.
     """
 
-    def __init__(self, store: NodeStore, *, control_binary: str = MPS_CONTROL_BINARY) -> None:
+    def __init__(
+        self,
+        store: NodeStore,
+        *,
+        control_binary: str = MPS_CONTROL_BINARY,
+        per_claim: Callable[[ResourceSpec], bool] = lambda spec: False,
+    ) -> None:
         self.store = store
         self.control_binary = control_binary
+        #: Resources whose claims each get a daemon of their own (DRA mode, memory-sized):
+        #: no daemon for the resource, and nothing to wait for before serving it.
+        self.per_claim = per_claim
         #: The running daemons by resource name.
         self.daemons: dict[str, MpsDaemon] = {}
         self._tasks: dict[str, asyncio.Task[None]] = {}
@@ -400,13 +462,22 @@ class MpsReconciler:
 
     async def reconcile(self, state: NodeState) -> None:
         """Start a daemon for each MPS resource of `state`, stop those no longer wanted."""
-        wanted: dict[str, ResourceSpec] = {
-            s.name: s for s in state.planned if s.sharing is SharingKind.MPS
-        }
+        mps = [s for s in state.planned if s.sharing is SharingKind.MPS]
+        own = {s.name for s in mps if self.per_claim(s)}
+        wanted: dict[str, ResourceSpec] = {s.name: s for s in mps if s.name not in own}
         for name in list(self.daemons):
             spec = wanted.get(name)
             if spec is None or _key(spec) != self._keys.get(name):
                 await self._stop(name)
+        # Ready as far as the resource goes: each claim's prepare starts its own daemon.
+        # A resource that stops being one waits for its new daemon like any other.
+        ready = self.store.state.mps_ready
+        marks: dict[str, bool] = {
+            **{k: v for k, v in ready.items() if k in own or k in self.daemons},
+            **dict.fromkeys(own, True),
+        }
+        if marks != ready:
+            self.store.update(mps_ready=marks)
         for name, spec in wanted.items():
             if name not in self.daemons:
                 await self._start(spec, state.config)

@@ -312,6 +312,7 @@ def _apply_sharing(
             selected = _select(units, entry, key)
             if kind is SharingKind.MPS:
                 _check_mps(selected, entry, key)
+            _check_sizing(selected, entry, key)
             taken = claimed.setdefault(base, set())
             for unit in selected:
                 if unit.uuid in taken:
@@ -405,6 +406,34 @@ def _select(units: Sequence[Unit], entry: ReplicatedResource, key: str) -> list[
             )
         picked.extend(u for u in match if u not in picked)
     return picked
+
+
+def _check_sizing(units: Sequence[Unit], entry: ReplicatedResource, key: str) -> None:
+    """A memory-sized GPU must hold its default claim and, as the API requires of a
+    capacity whose smallest request is one step, two steps."""
+    sizing = entry.sizing
+    if sizing is None:
+        return
+    step = sizing.step_bytes()
+    for unit in units:
+        memory = unit_memory_bytes(unit)
+        if 2 * step > memory:
+            raise ConfigError(
+                f"{key}.sizing.memoryStep: {sizing.memory_step} is more than half of the "
+                f"{memory >> 20}Mi of GPU {unit.index}; the smallest claim is one step and the "
+                f"API needs room for two: use a smaller step"
+            )
+        default = sizing.default_bytes(memory, entry.replicas)
+        if default > memory // step * step:
+            raise ConfigError(
+                f"{key}.sizing.defaultMemory: {sizing.default_memory} does not fit in the "
+                f"{memory >> 20}Mi of GPU {unit.index}; give at most what one GPU holds"
+            )
+
+
+def unit_memory_bytes(unit: Unit) -> int:
+    """The memory a unit gives its containers: its MIG slice's, else its GPU's."""
+    return (unit.mig.memory_mib if unit.mig is not None else unit.gpu.memory_mib) << 20
 
 
 def _check_mps(units: Sequence[Unit], entry: ReplicatedResource, key: str) -> None:

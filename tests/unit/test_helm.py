@@ -913,6 +913,39 @@ def test_dra_mode_installs_nvidias_device_classes(chart: Any) -> None:
     assert gpu["apiVersion"] == mig["apiVersion"] == "resource.k8s.io/v1"
 
 
+def test_dra_mode_installs_a_class_for_gpu_slices_sized_by_memory(chart: Any) -> None:
+    """`gpu-slice.nvidia.com` picks the devices a sharing entry with `sizing` publishes
+    (they name their limits), not whole GPUs nor GPUs shared without a size; the claim
+    names its size in `capacity.requests.memory`, no CEL."""
+    from kubegpu.config import parse_config
+    from kubegpu.devices.simulated import SimulatedBackend
+    from kubegpu.dra.slices import device_body, dra_devices
+    from kubegpu.kubelet.dra.scheduler import Device, Selector
+    from kubegpu.resources import build_resources
+
+    docs = render(chart, values("dra-values.yaml"))
+    cls = one(docs, "DeviceClass", "gpu-slice.nvidia.com")
+    validate(cls)
+    assert "extendedResourceName" not in cls["spec"]
+    [selector] = [Selector(s["cel"]["expression"]) for s in cls["spec"]["selectors"]]
+    inventory = SimulatedBackend.load("h100-8").discover()
+
+    def picked(sharing: str) -> set[str]:
+        config = parse_config(f"version: v1\nflags: {{mpsRoot: /run/nvidia/mps}}\n{sharing}")
+        return {
+            d.name
+            for d in dra_devices("gpu.nvidia.com", build_resources(inventory, config))
+            if selector.matches(
+                Device("gpu.nvidia.com", "n", d.name, device_body(d, inventory, "gpu.nvidia.com"))
+            )
+        }
+
+    sized = "{name: gpu, replicas: 4, devices: [0], rename: gpu.sized, sizing: {}}"
+    assert picked(f"sharing: {{mps: {{resources: [{sized}]}}}}") == {"gpu-0"}
+    assert picked("sharing: {timeSlicing: {resources: [{name: gpu, replicas: 2}]}}") == set()
+    assert picked("") == set()
+
+
 def host_paths(ds: Doc) -> dict[str, str]:
     """host path -> hostPath type of a DaemonSet's volumes."""
     return {

@@ -154,6 +154,64 @@ def test_a_shared_device_serves_claims_up_to_its_capacity() -> None:
     assert len([c for c in kube.resource_claims.values() if c["status"].get("allocation")]) == 4
 
 
+def sized_gpu(i: int) -> dict[str, Any]:
+    """A GPU sized by memory as kubegpu publishes one: 1Gi steps from 1Gi up to 79Gi."""
+    shared = gpu(i, allowMultipleAllocations=True)
+    shared["capacity"]["memory"] = {
+        "value": "81559Mi",
+        "requestPolicy": {
+            "default": "10Gi",
+            "validRange": {"min": "1Gi", "max": "79Gi", "step": "1Gi"},
+        },
+    }
+    return shared
+
+
+def memory_request(memory: str | None = None, **capacity: str) -> dict[str, Any]:
+    wanted = {**({"memory": memory} if memory is not None else {}), **capacity}
+    return request(capacity={"requests": wanted}) if wanted else request()
+
+
+@pytest.mark.parametrize(
+    ("asked", "consumed"),
+    [(None, "10Gi"), ("30Gi", "30Gi"), ("1", "1Gi"), ("1500Mi", "2Gi"), ("79Gi", "79Gi")],
+)
+def test_a_request_is_rounded_up_by_the_capacitys_request_policy(
+    asked: str | None, consumed: str
+) -> None:
+    """consumablecapacity.go (k8s.io/dynamic-resource-allocation, structured/internal/
+    incubating, v0.36): an unrequested capacity takes `default`; a requested one is raised
+    to `min`, then to `min + n * step`."""
+    stand_in = SchedulerStandIn(cluster(sized_gpu(0)), NODE)
+    stored = stand_in.allocate(claim("c", memory_request(asked)))
+    [result] = stored["status"]["allocation"]["devices"]["results"]
+    assert result["consumedCapacity"] == {"memory": consumed}
+
+
+@pytest.mark.parametrize("asked", [{"memory": "80Gi"}, {"cores": "1"}])
+def test_a_request_the_policy_refuses_or_the_device_lacks_does_not_fit(
+    asked: dict[str, str],
+) -> None:
+    """Above `max` (80Gi on a device whose largest step is 79Gi) or naming a capacity the
+    device does not have: the device cannot serve the request (violatesPolicy,
+    requestsContainNonExistCapacity)."""
+    stand_in = SchedulerStandIn(cluster(sized_gpu(0)), NODE)
+    with pytest.raises(UnschedulableError, match="cannot allocate all claims"):
+        stand_in.allocate(claim("c", request(capacity={"requests": asked})))
+
+
+def test_valid_values_round_up_to_the_next_one() -> None:
+    shared = gpu(0, allowMultipleAllocations=True)
+    shared["capacity"]["memory"]["requestPolicy"] = {
+        "default": "20Gi",
+        "validValues": ["20Gi", "40Gi", "80Gi"],
+    }
+    stand_in = SchedulerStandIn(cluster(shared), NODE)
+    stored = stand_in.allocate(claim("c", memory_request("30Gi")))
+    [result] = stored["status"]["allocation"]["devices"]["results"]
+    assert result["consumedCapacity"] == {"memory": "40Gi"}
+
+
 def test_match_attribute_keeps_a_claims_gpus_under_one_pcie_root() -> None:
     kube = cluster(gpu(0, root="pci0000:00"), gpu(1, root="pci0000:80"), gpu(2, root="pci0000:80"))
     same_root = [{"matchAttribute": "resource.kubernetes.io/pcieRoot"}]

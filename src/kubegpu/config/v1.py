@@ -449,6 +449,97 @@ _DEVICES_SCHEMA: Final = {
 }
 
 
+_MIB: Final = 1 << 20
+_QUANTITY_HINT = "write bytes or a quantity like '10Gi' or '512Mi'"
+
+
+def _memory_quantity(value: Any) -> Any:
+    """A memory quantity key: a positive quantity, kept as written (a string)."""
+    if value is None:
+        return None
+    if not isinstance(value, str | int) or isinstance(value, bool):
+        raise invalid("is not a Kubernetes quantity", _QUANTITY_HINT, got=value)
+    try:
+        parse_quantity(value)
+    except ValueError as exc:
+        raise invalid(str(exc), _QUANTITY_HINT, got=value) from None
+    return str(value)
+
+
+@dataclass(frozen=True, kw_only=True, config=_CONFIG)
+class ClaimSizing(_Model):
+    """kubegpu extension, DRA mode: claims on these GPUs are sized by memory.
+
+    The GPU is published with a `memory` capacity whose request policy sizes a claim that
+    names no memory (`defaultMemory`) and rounds every request up to `memoryStep`, and a
+    `shares` capacity of `replicas` of which an unsized claim takes `defaultShares`. On an
+    MPS-shared GPU each prepared claim gets the memory it consumed and its shares of the
+    SMs as limits it cannot lift (its own MPS control daemon). The device plugin mode
+    ignores the key: its replicas keep NVIDIA's fixed limits.
+    """
+
+    _schema: ClassVar[dict[str, Any]] = {"properties": {"defaultShares": {"minimum": 1}}}
+
+    #: What a claim that asks for no memory takes; default the GPU's memory / replicas,
+    #: rounded down to `memoryStep`.
+    default_memory: str | None = None
+    #: Memory requests round up to a multiple of this, and no claim takes less.
+    memory_step: str = "1Mi"
+    #: Shares (of the GPU's `replicas`) a claim that asks for none takes.
+    default_shares: _Int = 1
+
+    @field_validator(
+        "default_memory",
+        "memory_step",
+        mode="before",
+        json_schema_input_type=_schema_of({"type": ["string", "integer"]}),
+    )
+    @classmethod
+    def _quantities(cls, value: Any) -> Any:
+        return _memory_quantity(value)
+
+    @field_validator("memory_step")
+    @classmethod
+    def _whole_mib(cls, value: str) -> str:
+        if parse_quantity(value) % _MIB:
+            raise invalid(
+                "must be whole MiB",
+                "MPS takes its memory limits in MiB: use a multiple of 1Mi, like '256Mi' or '1Gi'",
+                got=value,
+            )
+        return value
+
+    @field_validator("default_shares")
+    @classmethod
+    def _shares(cls, value: int) -> int:
+        if value < 1:
+            raise invalid("must be at least 1", "give the shares an unsized claim takes", got=value)
+        return value
+
+    @model_validator(mode="after")
+    def _default_on_step(self) -> ClaimSizing:
+        if self.default_memory is not None:
+            memory, step = parse_quantity(self.default_memory), parse_quantity(self.memory_step)
+            if memory % step:
+                raise invalid(
+                    f"is not a multiple of memoryStep ({self.memory_step})",
+                    "make it one: the scheduler only hands out whole steps",
+                    at="defaultMemory",
+                    got=self.default_memory,
+                )
+        return self
+
+    def step_bytes(self) -> int:
+        return parse_quantity(self.memory_step)
+
+    def default_bytes(self, gpu_memory: int, replicas: int) -> int:
+        """The memory an unsized claim takes on a GPU of `gpu_memory` bytes."""
+        if self.default_memory is not None:
+            return parse_quantity(self.default_memory)
+        step = self.step_bytes()
+        return max(step, gpu_memory // replicas // step * step)
+
+
 @dataclass(frozen=True, kw_only=True, config=_CONFIG)
 class ReplicatedResource(_Model):
     # NVIDIA rejects a null in any of these keys (an empty name, no device list, 0 replicas).
@@ -471,6 +562,8 @@ class ReplicatedResource(_Model):
     memory_limit: str | None = None
     #: kubegpu extension, MPS only: active thread percentage; default 100/replicas.
     active_thread_percentage: int | None = None
+    #: kubegpu extension, DRA mode: claims on these GPUs are sized by memory.
+    sizing: ClaimSizing | None = None
 
     @field_validator(
         "name", "rename", mode="before", json_schema_input_type=_schema_of({"type": "string"})
@@ -544,6 +637,17 @@ class ReplicatedResource(_Model):
         if value is not None and not 1 <= value <= 100:
             raise invalid("must be between 1 and 100", "give a percentage of SMs", got=value)
         return value
+
+    @model_validator(mode="after")
+    def _sizing_shares(self) -> ReplicatedResource:
+        if self.sizing is not None and self.sizing.default_shares > self.replicas:
+            raise invalid(
+                f"is more than the {self.replicas} replicas (shares) of each GPU",
+                f"give at most {self.replicas}",
+                at="sizing.defaultShares",
+                got=self.sizing.default_shares,
+            )
+        return self
 
 
 @dataclass(frozen=True, kw_only=True, config=_CONFIG)

@@ -195,6 +195,9 @@ class Inventory:
     #: Made up (the simulated backend): the device nodes named are not this host's, so
     #: containers get stand-ins for them (`allocation.SIMULATED_DEVICE_NODE`).
     simulated: bool = False
+    #: The driver limits device memory per cgroup (NVML's memory-limit calls, R615 and
+    #: later, with cgroup v2): the kernel-enforced limit of a memory-sized claim.
+    memory_limits: bool = False
 
     def gpu(self, uuid: str) -> Gpu:
         for gpu in self.gpus:

@@ -62,6 +62,7 @@ from pathlib import Path
 from typing import Any
 
 from kubegpu.dra.claims import PreparedDevice, claim_uid_of, spec_file_name
+from kubegpu.dra.sizing import ClaimLimits
 from kubegpu.errors import KubegpuError
 from kubegpu.files import NotRegularFile, read_regular
 from kubegpu.untrusted import escape
@@ -101,23 +102,33 @@ class ClaimRecord:
     namespace: str = ""
     name: str = ""
     devices: tuple[PreparedDevice, ...] = ()
+    #: A claim on memory-sized devices: its limits and where they are held (its MPS
+    #: daemon's directory, the cgroups with a kernel limit), to restart or stop them. A
+    #: record without the key (an older kubegpu's, or an unsized claim) has none; an older
+    #: kubegpu reading a record with it ignores it.
+    limits: ClaimLimits | None = None
 
     def to_json(self) -> dict[str, Any]:
-        return {
+        out: dict[str, Any] = {
             "state": self.state.value,
             "namespace": self.namespace,
             "name": self.name,
             "devices": [d.to_json() for d in self.devices],
         }
+        if self.limits is not None:
+            out["limits"] = self.limits.to_json()
+        return out
 
     @classmethod
     def from_json(cls, uid: str, raw: Mapping[str, Any]) -> ClaimRecord:
+        limits = raw.get("limits")
         return cls(
             uid=uid,
             state=ClaimState(raw["state"]),
             namespace=str(raw.get("namespace", "")),
             name=str(raw.get("name", "")),
             devices=tuple(PreparedDevice.from_json(d) for d in raw.get("devices", [])),
+            limits=ClaimLimits.from_json(limits) if limits is not None else None,
         )
 
 

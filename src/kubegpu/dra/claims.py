@@ -27,9 +27,18 @@ from kubegpu import cdi, mps
 from kubegpu.allocation import ContainerEdits, build_response, merge
 from kubegpu.config import Config, DeviceListStrategy
 from kubegpu.devices import Vendor
+from kubegpu.dra.sizing import (
+    ClaimLimits,
+    DeviceLimit,
+    SizingError,
+    device_limit,
+    mechanisms,
+    sized,
+)
 from kubegpu.dra.slices import AMD_DRIVER, NVIDIA_DRIVER, DraDevice, dra_devices
 from kubegpu.errors import PreconditionError
-from kubegpu.resources import ResourceSpec
+from kubegpu.resources import ResourceSpec, SharingKind
+from kubegpu.untrusted import is_uid
 
 #: The CDI vendor and class of the per-claim specs (NVIDIA's DRA driver's).
 CLAIM_CDI_VENDOR = "k8s.gpu.nvidia.com"
@@ -53,6 +62,9 @@ class Result:
     request: str
     pool: str
     device: str
+    #: What the request took of a shared device (`consumedCapacity`), as the API wrote
+    #: it; empty for a device held whole.
+    consumed: Mapping[str, Any] = dataclasses.field(default_factory=dict, compare=False)
 
 
 @dataclass(frozen=True)
@@ -119,10 +131,29 @@ def allocation_results(claim: Mapping[str, Any], driver: str) -> tuple[Result, .
             request=str(r.get("request", "")).split("/", 1)[0],
             pool=str(r.get("pool", "")),
             device=str(r.get("device", "")),
+            consumed=_consumed(r.get("consumedCapacity")),
         )
         for r in results
         if r.get("driver") == driver
     )
+
+
+def _consumed(raw: object) -> dict[str, Any]:
+    return {str(k): v for k, v in raw.items()} if isinstance(raw, Mapping) else {}
+
+
+def reserved_pods(claim: Mapping[str, Any]) -> tuple[str, ...]:
+    """The UIDs of the pods the claim is reserved for (`status.reservedFor`), those that
+    are UIDs only: they become cgroup paths."""
+    reserved = _field(_field(claim, "status"), "reservedFor")
+    if not isinstance(reserved, list):
+        return ()
+    uids = (
+        str(_field(r, "uid"))
+        for r in reserved
+        if _field(r, "resource") == "pods" and _field(r, "apiGroup") in (None, "")
+    )
+    return tuple(dict.fromkeys(u for u in uids if is_uid(u)))
 
 
 def spec_file_name(claim_uid: str) -> str:
@@ -160,6 +191,10 @@ class ClaimPlan:
     devices: tuple[PreparedDevice, ...]
     #: The CDI spec (None when the claim has no device of ours: nothing to write).
     spec: dict[str, Any] | None
+    #: The limits of a claim on memory-sized devices, to apply before its spec is written.
+    limits: ClaimLimits | None = None
+    #: The pods it is reserved for (the kernel memory limit goes on their cgroups).
+    pods: tuple[str, ...] = ()
 
 
 def plan_claim(
@@ -170,11 +205,17 @@ def plan_claim(
     devices: Mapping[str, DraDevice],
     node_spec: Mapping[str, Any],
     config: Config,
+    *,
+    kernel_limits: bool = False,
+    daemon_dir: str = "",
 ) -> ClaimPlan:
     """The CDI spec and answer of a claim allocated `devices` of this node.
 
     `node_spec` is `cdi.generate_spec` of the node's inventory (the device plugin's CDI
     spec), `config` the one in force; `ClaimError` names a result this node cannot serve.
+    On memory-sized devices the plan carries the claim's limits (`kubegpu.dra.sizing`;
+    `kernel_limits`: the node has per-cgroup memory limits), and its containers reach the
+    claim's own MPS daemon: in `daemon_dir`, by default `mps.claim_dir` of the MPS root.
     """
     results = allocation_results(claim, driver)
     label = claim_label(claim)
@@ -195,6 +236,18 @@ def plan_claim(
         picked.append((r, found))
     if not picked:
         return ClaimPlan(uid, (), None)
+    limits = _limits(label, picked, kernel_limits)
+    claim_mps: ContainerEdits | None = None
+    if limits is not None and limits.mps:
+        root = config.flags.mps_root
+        if not daemon_dir and root is None:
+            raise ClaimError(
+                f"claim {label}: its MPS limits need an MPS root (flags.mpsRoot, --mps-root) "
+                f"for its control daemon's pipes; set it"
+            )
+        daemon_dir = daemon_dir or str(mps.claim_dir(root or "", uid))
+        limits = limits.with_applied(daemon_dir=daemon_dir)
+        claim_mps = mps.claim_edits(daemon_dir, limits.thread_percentage)
     by_uuid = {d["name"]: d for d in node_spec.get("devices", [])}
     cdi_config = cdi_strategy_config(config)
     entries: dict[str, dict[str, Any]] = {}
@@ -205,12 +258,16 @@ def plan_claim(
         if r.device in entries:
             continue  # several requests sharing one device: one CDI device
         advertised = next(d for d in nd.resource.devices if d.unit.uuid == nd.unit.uuid)
+        if sized(nd.resource):
+            extra, claim_mps = claim_mps, None  # the claim's daemon, once
+        else:
+            extra = mps.resource_edits(nd.resource, config)
         own = build_response(
             nd.resource,
             [advertised],
             cdi_config,
             response_id=uid,
-            extra=mps.resource_edits(nd.resource, config),
+            extra=extra,
             cdi_classes=frozenset(),
         )
         edits = own if edits is None else merge(edits, own)
@@ -226,7 +283,48 @@ def plan_claim(
     }
     if common:
         spec["containerEdits"] = common
-    return ClaimPlan(uid, tuple(answers), spec)
+    pods = reserved_pods(claim) if limits is not None else ()
+    return ClaimPlan(uid, tuple(answers), spec, limits, pods)
+
+
+def _limits(label: str, picked: list[tuple[Result, DraDevice]], kernel: bool) -> ClaimLimits | None:
+    """The claim's limits on the memory-sized devices it got (None without any).
+
+    One container reaches one MPS daemon (`/tmp/nvidia-mps`), so a claim's sized devices
+    must be held the same way, and a sized device (the claim's own daemon) cannot be
+    combined with one MPS-shared by a resource-wide daemon.
+    """
+    consumed: dict[str, list[Mapping[str, Any]]] = {}
+    found: dict[str, DraDevice] = {}
+    for r, nd in picked:
+        if sized(nd.resource):
+            consumed.setdefault(r.device, []).append(r.consumed)
+            found[r.device] = nd
+    if not found:
+        return None
+    kinds = {mechanisms(nd.resource, nd.unit, kernel) for nd in found.values()}
+    shared_mps = sorted(
+        r.device
+        for r, nd in picked
+        if nd.resource.sharing is SharingKind.MPS and not sized(nd.resource)
+    )
+    if len(kinds) > 1 or shared_mps:
+        raise ClaimError(
+            f"claim {label}: its devices are limited in different ways "
+            f"({', '.join(sorted(found))} sized by memory"
+            f"{'; ' + ', '.join(shared_mps) + ' by a shared MPS daemon' if shared_mps else ''}); "
+            f"a container reaches one MPS daemon: ask for them in separate claims"
+        )
+    devices: list[DeviceLimit] = []
+    for name, nd in found.items():
+        try:
+            devices.append(device_limit(name, nd.resource, nd.unit, consumed[name]))
+        except SizingError as exc:
+            raise ClaimError(
+                f"claim {label}: {exc}; the scheduler wrote an allocation this node cannot limit"
+            ) from None
+    [(memory, compute)] = kinds
+    return ClaimLimits(tuple(devices), memory, compute)
 
 
 def _device_entry(
@@ -304,5 +402,6 @@ __all__ = [
     "claim_uid_of",
     "node_devices",
     "plan_claim",
+    "reserved_pods",
     "spec_file_name",
 ]

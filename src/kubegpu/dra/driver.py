@@ -128,8 +128,10 @@ class DraDriver:
         self.started = asyncio.Event()
 
     async def start(self) -> None:
-        """Recover the checkpoint, then serve the DRA service, then the registration."""
+        """Recover the checkpoint (and the sized claims' MPS daemons), then serve the DRA
+        service, then the registration."""
         await asyncio.to_thread(self.preparer.start)
+        await self.preparer.resume()
         await self.service.serve()
         await self.registrar.serve()
         log.info(
@@ -183,6 +185,7 @@ class DraDriver:
         if self.health is not None:
             self.health.close()
         await self.service.stop()
+        await self.preparer.limiter.close()
         await asyncio.to_thread(self.preparer.stop)
 
     def ready(self) -> tuple[bool, str]:

@@ -31,6 +31,7 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import dataclasses
 import logging
 from collections.abc import Callable, Mapping, Sequence
 from concurrent.futures import ThreadPoolExecutor
@@ -42,7 +43,7 @@ import grpc
 from kubegpu import cdi, rpc
 from kubegpu.api import dra_pb2
 from kubegpu.config import Config
-from kubegpu.devices import Inventory
+from kubegpu.devices import Gpu, Inventory
 from kubegpu.dra.checkpoint import (
     Checkpoint,
     ClaimRecord,
@@ -61,6 +62,8 @@ from kubegpu.dra.claims import (
     spec_file_name,
 )
 from kubegpu.dra.health import HealthServicer, add_health_servicer
+from kubegpu.dra.limits import ClaimLimiter, LimitError
+from kubegpu.dra.sizing import ClaimLimits, MemoryLimit
 from kubegpu.dra.slices import DraDevice
 from kubegpu.errors import AllocationError
 from kubegpu.state import NodeState, NodeStore
@@ -148,8 +151,11 @@ class ClaimPreparer:
         cdi_dir: Path = Path(cdi.DEFAULT_DIRECTORY),
         driver: str = NVIDIA_DRIVER,
         pool: str = "",
+        limiter: ClaimLimiter | None = None,
     ) -> None:
         self.store = store
+        #: The limits of claims on memory-sized devices (their MPS daemons, kernel limits).
+        self.limiter = limiter or ClaimLimiter()
         self._claims = claims
         self.data_dir = data_dir
         self.cdi_dir = cdi_dir
@@ -181,6 +187,19 @@ class ClaimPreparer:
         if prepared:
             log.info("%d prepared claim(s) in the checkpoint", prepared)
         self._restore_specs()
+
+    async def resume(self) -> None:
+        """After `start`, on the loop: the MPS daemons of the prepared claims taken over or
+        started again with their recorded limits, those of no recorded claim stopped."""
+        records = {
+            uid: r.limits
+            for uid, r in self.checkpoint.claims.items()
+            if r.state is ClaimState.PREPARED and r.limits is not None
+        }
+        await self.limiter.resume(records, self._gpu, self.store.state.config.flags.mps_root)
+
+    def _gpu(self, uuid: str) -> Gpu:
+        return self.store.state.inventory.gpu(uuid)
 
     def close(self, wait: bool = False) -> None:
         """Stop the worker threads: queued reads are dropped and a read under way is not
@@ -228,6 +247,7 @@ class ClaimPreparer:
                 continue
             try:
                 devices, node_spec = self._node_view(state)
+                limits = record.limits
                 plan = plan_claim(
                     uid,
                     _recorded_claim(record, self.driver),
@@ -236,6 +256,8 @@ class ClaimPreparer:
                     devices,
                     node_spec,
                     state.config,
+                    kernel_limits=limits is not None and limits.memory is MemoryLimit.NVML_CGROUP,
+                    daemon_dir=limits.daemon_dir if limits is not None else "",
                 )
                 if plan.spec is None:
                     continue
@@ -284,10 +306,37 @@ class ClaimPreparer:
             for claim in deferred:
                 if claim.uid not in answers:
                     answers[claim.uid] = ((), self._deferred(claim, len(todo) + len(deferred)))
+            plans = await self._limit(plans, answers)
             if plans:
                 answers.update(await self._run(self._writes, self._commit, plans))
+            for claim, plan in plans:
+                if plan.limits is not None and answers[claim.uid][1]:
+                    await self.limiter.release(claim.uid, plan.limits)  # not recorded: undone
         self._log_prepared(claims, answers, {c.uid for c, _ in plans})
         return {c.uid: answers[c.uid] for c in claims}
+
+    async def _limit(
+        self,
+        plans: Sequence[tuple[dra_pb2.Claim, ClaimPlan]],
+        answers: dict[str, tuple[tuple[PreparedDevice, ...], str]],
+    ) -> list[tuple[dra_pb2.Claim, ClaimPlan]]:
+        """The plans whose limits now hold (applied before the spec that lets a container
+        start is written); a claim whose limits cannot be applied gets its error line."""
+        ready: list[tuple[dra_pb2.Claim, ClaimPlan]] = []
+        for claim, plan in plans:
+            if plan.limits is None:
+                ready.append((claim, plan))
+                continue
+            try:
+                limits = await self.limiter.apply(claim.uid, plan.limits, self._gpu, plan.pods)
+            except LimitError as exc:
+                answers[claim.uid] = (
+                    (),
+                    self._refuse(claim, f"its limits cannot be applied: {exc}"),
+                )
+                continue
+            ready.append((claim, dataclasses.replace(plan, limits=limits)))
+        return ready
 
     def _prepared(self, uid: str) -> ClaimRecord | None:
         """The record of a claim whose preparation is complete, with its spec on disk."""
@@ -385,7 +434,14 @@ class ClaimPreparer:
         state = self.store.state
         devices, node_spec = self._node_view(state)
         return plan_claim(
-            claim.uid, body, self.driver, self.pool or "", devices, node_spec, state.config
+            claim.uid,
+            body,
+            self.driver,
+            self.pool or "",
+            devices,
+            node_spec,
+            state.config,
+            kernel_limits=state.inventory.memory_limits,
         )
 
     def _node_view(self, state: NodeState) -> tuple[Mapping[str, DraDevice], dict[str, Any]]:
@@ -430,7 +486,12 @@ class ClaimPreparer:
                 )
                 continue
             checkpoint.claims[claim.uid] = ClaimRecord(
-                claim.uid, ClaimState.PREPARED, claim.namespace, claim.name, plan.devices
+                claim.uid,
+                ClaimState.PREPARED,
+                claim.namespace,
+                claim.name,
+                plan.devices,
+                plan.limits,
             )
             answers[claim.uid] = (plan.devices, "")
         try:
@@ -453,7 +514,9 @@ class ClaimPreparer:
         """Claim UID -> error ("" when done); an unknown claim is done already."""
         claims = _checked(claims)
         async with self._turn:
-            answers, released = await self._run(self._writes, self._release, claims)
+            answers, released, limited = await self._run(self._writes, self._release, claims)
+            for uid, limits in limited.items():
+                await self.limiter.release(uid, limits)
         done = [_label(c) for c in claims if c.uid in released]
         failed = [answers[c.uid] for c in claims if answers[c.uid]]
         for line in done:
@@ -471,9 +534,11 @@ class ClaimPreparer:
             )
         return answers
 
-    def _release(self, claims: Sequence[dra_pb2.Claim]) -> tuple[dict[str, str], set[str]]:
-        """(claim UID -> error, the UIDs whose record or spec was removed) (blocking; holds
-        the turn).
+    def _release(
+        self, claims: Sequence[dra_pb2.Claim]
+    ) -> tuple[dict[str, str], set[str], dict[str, ClaimLimits]]:
+        """(claim UID -> error, the UIDs whose record or spec was removed, the limits of
+        the records dropped, to release next) (blocking; holds the turn).
 
         A claim recorded under another namespace or name is left alone: the kubelet names
         a claim as the API holds it, so such a request is not about that claim. Drop the
@@ -499,7 +564,8 @@ class ClaimPreparer:
                         checkpoint.claims[record.uid] = record
                 line = self._unsaved(exc)
                 answers.update((c.uid, self._refuse(c, line)) for c in releasing)
-                return {c.uid: answers[c.uid] for c in claims}, set()
+                return {c.uid: answers[c.uid] for c in claims}, set(), {}
+        limited = {r.uid: r.limits for r in dropped if r is not None and r.limits is not None}
         released: set[str] = set()
         for claim, record in zip(releasing, dropped, strict=True):
             try:
@@ -512,30 +578,30 @@ class ClaimPreparer:
             answers[claim.uid] = ""
             if record is not None or removed:
                 released.add(claim.uid)
-        return {c.uid: answers[c.uid] for c in claims}, released
+        return {c.uid: answers[c.uid] for c in claims}, released, limited
 
 
 def _recorded_claim(record: ClaimRecord, driver: str) -> dict[str, Any]:
     """The claim as the API held it when it was prepared, as far as a CDI spec needs it:
-    its name and its allocation results of `driver`, from the checkpoint's record."""
+    its name and its allocation results of `driver` (with what a sized claim consumed),
+    from the checkpoint's record."""
+    limits = record.limits
+    results: list[dict[str, Any]] = []
+    for device in record.devices:
+        for request in device.requests:
+            result: dict[str, Any] = {
+                "request": request,
+                "driver": driver,
+                "pool": device.pool,
+                "device": device.device,
+            }
+            consumed = limits.consumed(device.device) if limits is not None else {}
+            if consumed and not any(r["device"] == device.device for r in results):
+                result["consumedCapacity"] = consumed  # once: the record holds the sum
+            results.append(result)
     return {
         "metadata": {"namespace": record.namespace, "name": record.name, "uid": record.uid},
-        "status": {
-            "allocation": {
-                "devices": {
-                    "results": [
-                        {
-                            "request": request,
-                            "driver": driver,
-                            "pool": device.pool,
-                            "device": device.device,
-                        }
-                        for device in record.devices
-                        for request in device.requests
-                    ]
-                }
-            }
-        },
+        "status": {"allocation": {"devices": {"results": results}}},
     }
 
 

@@ -25,7 +25,8 @@ written for those drivers work unchanged:
 What no peer publishes is under `kubegpu.io/`, so it can never collide with a name the
 vendor's driver adds later: `resource` (the device plugin resource name the config gives
 the unit, e.g. `nvidia.com/mig-1g.10gb` or a renamed `nvidia.com/gpu.shared`), `index`
-(NVIDIA's `3` / `3:1` notation), `nvlinkDomain` and, on shared devices, `sharing`.
+(NVIDIA's `3` / `3:1` notation), `nvlinkDomain` and, on shared devices, `sharing`; on
+devices sized by memory, `memoryLimit` and `computeLimit` (`kubegpu.dra.sizing`).
 """
 
 from __future__ import annotations
@@ -35,8 +36,10 @@ from collections.abc import Iterable, Mapping, Sequence
 from dataclasses import dataclass
 from typing import Any, Final
 
+from kubegpu.config import ClaimSizing
 from kubegpu.devices import Gpu, Health, Inventory, LinkKind, Vendor
-from kubegpu.resources import ResourceSpec, SharingKind, Unit
+from kubegpu.dra.sizing import COMPUTE_LIMIT, MEMORY_LIMIT, mechanisms
+from kubegpu.resources import ResourceSpec, SharingKind, Unit, unit_memory_bytes
 
 NVIDIA_DRIVER: Final = "gpu.nvidia.com"
 AMD_DRIVER: Final = "gpu.amd.com"
@@ -181,7 +184,13 @@ def device_body(
     body: dict[str, Any] = {"name": device.name, "attributes": attributes}
     if device.shares > 1:
         attributes[f"{KUBEGPU}sharing"] = {"string": device.resource.sharing.value}
-        capacity = _shared(capacity, device.shares)
+        entry = device.resource.shared_by
+        sizing = entry.sizing if entry is not None else None
+        capacity = _shared(capacity, device.shares, sizing, unit_memory_bytes(unit))
+        if sizing is not None:
+            memory, compute = mechanisms(device.resource, unit, inventory.memory_limits)
+            attributes[MEMORY_LIMIT] = {"string": memory.value}
+            attributes[COMPUTE_LIMIT] = {"string": compute.value}
         body["allowMultipleAllocations"] = True
     body["capacity"] = capacity
     if unit.health is Health.UNHEALTHY:
@@ -278,7 +287,12 @@ def _amd(unit: Unit, inventory: Inventory) -> tuple[dict[str, Any], dict[str, An
     return attributes, capacity
 
 
-def _shared(capacity: Mapping[str, Any], shares: int) -> dict[str, Any]:
+def _shared(
+    capacity: Mapping[str, Any],
+    shares: int,
+    sizing: ClaimSizing | None = None,
+    memory_bytes: int = 0,
+) -> dict[str, Any]:
     """The capacity of a device `shares` claims may hold at once (time-slicing, MPS).
 
     `replicas: N` of the config becomes a `shares` capacity of N of which a request takes
@@ -288,6 +302,14 @@ def _shared(capacity: Mapping[str, Any], shares: int) -> dict[str, Any]:
     request policy whose default is 0: a claim takes memory (or engines) only when it
     asks for them. This is NVIDIA's `consumableShares: N` layout, so claims written for
     it behave the same.
+
+    A device sized by memory (`sizing`, of `memory_bytes`) differs in two policies: an
+    unsized claim takes `defaultMemory` and `defaultShares`, and memory is handed out in
+    whole `memoryStep`s from one step up (the scheduler rounds a request up to the next
+    step, and refuses one above the largest whole number of steps the device holds), so
+    no claim is limited to nothing. The API's rules hold by construction: min + step <=
+    capacity (checked with the config, `resources`), default and max whole steps from
+    min, default <= max.
     """
     out: dict[str, Any] = {}
     for name, entry in capacity.items():
@@ -295,12 +317,23 @@ def _shared(capacity: Mapping[str, Any], shares: int) -> dict[str, Any]:
         policy: dict[str, Any] = {"default": "0", "validRange": {"min": "0", "max": value}}
         if name == "memory":
             policy["validRange"]["step"] = "1Mi"  # whole MiB, as NVIDIA asks for
+            if sizing is not None:
+                step = sizing.step_bytes()
+                policy = {
+                    "default": binary(sizing.default_bytes(memory_bytes, shares)),
+                    "validRange": {
+                        "min": binary(step),
+                        "max": binary(memory_bytes // step * step),
+                        "step": binary(step),
+                    },
+                }
         out[name] = {"value": value, "requestPolicy": policy}
     count = decimal(shares)
+    default = decimal(sizing.default_shares) if sizing is not None else "1"
     out["shares"] = {
         "value": count,
         "requestPolicy": {
-            "default": "1",
+            "default": default,
             "validRange": {"min": "1", "max": count, "step": "1"},
         },
     }

@@ -423,4 +423,5 @@ def test_the_chart_runs_serve_in_dra_mode_with_the_kubelets_directories() -> Non
     assert [c["metadata"]["name"] for c in chart_objects("DeviceClass")] == [
         "gpu.nvidia.com",
         "mig.nvidia.com",
+        "gpu-slice.nvidia.com",
     ]

@@ -8,6 +8,7 @@ container provides it) and turns every failure into an `InitError` that says wha
 from __future__ import annotations
 
 import ctypes
+import dataclasses
 import time
 from collections.abc import Callable
 from pathlib import Path
@@ -18,6 +19,7 @@ import pynvml
 
 from kubegpu.devices.model import HealthEvent, Inventory, ProcessTable, StopFlag
 from kubegpu.devices.nvml import discovery, health
+from kubegpu.devices.nvml.memlimits import NvmlMemoryLimits
 from kubegpu.devices.nvml.processes import ProcessReader
 from kubegpu.devices.nvml.session import Session, log
 from kubegpu.errors import InitError
@@ -87,6 +89,9 @@ class NvmlBackend:
         self._clock = clock
         self._processes = ProcessReader(self._session)
         self._closed = False
+        #: The limiter, or None where the driver has none; probed once.
+        self._memory_limiter: NvmlMemoryLimits | None = None
+        self._memory_probed = False
 
     @classmethod
     def open(
@@ -143,7 +148,21 @@ class NvmlBackend:
         return backend
 
     def discover(self) -> Inventory:
-        return discovery.discover(self._session, self._exists, self.name)
+        inventory = discovery.discover(self._session, self._exists, self.name)
+        if self.memory_limiter(inventory) is None:
+            return inventory
+        return dataclasses.replace(inventory, memory_limits=True)
+
+    def memory_limiter(self, inventory: Inventory | None = None) -> NvmlMemoryLimits | None:
+        """Per-cgroup device memory limits on these GPUs, where the driver has them
+        (checked once; `memlimits`)."""
+        if not self._memory_probed:
+            self._memory_probed = True
+            uuids = [g.uuid for g in (inventory or self.discover()).gpus]
+            self._memory_limiter = NvmlMemoryLimits.probe(
+                self._nvml, uuids, self._session.host_root
+            )
+        return self._memory_limiter
 
     def probe(self, uuid: str) -> str | None:
         """A cheap NVML round trip: the handle by UUID and its memory info."""

@@ -20,9 +20,10 @@ kube-controller-manager that tests need (reservation and deallocation):
   selector of the class and of the request; a device with a taint of effect NoSchedule or
   NoExecute is skipped unless the request tolerates it; a device already allocated to any
   claim is skipped unless it has `allowMultipleAllocations`, in which case each claim
-  consumes capacity (the request's `capacity.requests`, else the capacity's
-  `requestPolicy.default`, else all of it) up to the device's total, and the result gets a
-  `shareID` and `consumedCapacity`; `matchAttribute` constraints hold across the listed (or
+  consumes capacity (the request's `capacity.requests` rounded up by the capacity's
+  `requestPolicy`, else its `default`, else all of it; a device whose policy refuses the
+  amount is skipped) up to the device's total, and the result gets a `shareID` and
+  `consumedCapacity`; `matchAttribute` constraints hold across the listed (or
   all) requests. Results, class and claim configuration and a node selector on
   `metadata.name` are written to `status.allocation` with the API's field names.
 - `release(pod)`: the pod leaves `reservedFor`; a claim nobody reserves is deallocated and
@@ -418,7 +419,10 @@ class SchedulerStandIn:
                 continue
             use: dict[str, Fraction] = {}
             if dev.shared:
-                use = _consumption(dev, wanted)
+                taken = _consumption(dev, wanted)
+                if taken is None:
+                    continue  # the request breaks the device's request policy
+                use = taken
                 if any(
                     consumed.get((dev.key, n), Fraction(0)) + v > dev.capacity()[n]
                     for n, v in use.items()
@@ -565,17 +569,65 @@ class SchedulerStandIn:
         return claim, mappings
 
 
-def _consumption(dev: Device, wanted: dict[str, Fraction]) -> dict[str, Fraction]:
+def _consumption(dev: Device, wanted: dict[str, Fraction]) -> dict[str, Fraction] | None:
+    """What a request takes of each capacity of a shared device, or None when the device
+    cannot serve it: a capacity it does not have, or an amount its request policy refuses.
+
+    As the allocator's `CmpRequestOverCapacity` (k8s.io/dynamic-resource-allocation
+    structured/internal/incubating, consumablecapacity.go, v0.36): an unrequested capacity
+    takes the policy's `default` (else all of it); a requested one is rounded up by
+    `validRange` (to `min`, then to `min + n * step`) or to the first of `validValues` at
+    least as large; the result breaks the policy when it is not the default and is above
+    `max`, off the step grid, or not a valid value.
+    """
+    capacity = dev.spec.get("capacity") or {}
+    if any(name not in capacity for name in wanted):
+        return None  # requestsContainNonExistCapacity
     use = {}
     for name, total in dev.capacity().items():
-        policy = (dev.spec.get("capacity") or {})[name].get("requestPolicy") or {}
-        if name in wanted:
-            use[name] = wanted[name]
-        elif "default" in policy:
-            use[name] = parse_quantity(policy["default"])
-        else:
-            use[name] = total
+        policy = capacity[name].get("requestPolicy") or {}
+        if name not in wanted:
+            default = policy.get("default")
+            use[name] = parse_quantity(default) if default is not None else total
+            continue
+        amount = _round_up(wanted[name], policy)
+        if _violates(amount, policy):
+            return None
+        use[name] = amount
     return use
+
+
+def _round_up(amount: Fraction, policy: dict[str, Any]) -> Fraction:
+    valid_range = policy.get("validRange") or {}
+    if valid_range.get("min") is not None:
+        low = parse_quantity(valid_range["min"])
+        if amount < low:
+            return low
+        if valid_range.get("step") is None:
+            return amount
+        step = parse_quantity(valid_range["step"])
+        steps = -((low - amount) // step)  # ceil((amount - low) / step)
+        return low + steps * step
+    for value in sorted(parse_quantity(v) for v in policy.get("validValues") or ()):
+        if amount <= value:
+            return value
+    return amount
+
+
+def _violates(amount: Fraction, policy: dict[str, Any]) -> bool:
+    default = policy.get("default")
+    if default is not None and amount == parse_quantity(default):
+        return False
+    valid_range = policy.get("validRange")
+    if valid_range is not None:
+        if valid_range.get("max") is not None and amount > parse_quantity(valid_range["max"]):
+            return True
+        if valid_range.get("step") is not None:
+            low = parse_quantity(valid_range.get("min") or 0)
+            return (amount - low) % parse_quantity(valid_range["step"]) != 0
+        return False
+    values = policy.get("validValues") or ()
+    return bool(values) and amount not in {parse_quantity(v) for v in values}
 
 
 def _no_overlap(
