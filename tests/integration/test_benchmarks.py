@@ -15,6 +15,7 @@ import pytest
 
 from benchmarks import api_budget, dra, harness, watch
 from benchmarks.clock import LoopClock
+from kubegpu.dra import stale
 from kubegpu.dra.publisher import RESYNC_S
 from kubegpu.kubelet import KubeletEmulator
 
@@ -66,5 +67,9 @@ async def test_the_api_budget_counts_what_a_health_flap_sends(mode: str) -> None
 
 async def test_the_api_budget_moves_the_loops_clock_through_a_steady_hour() -> None:
     counts = await api_budget.measure("dra", "steady_hour", api_budget.steady_hour)
-    # The publisher compares its slices with the API every RESYNC_S, and nothing else is due.
-    assert counts == {"list resourceslices": int(3600 // RESYNC_S)}
+    # The publisher compares its slices with the API every RESYNC_S, the stale-resource check
+    # reads the Node every INTERVAL_S, and nothing else is due.
+    assert counts == {
+        "list resourceslices": int(3600 // RESYNC_S),
+        "get node": int(3600 // stale.INTERVAL_S),
+    }
