@@ -100,6 +100,7 @@ metrics:
     enabled:
     interval:
     additionalLabels:
+    honorLabels:
 probes:
   port:
   liveness:
