@@ -192,6 +192,7 @@ class Daemon:
         #: Who uses what on the GPUs: the per-container metrics, collected when scraped.
         self.usage = self._usage_collector()
         self.metrics.follow_usage(self.usage)
+        self.metrics.follow_devices(self.usage.devices)
 
     def _usage_collector(self) -> UsageCollector:
         s = self.settings

@@ -13,7 +13,9 @@ Gauge and Histogram give: the same families, samples (`_total`, `_created`,
 The per-container GPU families (`kubegpu_container_gpu_*`) are collected when scraped, from
 the source given to `follow_usage` (`kubegpu.usage.UsageCollector`): `render` calls it, so
 `render` blocks on the driver and runs in a worker thread (`kubegpu.httpserver`), never on
-the event loop. Their labels are dcgm-exporter's (`USAGE_LABELS`).
+the event loop. Their labels are dcgm-exporter's (`USAGE_LABELS`). So are those of
+`kubegpu_gpu_healthy`, one series per GPU and MIG slice, read at each scrape from the source
+given to `follow_devices` (the node's state, in memory: it never waits on the driver).
 """
 
 from __future__ import annotations
@@ -143,6 +145,40 @@ class UsageSnapshot:
 
 UsageSource = Callable[[], UsageSnapshot]
 
+#: The labels of `kubegpu_gpu_healthy`: the device part of `USAGE_LABELS`.
+DEVICE_LABELS = USAGE_LABELS[:8]
+
+
+@dataclass(frozen=True)
+class DeviceHealthRow:
+    """One GPU or MIG slice the node has, and whether the health checks pass it."""
+
+    gpu: str
+    uuid: str
+    pci_bus_id: str = ""
+    device: str = ""
+    model: str = ""
+    hostname: str = ""
+    gi_profile: str = ""
+    gi_id: str = ""
+    healthy: bool = True
+
+    def labels(self) -> tuple[str, ...]:
+        """The values of `DEVICE_LABELS`, in order."""
+        return (
+            self.gpu,
+            self.uuid,
+            self.pci_bus_id,
+            self.device,
+            self.model,
+            self.hostname,
+            self.gi_profile,
+            self.gi_id,
+        )
+
+
+DeviceSource = Callable[[], Iterable[DeviceHealthRow]]
+
 #: (name, help, label names) of the per-container families, in exposition order.
 _USAGE_FAMILIES = (
     (
@@ -270,6 +306,7 @@ class Metrics:
         self._lock = threading.Lock()
         self._registry: CollectorRegistry | None = None
         self._usage: UsageSource | None = None
+        self._devices: DeviceSource | None = None
         # As prometheus_client's Counter without labels: exposed at 0 from the start.
         self._inc("kubegpu_kubelet_restarts", (), 0.0)
         self._values["kubegpu_build_info"][(version,)] = 1.0
@@ -298,6 +335,10 @@ class Metrics:
     def follow_usage(self, source: UsageSource) -> None:
         """Collect the per-container GPU families from `source` at every scrape."""
         self._usage = source
+
+    def follow_devices(self, source: DeviceSource) -> None:
+        """Read `kubegpu_gpu_healthy` from `source` at every scrape."""
+        self._devices = source
 
     def observe_allocate(self, resource: str, seconds: float, code: str | None = None) -> None:
         """Record one Allocate answer; `code` is the gRPC status name when it failed."""
@@ -397,8 +438,30 @@ class Metrics:
                             f"{name}_created", dict(zip(labelnames, labels, strict=True)), stamp
                         )
             yield family
+        if self._devices is not None:
+            yield _device_family(self._devices)
         if self._usage is not None:
             yield from _usage_families(self._usage)
+
+
+def _device_family(source: DeviceSource) -> Any:
+    """`kubegpu_gpu_healthy`: a series per GPU and MIG slice, so that a GPU that goes away
+    (off the bus, then not found again by the next discovery or after a restart) is seen as
+    its series ending, which the per-resource counts cannot tell from a config change."""
+    family = GaugeMetricFamily(
+        "kubegpu_gpu_healthy",
+        "1 while the GPU or MIG slice passes the health checks (Xid events, probes), 0 while "
+        "it is unhealthy; one series per GPU and MIG slice the node has.",
+        labels=DEVICE_LABELS,
+    )
+    try:
+        rows = list(source())
+    except Exception:  # a scrape must answer whatever the source does
+        log.exception("reading the health of the node's GPUs failed")
+        rows = []
+    for row in rows:
+        family.add_metric(row.labels(), 1.0 if row.healthy else 0.0)
+    return family
 
 
 def _usage_families(source: UsageSource) -> Iterator[Any]:

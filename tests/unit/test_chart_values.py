@@ -36,7 +36,7 @@ KUBE_VERSION = "1.33.0"
 #: Every install is valid on 1.36 too (kubernetes-validate 1.37.0 ships up to 1.37.0).
 NEWER_KUBE_VERSIONS = ("1.36.0",)
 NAMESPACE = "kube-system"
-CRD_KINDS = {"ServiceMonitor", "NodeFeature"}
+CRD_KINDS = {"ServiceMonitor", "PrometheusRule", "NodeFeature"}
 PRESETS = REPO / "src" / "kubegpu" / "devices" / "presets"
 
 Doc = dict[str, Any]

@@ -39,6 +39,7 @@ def exposed_names() -> set[str]:
     metrics = Metrics()
     # The per-container GPU families, as the daemon collects them at every scrape.
     metrics.follow_usage(UsageSnapshot)
+    metrics.follow_devices(tuple)
     return {
         family.name + suffix
         for family in metrics.registry.collect()

@@ -28,7 +28,7 @@ DRA_KUBE_VERSION = "1.36.0"
 DRA_FLAGS = {"KUBEGPU_MODE", "KUBELET_REGISTRAR_DIRECTORY_PATH", "KUBELET_PLUGINS_DIRECTORY_PATH"}
 HUP_IGNORED = ("env", "--ignore-signal=HUP")  # the image entrypoint and the chart start so
 #: Custom resources: not in the core schemas, checked for shape instead.
-CRD_KINDS = {"ServiceMonitor", "NodeFeature"}
+CRD_KINDS = {"ServiceMonitor", "PrometheusRule", "NodeFeature"}
 
 Doc = dict[str, Any]
 

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import dataclasses
 import re
 from typing import Any
 
@@ -10,7 +11,13 @@ from prometheus_client import CollectorRegistry, Counter, Gauge, Histogram, gene
 from prometheus_client.exposition import CONTENT_TYPE_LATEST
 from prometheus_client.parser import text_string_to_metric_families
 
-from kubegpu.metrics import ALLOCATE_BUCKETS, CONTENT_TYPE, Metrics
+from kubegpu.metrics import (
+    ALLOCATE_BUCKETS,
+    CONTENT_TYPE,
+    DEVICE_LABELS,
+    DeviceHealthRow,
+    Metrics,
+)
 
 
 def samples(m: Metrics) -> dict[tuple[str, frozenset[tuple[str, str]]], float]:
@@ -96,6 +103,33 @@ def test_every_metric_is_prefixed_and_documented() -> None:
     for family in text_string_to_metric_families(m.render().decode()):
         assert family.name.startswith("kubegpu_"), family.name
         assert family.documentation
+
+
+def test_gpu_health_is_read_at_each_scrape_and_a_failing_source_costs_it_only() -> None:
+    rows = [
+        DeviceHealthRow("0", "GPU-a", "0000:17:00.0", "nvidia0", "H100", "node-a"),
+        DeviceHealthRow("1", "GPU-b", hostname="node-a", gi_profile="1g.10gb", gi_id="9"),
+    ]
+    m = Metrics()
+    m.follow_devices(lambda: rows)
+    got = samples(m)
+    # Empty values are absent labels to Prometheus, as on the per-container families.
+    a, b = (frozenset(zip(DEVICE_LABELS, row.labels(), strict=True)) for row in rows)
+    assert dict(a)["modelName"] == "H100" and dict(b)["GPU_I_ID"] == "9"
+    assert got[("kubegpu_gpu_healthy", a)] == 1
+    assert got[("kubegpu_gpu_healthy", b)] == 1
+    rows[0] = dataclasses.replace(rows[0], healthy=False)
+    assert samples(m)[("kubegpu_gpu_healthy", a)] == 0
+
+    def broken() -> list[DeviceHealthRow]:
+        raise RuntimeError("a bug")
+
+    m.follow_devices(broken)
+    m.set_devices("nvidia.com/gpu", 2, 2)
+    text = m.render().decode()
+    assert "# TYPE kubegpu_gpu_healthy gauge" in text
+    assert "kubegpu_gpu_healthy{" not in text
+    assert 'kubegpu_devices{resource="nvidia.com/gpu"} 2.0' in text
 
 
 def _reference(version: str) -> tuple[CollectorRegistry, dict[str, Any]]:

@@ -4,6 +4,7 @@ a fake /proc, the kubelet's checkpoint and a fake PodResources API; and `kubegpu
 from __future__ import annotations
 
 import asyncio
+import dataclasses
 import io
 import os
 import shutil
@@ -18,7 +19,7 @@ import pytest
 
 from kubegpu import cli
 from kubegpu.config import Config, parse_config
-from kubegpu.devices import DeviceBackend, ProcessTable
+from kubegpu.devices import DeviceBackend, Health, ProcessTable
 from kubegpu.devices.nvml import NvmlBackend
 from kubegpu.devices.simulated import SimulatedBackend, parse_node
 from kubegpu.dra.checkpoint import Checkpoint, ClaimRecord, ClaimState
@@ -206,6 +207,57 @@ def test_on_fake_nvml_with_mig(socket_dir: Path) -> None:
         assert value(metrics, USED, GPU_I_PROFILE="3g.20gb", GPU_I_ID=str(slice_.gi_id), **b)
         assert value(metrics, SM, **b) is None  # no per-process samples on MIG
     backend.close()
+
+
+HEALTHY = "kubegpu_gpu_healthy"
+
+
+def test_every_gpu_and_slice_has_a_health_series_that_follows_the_node(socket_dir: Path) -> None:
+    """One series per GPU and MIG slice, from the node's state: 0 while unhealthy (a slice
+    with its GPU), and gone with a GPU the next discovery does not find."""
+    fake = FakeNvml()
+    whole = fake.add_gpu()
+    parted = fake.add_gpu("NVIDIA A100-SXM4-40GB", memory_mib=40536, mig_capable=True)
+    big, small = parted.add_mig("3g.20gb"), parted.add_mig("2g.10gb")
+    config = parse_config("version: v1\nflags: {migStrategy: mixed}")
+    backend = NvmlBackend.open(nvml=fake, exists=lambda path: True)
+    with make_node(socket_dir, backend, config) as node:
+        metrics = Metrics()
+        metrics.follow_devices(node.collector().devices)
+
+        def health() -> dict[tuple[str, str, str], float]:
+            return {
+                (s.labels["UUID"], s.labels.get("GPU_I_PROFILE", ""), s.labels["Hostname"]): s.value
+                for family in metrics.registry.collect()
+                for s in family.samples
+                if s.name == HEALTHY
+            }
+
+        gpu, gi = (whole.uuid, "", "node-a"), (parted.uuid, "", "node-a")
+        a, b = (parted.uuid, "3g.20gb", "node-a"), (parted.uuid, "2g.10gb", "node-a")
+        assert health() == {gpu: 1, gi: 1, a: 1, b: 1}
+        assert value(metrics, HEALTHY, GPU_I_ID=str(big.gi_id), gpu="1", device="nvidia1") == 1
+        node.store.update(health={small.uuid: Health.UNHEALTHY})
+        assert health() == {gpu: 1, gi: 1, a: 1, b: 0}
+        node.store.update(health={whole.uuid: Health.UNHEALTHY, parted.uuid: Health.UNHEALTHY})
+        assert health() == {gpu: 0, gi: 0, a: 0, b: 0}
+        inventory = node.store.state.inventory
+        node.store.update(inventory=dataclasses.replace(inventory, gpus=inventory.gpus[1:]))
+        assert set(health()) == {gi, a, b}
+    backend.close()
+
+
+def test_the_daemon_serves_the_health_of_its_gpus(tmp_path: Path) -> None:
+    from kubegpu.daemon import Daemon, DaemonSettings
+
+    daemon = Daemon(DaemonSettings(plugin_dir=tmp_path, node_name="node-a"))
+    backend = SimulatedBackend(parse_node({"gpus": [{"count": 2}]}, "n", "n"))
+    daemon.store.update(inventory=backend.discover(), config=Config())
+    uuids = [g.uuid for g in daemon.store.state.inventory.gpus]
+    daemon.store.update(health={uuids[1]: Health.UNHEALTHY})
+    got = [value(daemon.metrics, HEALTHY, UUID=u, Hostname="node-a") for u in uuids]
+    assert got == [1, 0]
+    daemon.usage.close()
 
 
 def test_garbage_in_proc_never_breaks_a_scrape(node: Node) -> None:

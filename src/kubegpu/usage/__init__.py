@@ -8,7 +8,8 @@ snapshot per scrape, off the event loop).
 
 It sits below the device plugin and DRA packages: what it reads of the DRA driver comes
 through a `DraView` (`kubegpu.dra.usage.dra_view`), and the daemon wires it to
-`Metrics.follow_usage`.
+`Metrics.follow_usage` (and `UsageCollector.devices`, the GPUs' health, to
+`Metrics.follow_devices`).
 """
 
 from kubegpu.usage.attribution import Allocation, Holder, memory_limit

@@ -22,8 +22,8 @@ from collections.abc import Iterable, Mapping, Sequence
 from dataclasses import dataclass
 
 from kubegpu.config.names import parse_quantity
-from kubegpu.devices import Inventory, ProcessTable, Vendor
-from kubegpu.metrics import UNATTRIBUTED, UsageRow
+from kubegpu.devices import Health, Inventory, ProcessTable, Vendor
+from kubegpu.metrics import UNATTRIBUTED, DeviceHealthRow, UsageRow
 from kubegpu.resources import ResourceSpec, SharingKind, Unit
 from kubegpu.usage.cgroup import PodCgroup
 from kubegpu.usage.kubelet import ContainerClaimDevice, ContainerDevices, PodUids
@@ -276,6 +276,32 @@ def usage_rows(
     return rows
 
 
+def device_health(
+    inventory: Inventory, health: Mapping[str, Health], hostname: str = ""
+) -> tuple[DeviceHealthRow, ...]:
+    """Each GPU and MIG slice of `inventory` with the health `health` gives it (a slice is
+    unhealthy with its GPU), under the labels its usage rows carry."""
+    devices = _devices(inventory)
+    rows = []
+    for gpu in inventory.with_health(health).gpus:
+        for uuid, state in ((gpu.uuid, gpu.health), *((m.uuid, m.health) for m in gpu.mig_devices)):
+            d = devices[uuid]
+            rows.append(
+                DeviceHealthRow(
+                    gpu=d.gpu,
+                    uuid=d.uuid,
+                    pci_bus_id=d.pci_bus_id,
+                    device=d.device,
+                    model=d.model,
+                    hostname=hostname,
+                    gi_profile=d.gi_profile,
+                    gi_id=d.gi_id,
+                    healthy=state is Health.HEALTHY,
+                )
+            )
+    return tuple(rows)
+
+
 def capped(rows: Sequence[UsageRow], max_rows: int) -> tuple[tuple[UsageRow, ...], int]:
     """At most `max_rows` rows, those holding the most memory kept, in display order (GPU,
     slice, namespace, pod, container); and how many were left out."""
@@ -299,6 +325,7 @@ __all__ = [
     "Holder",
     "attribute",
     "capped",
+    "device_health",
     "dra_allocations",
     "memory_limit",
     "plugin_allocations",

@@ -24,7 +24,7 @@ from typing import TypeVar
 
 from kubegpu.api import POD_RESOURCES_SOCKET
 from kubegpu.devices import ProcessSource, ProcessTable
-from kubegpu.metrics import UsageSnapshot
+from kubegpu.metrics import DeviceHealthRow, UsageSnapshot
 from kubegpu.resources import ResourceSpec, Unit
 from kubegpu.state import NodeState
 from kubegpu.untrusted import escape
@@ -32,6 +32,7 @@ from kubegpu.usage.attribution import (
     Allocation,
     ClaimDevices,
     capped,
+    device_health,
     dra_allocations,
     plugin_allocations,
     usage_rows,
@@ -124,6 +125,12 @@ class UsageCollector:
             return self._last
         finally:
             self._lock.release()
+
+    def devices(self) -> tuple[DeviceHealthRow, ...]:
+        """The node's GPUs and MIG slices and their health, for `Metrics.follow_devices`:
+        from the node's state only, so it answers while the driver hangs."""
+        state = self._state()
+        return device_health(state.inventory, state.health, self.settings.hostname)
 
     def _collect(self) -> UsageSnapshot:
         start = time.perf_counter()

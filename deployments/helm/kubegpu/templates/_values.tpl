@@ -100,6 +100,32 @@ metrics:
     enabled:
     interval:
     additionalLabels:
+    honorLabels:
+  prometheusRule:
+    enabled:
+    additionalLabels:
+    runbookUrl:
+    nearMemoryLimit:
+      threshold:
+      for:
+      severity:
+    gpuUnhealthy:
+      for:
+      severity:
+    gpuLost:
+      window:
+      for:
+      severity:
+    staleResource:
+      for:
+      severity:
+  grafanaDashboard:
+    enabled:
+    namespace:
+    label:
+    labelValue:
+    additionalLabels:
+    annotations:
 probes:
   port:
   liveness:
