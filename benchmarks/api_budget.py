@@ -4,13 +4,13 @@ steady state and per event, in each mode.
     python -m benchmarks.api_budget [--storm 1000]
 
 `serve`'s daemon (`kubegpu.daemon.Daemon`) runs in this process on the simulated `h100-8`
-node, against the project's in-memory API server (`kubegpu.kube.FakeKube`), which logs
+node, against the project's in-memory API server (`tests.rig.kube.FakeKube`), which logs
 every request (`FakeKube.request_counts`: by verb and resource). Each mode is set up as a
 cluster runs it:
 
 - **plugin**: the device plugin, with the kubelet emulator; its config chosen by the
   Node's label (a directory of named configs, so the Node is watched), and Node events on.
-- **dra**: `--mode dra`, with the kubelet's DRA side (`kubegpu.kubelet.dra.DRAKubelet`),
+- **dra**: `--mode dra`, with the kubelet's DRA side (`tests.rig.dra.DRAKubelet`),
   which deletes the node's ResourceSlices when it starts, as the kubelet does; the same
   named configs and Node events. Requests the emulated kubelet sends are not counted.
 
@@ -60,9 +60,9 @@ from kubegpu.daemon import Daemon, DaemonSettings
 from kubegpu.devices import Health
 from kubegpu.devices.simulated import SimulatedBackend
 from kubegpu.events import KubernetesEventSink, NodeEvents
-from kubegpu.kube import FakeKube
 from kubegpu.kubelet import KubeletEmulator
-from kubegpu.kubelet.dra import DRAKubelet, SliceWiper
+from tests.rig.dra import DRAKubelet, SliceWiper
+from tests.rig.kube import FakeKube
 
 NODE = "bench-node"
 PRESET = "h100-8"

@@ -26,7 +26,7 @@ from pathlib import Path
 from typing import Any
 
 from kubegpu.daemon import Daemon, DaemonSettings
-from kubegpu.kube import FakeKube
+from tests.rig.kube import FakeKube
 
 DRIVER = "gpu.nvidia.com"
 NODE = "bench-node"

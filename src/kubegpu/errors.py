@@ -27,8 +27,8 @@
     │                        directory cannot be written; exit 1 (kubegpu.dra.checkpoint)
     └── AdmissionError, ContainerStartError, CheckpointError, PrepareError,
         UnprepareError, UnschedulableError
-                             the kubelet emulator's own failures (kubegpu.kubelet,
-                             its DRA side and scheduler stand-in: kubegpu.kubelet.dra)
+                             the kubelet emulator's own failures (kubegpu.kubelet;
+                             its DRA side and scheduler stand-in: test rig, tests/rig/dra)
 
 The subclasses outside this module live beside the only code that raises them.
 

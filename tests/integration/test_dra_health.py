@@ -23,11 +23,11 @@ from kubegpu.dra.health import (
 )
 from kubegpu.dra.slices import NVIDIA_DRIVER
 from kubegpu.health import HealthTracker
-from kubegpu.kube import FakeKube
-from kubegpu.kubelet.dra import HEALTHY, UNHEALTHY, DRAKubelet
 from kubegpu.state import NodeState, NodeStore
 from tests.builders import gpu, inventory
 from tests.integration.kubelet.dra_fakes import FakeDriver, allocated_claim, pod
+from tests.rig.dra import HEALTHY, UNHEALTHY, DRAKubelet
+from tests.rig.kube import FakeKube
 from tests.waiting import WAIT
 
 NODE = "node-1"

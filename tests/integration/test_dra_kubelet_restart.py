@@ -8,10 +8,10 @@ from pathlib import Path
 
 from kubegpu.dra.publisher import SlicePublisher
 from kubegpu.dra.slices import NVIDIA_DRIVER
-from kubegpu.kube import FakeKube
-from kubegpu.kubelet.dra import DRAKubelet, node_slice_wiper
 from kubegpu.state import NodeState, NodeStore
 from tests.builders import gpu, inventory
+from tests.rig.dra import DRAKubelet, node_slice_wiper
+from tests.rig.kube import FakeKube
 from tests.waiting import WAIT, eventually
 
 NODE = "node-1"

@@ -13,9 +13,10 @@ import kubegpu.devices
 from kubegpu.cli import kubegpu as kubegpu_command
 from kubegpu.cli.labels import labels, labels_main
 from kubegpu.devices.model import HealthEvent, Inventory, StopFlag
-from kubegpu.kube import FakeKube, KubeError
+from kubegpu.kube import KubeError
 from kubegpu.kube.client import default_client
 from tests.builders import NODE
+from tests.rig.kube import FakeKube
 
 FIXTURES = Path(__file__).parent.parent / "fixtures"
 

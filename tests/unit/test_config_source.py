@@ -25,7 +25,7 @@ from kubegpu.config.source import (
     named_configs,
 )
 from kubegpu.errors import ConfigError
-from kubegpu.kube import FakeKube
+from tests.rig.kube import FakeKube
 from tests.waiting import WAIT, eventually
 
 FAST = 0.05

@@ -262,7 +262,7 @@ def test_the_kubegpu_names_the_map_gives_import() -> None:
     missing = []
     for name in sorted(named):
         parts = name.split(".")
-        # The longest importable prefix, then attributes (`kubegpu.kube.FakeKube`).
+        # The longest importable prefix, then attributes (`kubegpu.kube.KubeClient`).
         cut = next(i for i in range(len(parts), 0, -1) if _importable(".".join(parts[:i])))
         obj: object = importlib.import_module(".".join(parts[:cut]))
         for attribute in parts[cut:]:

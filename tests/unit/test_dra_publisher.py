@@ -17,11 +17,12 @@ from kubegpu.devices.model import Inventory
 from kubegpu.dra.publisher import CONFLICT_RETRIES, SlicePublisher, faults_of
 from kubegpu.dra.slices import AMD_DRIVER, NVIDIA_DRIVER, Fault
 from kubegpu.health import HealthTracker
-from kubegpu.kube import FakeKube, KubeError, SliceEvent
+from kubegpu.kube import KubeError, SliceEvent
 from kubegpu.kube.errors import status_error
 from kubegpu.state import NodeState, NodeStore
 from kubegpu.watch.backoff import Backoff
 from tests.builders import gpu, inventory
+from tests.rig.kube import FakeKube
 from tests.waiting import WAIT, eventually
 
 NODE = "node-1"

@@ -19,8 +19,9 @@ from kubegpu.dra.stale import (
     warning_text,
 )
 from kubegpu.events import EventType, FakeEventSink, NodeEvents, Reason
-from kubegpu.kube import FakeKube, KubeError
+from kubegpu.kube import KubeError
 from kubegpu.metrics import Metrics
+from tests.rig.kube import FakeKube
 
 REPO = Path(__file__).resolve().parents[2]
 NODE = "gpu-node-1"

@@ -19,8 +19,9 @@ from kubegpu.events import (
     NodeEvents,
     Reason,
 )
-from kubegpu.kube import FakeKube, KubeError
+from kubegpu.kube import KubeError
 from kubegpu.metrics import Metrics
+from tests.rig.kube import FakeKube
 from tests.waiting import WAIT
 
 

@@ -7,7 +7,8 @@ from typing import cast
 
 import pytest
 
-from kubegpu.kube import FakeKube, KubeError
+from kubegpu.kube import KubeError
+from tests.rig.kube import FakeKube
 
 
 async def test_requests_are_counted_by_verb_and_resource_failures_included() -> None:

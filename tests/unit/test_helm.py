@@ -920,8 +920,8 @@ def test_dra_mode_installs_a_class_for_gpu_slices_sized_by_memory(chart: Any) ->
     from kubegpu.config import parse_config
     from kubegpu.devices.simulated import SimulatedBackend
     from kubegpu.dra.slices import device_body, dra_devices
-    from kubegpu.kubelet.dra.scheduler import Device, Selector
     from kubegpu.resources import build_resources
+    from tests.rig.dra.scheduler import Device, Selector
 
     docs = render(chart, values("dra-values.yaml"))
     cls = one(docs, "DeviceClass", "gpu-slice.nvidia.com")

@@ -2,9 +2,14 @@
 
 from __future__ import annotations
 
+import ast
+import importlib.metadata
 import re
 import tomllib
 from pathlib import Path
+
+from packaging.requirements import Requirement
+from packaging.utils import canonicalize_name
 
 import kubegpu
 
@@ -115,3 +120,52 @@ def test_the_builder_installs_exactly_the_locked_versions() -> None:
             assert "--no-deps" in command, command
         else:
             assert "-c requirements.lock" in command, command
+
+
+def _names(requirements: list[str]) -> set[str]:
+    return {canonicalize_name(Requirement(r).name) for r in requirements}
+
+
+def _imported_by_the_package() -> set[str]:
+    """The top-level names `src/kubegpu` imports (absolute imports only)."""
+    found: set[str] = set()
+    for path in (REPO / "src" / "kubegpu").rglob("*.py"):
+        for node in ast.walk(ast.parse(path.read_text(encoding="utf-8"))):
+            if isinstance(node, ast.Import):
+                found.update(alias.name.partition(".")[0] for alias in node.names)
+            elif isinstance(node, ast.ImportFrom) and node.level == 0 and node.module:
+                found.add(node.module.partition(".")[0])
+    return found
+
+
+def test_the_image_carries_the_runtime_dependencies_and_nothing_only_tests_use() -> None:
+    """The builder installs the wheel alone (no extra, no requirements file: the lock is
+    constraints only), so the image holds the wheel's runtime dependencies; those name
+    every package the package imports and nothing else. cel-python, the CEL library of the
+    test rig's scheduler stand-in (tests/rig/dra), is a dev dependency, still locked."""
+    ins = instructions()
+    last_from = max(i for i, (word, _) in enumerate(ins) if word == "FROM")
+    runs = " && ".join(args for word, args in ins[:last_from] if word == "RUN")
+    installs = [c.strip() for c in runs.split("&&") if re.search(r"\bpip install\b", c)]
+    [wheel] = [c for c in installs if "/dist/" in c]
+    assert wheel.split()[-1] == "/dist/kubegpu-*.whl", (
+        f"the wheel is installed with extras: {wheel}"
+    )
+    for command in installs:
+        assert not re.search(r"(^|\s)(-r|--requirement|-e|--editable)\b", command), command
+
+    pyproject = tomllib.loads((REPO / "pyproject.toml").read_text())["project"]
+    runtime = _names(pyproject["dependencies"])
+    dev = _names(pyproject["optional-dependencies"]["dev"])
+    assert "cel-python" not in runtime, "the node image would carry the test rig's CEL"
+    assert "cel-python" in dev
+    lock = (REPO / "requirements.lock").read_text()
+    assert re.search(r"^cel-python==", lock, re.MULTILINE), "make lock: cel-python is unpinned"
+
+    distributions: dict[str, set[str]] = {}
+    for module, dists in importlib.metadata.packages_distributions().items():
+        for dist in dists:
+            distributions.setdefault(canonicalize_name(dist), set()).add(module)
+    imported = _imported_by_the_package()
+    unused = sorted(d for d in runtime if not distributions.get(d, set()) & imported)
+    assert not unused, f"runtime dependencies the package never imports: {unused}"

@@ -23,9 +23,10 @@ import msgspec
 import pytest
 
 from kubegpu.errors import KubegpuError
-from kubegpu.kube import RELIST, FakeKube, KubeClient, KubeError, owner_references
+from kubegpu.kube import RELIST, KubeClient, KubeError, owner_references
 from kubegpu.kube.client import _lines, _LineTooLong
 from kubegpu.kube.errors import status_object_error
+from tests.rig.kube import FakeKube
 from tests.waiting import WAIT, eventually
 
 LABEL = "nvidia.com/device-plugin.config"

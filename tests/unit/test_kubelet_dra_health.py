@@ -3,7 +3,7 @@
 from __future__ import annotations
 
 from kubegpu.api import dra_health_pb2 as pb
-from kubegpu.kubelet.dra.health import (
+from tests.rig.dra.health import (
     DEFAULT_HEALTH_TIMEOUT,
     HEALTHY,
     UNHEALTHY,

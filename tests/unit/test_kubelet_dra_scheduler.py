@@ -1,4 +1,4 @@
-"""The scheduler stand-in of the kubelet emulator (kubegpu.kubelet.dra.scheduler).
+"""The scheduler stand-in of the kubelet emulator (tests.rig.dra.scheduler).
 
 It is not the kubelet: it allocates claims from ResourceSlices the way kube-scheduler's
 structured allocator does, so the emulator's end-to-end tests run without a cluster.
@@ -11,14 +11,14 @@ from typing import Any
 
 import pytest
 
-from kubegpu.kube.fake import FakeKube
-from kubegpu.kubelet.dra.scheduler import (
+from tests.rig.dra.scheduler import (
     EXTENDED_CLAIM_ANNOTATION,
     SchedulerStandIn,
     UnschedulableError,
     format_quantity,
     parse_quantity,
 )
+from tests.rig.kube import FakeKube
 
 NODE = "node-1"
 DRIVER = "gpu.nvidia.com"

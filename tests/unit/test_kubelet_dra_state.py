@@ -14,8 +14,8 @@ from pathlib import Path
 import pytest
 
 from kubegpu.kubelet import CheckpointError
-from kubegpu.kubelet.dra.plugins import validate_services
-from kubegpu.kubelet.dra.state import ClaimInfo, ClaimInfoCache, PreparedDevice, decode, encode
+from tests.rig.dra.plugins import validate_services
+from tests.rig.dra.state import ClaimInfo, ClaimInfoCache, PreparedDevice, decode, encode
 
 #: A checkpoint as the kubelet writes it: one claim used by two pods, one device.
 KUBELET_WRITTEN_DATA = (

@@ -15,7 +15,7 @@ from typing import Any
 import httpx2
 import pytest
 
-from kubegpu.kube import FakeKube, KubeClient, KubeError
+from kubegpu.kube import KubeClient, KubeError
 from kubegpu.labeller import (
     MANAGED_ANNOTATION,
     FeatureFileSink,
@@ -24,6 +24,7 @@ from kubegpu.labeller import (
     PublishError,
     format_features,
 )
+from tests.rig.kube import FakeKube
 
 
 def test_features_file_format_is_sorted_key_value_lines() -> None:

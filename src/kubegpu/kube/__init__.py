@@ -11,8 +11,9 @@ so). Everything else talks to the small `Kube` protocol:
 - `KubeError` (`errors.py`): every failure, translated once: the API server's answer
   (403 -> RBAC hint, 404, 409, ...), transport trouble (unreachable, timed out) and
   missing credentials, each as one line naming the call, the object and what to do.
-- `FakeKube` (`fake.py`): in memory, records calls, fails on demand; for tests and
-  embedders, instead of patching the client.
+
+Tests run on an in-memory `Kube` that records calls and fails on demand: `FakeKube`, in
+the repository's test rig (`tests/rig/kube.py`), not in the package.
 
 Users: `kubegpu.events` (Node events), `kubegpu.config.source` (the node label that picks
 a named config), the labeller's NodeFeature / Node patch sinks, and the DRA mode
@@ -24,7 +25,6 @@ from __future__ import annotations
 
 from kubegpu.kube.client import KubeClient, default_client
 from kubegpu.kube.errors import KubeError
-from kubegpu.kube.fake import FakeKube
 from kubegpu.kube.objects import (
     NFD_GROUP,
     NFD_PLURAL,
@@ -40,7 +40,6 @@ __all__ = [
     "NFD_VERSION",
     "RELIST",
     "RESOURCE_API_VERSION",
-    "FakeKube",
     "Kube",
     "KubeClient",
     "KubeError",

@@ -9,8 +9,9 @@ async with KubeletEmulator(tmp_dir, grace_period=0.2) as kubelet:
 
 The modules follow the kubelet's devicemanager: `emulator` (the manager, `KubeletEmulator`),
 `registration`, `endpoint`, `admission`, `pod_devices`, `checkpoint`; `changes` is how
-callers wait on it. `kubegpu.kubelet.dra` is the kubelet's DRA side (plugin watcher, DRA
-manager, and a scheduler stand-in); `KubeletEmulator(dra=DRAKubelet(...))` runs both.
+callers wait on it. `KubeletEmulator(dra=...)` runs a kubelet's DRA side (`DRASide`)
+beside it; the one the tests use (plugin watcher, DRA manager, and a scheduler stand-in) is
+test rig and lives in the repository, not the package (`tests.rig.dra`).
 `KubeletEmulator(version="1.37")` models the newer device manager (an endpoint per plugin
 socket) instead of 1.36's (one client per resource), the default.
 """
@@ -21,6 +22,7 @@ from kubegpu.kubelet.emulator import (
     DIAL_TIMEOUT,
     GRACE_PERIOD,
     PRE_START_TIMEOUT,
+    DRASide,
     KubeletEmulator,
     go_error,
 )
@@ -51,6 +53,7 @@ __all__ = [
     "Allocation",
     "CheckpointError",
     "ContainerStartError",
+    "DRASide",
     "DeviceState",
     "KubeletEmulator",
     "RegistrationRecord",

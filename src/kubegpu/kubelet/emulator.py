@@ -15,10 +15,11 @@ rooms that mirror the devicemanager's files: `registration` (the Registration se
 devices, preferred allocation, Allocate and PreStartContainer), `pod_devices` (who holds
 what) and `checkpoint` (what survives a restart).
 
-With `dra=DRAKubelet(...)` it is also the kubelet's DRA side (`kubegpu.kubelet.dra`): the
-plugin watcher and DRA manager start, stop and restart with it, share its change
-notifications (so `wait_for` sees both), and `run_pod` / `delete_pod` take a whole v1 Pod
-through device-plugin admission and DRA prepare, as the kubelet does for one pod.
+With `dra=` (a `DRASide`: the repository's test rig has one, `tests.rig.dra.DRAKubelet`) it
+is also the kubelet's DRA side: the plugin watcher and DRA manager start, stop and restart
+with it, share its change notifications (so `wait_for` sees both), and `run_pod` /
+`delete_pod` take a whole v1 Pod through device-plugin admission and DRA prepare, as the
+kubelet does for one pod.
 
 Two kubelets are modelled, chosen with `version` (see `KubeletEmulator`): up to 1.36 the
 device manager holds one client per resource (`plugin/v1beta1/handler.go`), and the end of
@@ -41,7 +42,7 @@ import time
 from collections.abc import Awaitable, Callable, Collection, Sequence
 from dataclasses import replace
 from pathlib import Path
-from typing import Any
+from typing import Any, Protocol
 
 import grpc
 
@@ -51,8 +52,6 @@ from kubegpu.kubelet import checkpoint as ckpt
 from kubegpu.kubelet import endpoint as endpoints_
 from kubegpu.kubelet.admission import UNEXPECTED
 from kubegpu.kubelet.changes import Changes
-from kubegpu.kubelet.dra.manager import containers_of
-from kubegpu.kubelet.dra.node import DRAKubelet
 from kubegpu.kubelet.endpoint import Endpoint, go_error
 from kubegpu.kubelet.model import (
     Allocation,
@@ -61,7 +60,7 @@ from kubegpu.kubelet.model import (
     RegistrationRecord,
     RpcRecord,
 )
-from kubegpu.kubelet.pod_devices import PodDevices, to_allocation
+from kubegpu.kubelet.pod_devices import PodDevices, containers_of, to_allocation
 
 log = logging.getLogger("kubegpu.kubelet")
 
@@ -83,6 +82,7 @@ __all__ = [
     "GRACE_PERIOD",
     "PRE_START_TIMEOUT",
     "UNEXPECTED",
+    "DRASide",
     "KubeletEmulator",
     "go_error",
 ]
@@ -102,6 +102,27 @@ def _newest(endpoints: dict[str, Endpoint]) -> Endpoint | None:
     """Before 1.37, the resource's one endpoint (`m.endpoints[resource]`): the newest
     registration, stopped or not."""
     return max(endpoints.values(), key=lambda e: e.seq, default=None)
+
+
+class DRASide(Protocol):
+    """The kubelet's DRA side, run beside the device manager (`KubeletEmulator(dra=...)`).
+
+    A protocol, so the device manager the package ships depends on no DRA kubelet: the one
+    the tests use lives in the repository's test rig (`tests.rig.dra.DRAKubelet`).
+    """
+
+    #: The change notifications the device manager shares, so `wait_for` sees both sides.
+    changes: Changes
+
+    async def start(self) -> None: ...
+
+    async def stop(self) -> None: ...
+
+    async def prepare(self, pod: dict[str, Any]) -> None: ...
+
+    def cdi_devices(self, pod: dict[str, Any], container: str) -> list[str]: ...
+
+    async def unprepare(self, pod: dict[str, Any]) -> None: ...
 
 
 class KubeletEmulator:
@@ -136,7 +157,7 @@ class KubeletEmulator:
         topology_manager: bool = False,
         dial_timeout: float = DIAL_TIMEOUT,
         pre_start_timeout: float = PRE_START_TIMEOUT,
-        dra: DRAKubelet | None = None,
+        dra: DRASide | None = None,
         version: str = DEFAULT_VERSION,
     ) -> None:
         self.plugin_dir = Path(plugin_dir)

@@ -8,10 +8,17 @@ exactly these entries.
 from __future__ import annotations
 
 from collections.abc import Iterable, Iterator
+from typing import Any
 
 from kubegpu.api import pb
 from kubegpu.kubelet.checkpoint import PodDevicesEntry
 from kubegpu.kubelet.model import Allocation, merge_responses
+
+
+def containers_of(pod: dict[str, Any]) -> list[dict[str, Any]]:
+    """A v1 Pod's init containers then containers (the order the scheduler numbers them in)."""
+    spec = pod.get("spec") or {}
+    return [*(spec.get("initContainers") or []), *(spec.get("containers") or [])]
 
 
 def to_allocation(entry: PodDevicesEntry, *, cached: bool) -> Allocation:

@@ -12,9 +12,10 @@ from typing import Any
 import pytest
 import yaml
 
-from kubegpu.kube import FakeKube, KubeError
+from kubegpu.kube import KubeError
 from kubegpu.labeller import NodeFeatureSink, owner_references
 from tests.conformance.origin import DATA, NVIDIA_DP
+from tests.rig.kube import FakeKube
 
 CASES = yaml.safe_load((DATA / "nvidia/labels/output.yaml").read_text(encoding="utf-8"))["cases"]
 

@@ -32,9 +32,10 @@ from kubegpu.dra.service import (
     ClaimPreparer,
     ClaimSource,
 )
-from kubegpu.kube import FakeKube, KubeClient, KubeError
+from kubegpu.kube import KubeClient, KubeError
 from kubegpu.state import NodeStore
 from tests.builders import gpu, inventory
+from tests.rig.kube import FakeKube
 from tests.waiting import WAIT, eventually
 
 DRIVER = "gpu.nvidia.com"

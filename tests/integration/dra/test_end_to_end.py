@@ -27,11 +27,12 @@ from kubegpu.cli.serve import serve
 from kubegpu.daemon import Daemon, DaemonSettings
 from kubegpu.devices.simulated import SimulatedBackend
 from kubegpu.dra.claims import CLAIM_CDI_KIND, spec_file_name
-from kubegpu.kube import FakeKube, Kube
+from kubegpu.kube import Kube
 from kubegpu.kubelet import KubeletEmulator
-from kubegpu.kubelet.dra import DRAKubelet, node_slice_wiper
-from kubegpu.kubelet.dra.manager import PrepareError
-from kubegpu.kubelet.dra.scheduler import SchedulerStandIn, UnschedulableError
+from tests.rig.dra import DRAKubelet, node_slice_wiper
+from tests.rig.dra.manager import PrepareError
+from tests.rig.dra.scheduler import SchedulerStandIn, UnschedulableError
+from tests.rig.kube import FakeKube
 from tests.unit.test_cdi import runtime_device_nodes
 from tests.waiting import WAIT, Kubelet, eventually
 

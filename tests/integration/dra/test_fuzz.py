@@ -33,10 +33,10 @@ from kubegpu.dra.checkpoint import CHECKPOINT_FILE
 from kubegpu.dra.claims import claim_uid_of
 from kubegpu.dra.driver import DraDriver
 from kubegpu.dra.service import SERVICES, ClaimPreparer
-from kubegpu.kube import FakeKube
 from kubegpu.state import NodeStore
 from kubegpu.untrusted import is_uid
 from tests.builders import gpu, inventory
+from tests.rig.kube import FakeKube
 from tests.waiting import WAIT
 
 DRIVER = "gpu.nvidia.com"

@@ -22,10 +22,10 @@ from kubegpu.cli.serve import serve
 from kubegpu.daemon import Daemon, DaemonSettings, StartupError
 from kubegpu.dra.checkpoint import CHECKPOINT_FILE, LEGACY_FILE
 from kubegpu.dra.claims import spec_file_name
-from kubegpu.kube import FakeKube
 from kubegpu.plugin.directory import PluginDirectoryError
 from tests.integration.dra.test_driver import put_claim
 from tests.integration.test_serve import Serve, start
+from tests.rig.kube import FakeKube
 from tests.waiting import WAIT
 
 NODE = "node-a"

@@ -11,9 +11,9 @@ import pytest
 from kubegpu.daemon import Daemon
 from kubegpu.dra.stale import StaleResource, fix_command
 from kubegpu.events import KubernetesEventSink, NodeEvents, Reason
-from kubegpu.kube import FakeKube
 from kubegpu.metrics import Metrics
 from tests.integration.dra.test_serve_dra import NODE, settings
+from tests.rig.kube import FakeKube
 from tests.waiting import eventually
 
 STALE_READY = "ok; Node status still shows device-plugin resource(s) nvidia.com/gpu: see the log"

@@ -25,9 +25,6 @@ import pytest
 from kubegpu.daemon import Daemon
 from kubegpu.dra.checkpoint import Checkpoint
 from kubegpu.dra.claims import spec_file_name
-from kubegpu.kube import FakeKube
-from kubegpu.kubelet.dra import DRAKubelet, node_slice_wiper
-from kubegpu.kubelet.dra.scheduler import SchedulerStandIn, UnschedulableError
 from kubegpu.mps import CLAIMS_DIR
 from tests.integration.dra.test_end_to_end import (
     DRIVER,
@@ -38,6 +35,9 @@ from tests.integration.dra.test_end_to_end import (
     device_classes,
     settings,
 )
+from tests.rig.dra import DRAKubelet, node_slice_wiper
+from tests.rig.dra.scheduler import SchedulerStandIn, UnschedulableError
+from tests.rig.kube import FakeKube
 from tests.waiting import WAIT, Kubelet, eventually
 
 FAKE_MPS = str(Path(__file__).parents[2] / "fixtures" / "fake-mps-control")

@@ -29,10 +29,10 @@ from kubegpu.dra.driver import DraDriver
 from kubegpu.dra.limits import ClaimLimiter
 from kubegpu.dra.service import ClaimPreparer
 from kubegpu.errors import DeviceError
-from kubegpu.kube import FakeKube
 from kubegpu.mps import CLAIMS_DIR
 from kubegpu.state import NodeStore
 from tests.builders import gpu, inventory
+from tests.rig.kube import FakeKube
 from tests.waiting import eventually
 
 FAKE_MPS = str(Path(__file__).parents[2] / "fixtures" / "fake-mps-control")

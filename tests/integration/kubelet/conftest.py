@@ -13,12 +13,12 @@ from typing import Any
 import pytest
 
 from kubegpu.api import pb
-from kubegpu.kube import FakeKube
 from kubegpu.kubelet import (
     KubeletEmulator,
 )
-from kubegpu.kubelet.dra import DRAKubelet
 from tests.integration.kubelet.fakes import FakePlugin, MakePlugin
+from tests.rig.dra import DRAKubelet
+from tests.rig.kube import FakeKube
 from tests.waiting import Kubelet
 
 

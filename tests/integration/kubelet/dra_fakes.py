@@ -25,7 +25,7 @@ from kubegpu.api import dra_pb2 as dra
 from kubegpu.api import dra_pb2_grpc as dra_grpc
 from kubegpu.api import pluginregistration_pb2 as reg
 from kubegpu.api import pluginregistration_pb2_grpc as reg_grpc
-from kubegpu.kube.fake import FakeKube
+from tests.rig.kube import FakeKube
 
 Ctx: TypeAlias = "grpc.aio.ServicerContext[Any, Any]"
 DRIVER = "gpu.example.com"

@@ -13,9 +13,9 @@ from typing import Any
 
 import pytest
 
-from kubegpu.kube.fake import FakeKube
-from kubegpu.kubelet.dra import DRAKubelet, PrepareError, node_slice_wiper
 from tests.integration.kubelet.dra_fakes import DRIVER, FakeDriver, allocated_claim, pod
+from tests.rig.dra import DRAKubelet, PrepareError, node_slice_wiper
+from tests.rig.kube import FakeKube
 from tests.waiting import WAIT
 
 NODE = "node-1"

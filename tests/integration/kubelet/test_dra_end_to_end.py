@@ -13,11 +13,11 @@ from typing import Any
 
 import pytest
 
-from kubegpu.kube.fake import FakeKube
 from kubegpu.kubelet import KubeletEmulator
-from kubegpu.kubelet.dra import DRAKubelet
-from kubegpu.kubelet.dra.scheduler import SchedulerStandIn, UnschedulableError
 from tests.integration.kubelet.dra_fakes import DRIVER, FakeDriver
+from tests.rig.dra import DRAKubelet
+from tests.rig.dra.scheduler import SchedulerStandIn, UnschedulableError
+from tests.rig.kube import FakeKube
 from tests.waiting import WAIT, Kubelet
 
 NODE = "node-1"

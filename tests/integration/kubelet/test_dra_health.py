@@ -1,6 +1,6 @@
 """The kubelet emulator's side of the DRA health stream, against drivers on real sockets.
 
-Each test follows pkg/kubelet/cm/dra (see kubegpu.kubelet.dra.health): the stream opened
+Each test follows pkg/kubelet/cm/dra (see tests.rig.dra.health): the stream opened
 for every registered plugin and again after it ends, an unimplemented service reported as
 the kubelet logs it, each device's health in the pod's allocatedResourcesStatus under the
 claim's name with the device's CDI ID, pods notified of a change, health forgotten when the
@@ -16,8 +16,6 @@ from typing import Any
 import pytest
 
 from kubegpu.api import dra_health_pb2 as health_pb
-from kubegpu.kube.fake import FakeKube
-from kubegpu.kubelet.dra import HEALTHY, UNHEALTHY, UNKNOWN, DRAKubelet
 from tests.integration.kubelet.dra_fakes import (
     DRIVER,
     FakeDriver,
@@ -25,6 +23,8 @@ from tests.integration.kubelet.dra_fakes import (
     allocated_claim,
     pod,
 )
+from tests.rig.dra import HEALTHY, UNHEALTHY, UNKNOWN, DRAKubelet
+from tests.rig.kube import FakeKube
 from tests.waiting import WAIT, eventually
 
 POOL = "node-1"

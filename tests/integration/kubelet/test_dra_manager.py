@@ -1,7 +1,7 @@
 """The kubelet emulator's DRA manager with a small DRA driver over real unix sockets.
 
 Each test follows a behaviour of pkg/kubelet/cm/dra/manager.go (see
-kubegpu.kubelet.dra.manager): one NodePrepareResources per driver, per-claim errors failing
+tests.rig.dra.manager): one NodePrepareResources per driver, per-claim errors failing
 the pod's sync with the kubelet's wording, CDI IDs per container, unprepare only when the
 last pod goes, the checkpoint surviving a restart and the claim prepared again.
 """
@@ -16,9 +16,9 @@ from typing import Any
 import grpc
 import pytest
 
-from kubegpu.kube.fake import FakeKube
-from kubegpu.kubelet.dra import FAILED_PREPARE, STATE_FILE, DRAKubelet, PrepareError
 from tests.integration.kubelet.dra_fakes import DRIVER, FakeDriver, allocated_claim, pod
+from tests.rig.dra import FAILED_PREPARE, STATE_FILE, DRAKubelet, PrepareError
+from tests.rig.kube import FakeKube
 from tests.waiting import WAIT
 
 OTHER = "nic.example.com"

@@ -1,7 +1,7 @@
 """The kubelet emulator's plugin watcher with DRA drivers over real unix sockets.
 
 Each test follows a behaviour of pkg/kubelet/pluginmanager and cm/dra/plugin (see
-kubegpu.kubelet.dra.watcher and .plugins): registration, refusal, deregistration when the
+tests.rig.dra.watcher and .plugins): registration, refusal, deregistration when the
 registration socket goes, re-registration after a kubelet restart.
 """
 
@@ -13,9 +13,9 @@ from typing import Any
 import grpc
 import pytest
 
-from kubegpu.kube.fake import FakeKube
-from kubegpu.kubelet.dra import V1_SERVICE, V1BETA1_SERVICE, DRAKubelet
 from tests.integration.kubelet.dra_fakes import DRIVER, FakeDriver
+from tests.rig.dra import V1_SERVICE, V1BETA1_SERVICE, DRAKubelet
+from tests.rig.kube import FakeKube
 from tests.waiting import WAIT
 
 MakeDriver = Callable[..., Awaitable[FakeDriver]]

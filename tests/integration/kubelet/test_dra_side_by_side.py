@@ -13,11 +13,11 @@ from typing import Any
 
 import pytest
 
-from kubegpu.kube.fake import FakeKube
 from kubegpu.kubelet import KubeletEmulator
-from kubegpu.kubelet.dra import DRAKubelet
 from tests.integration.kubelet.dra_fakes import DRIVER, FakeDriver, allocated_claim, pod
 from tests.integration.kubelet.fakes import GPU, MakePlugin, dev
+from tests.rig.dra import DRAKubelet
+from tests.rig.kube import FakeKube
 from tests.waiting import WAIT, Kubelet
 
 
@@ -43,13 +43,13 @@ async def test_device_plugin_and_dra_pods_on_one_node(
     both: tuple[KubeletEmulator, FakeKube], make_plugin: MakePlugin
 ) -> None:
     kubelet, kube = both
-    assert kubelet.dra is not None
+    dra = kubelet.dra
+    assert isinstance(dra, DRAKubelet)
     plugin = make_plugin([dev("gpu-a"), dev("gpu-b")])
     await plugin.serve_and_register()
-    driver = await FakeDriver(kubelet.dra.registry_dir, kubelet.dra.plugins_dir, kube=kube).start()
+    driver = await FakeDriver(dra.registry_dir, dra.plugins_dir, kube=kube).start()
     try:
         await kubelet.wait_for_resource(GPU, capacity=2, allocatable=2)
-        dra = kubelet.dra
         await kubelet.wait_for(lambda: DRIVER in dra.drivers, WAIT)
 
         by_plugin = gpu_pod("by-plugin", 1)
@@ -85,8 +85,9 @@ async def test_a_kubelet_restart_restarts_the_dra_side(
     both: tuple[KubeletEmulator, FakeKube],
 ) -> None:
     kubelet, kube = both
-    assert kubelet.dra is not None
-    driver = await FakeDriver(kubelet.dra.registry_dir, kubelet.dra.plugins_dir, kube=kube).start()
+    dra = kubelet.dra
+    assert isinstance(dra, DRAKubelet)
+    driver = await FakeDriver(dra.registry_dir, dra.plugins_dir, kube=kube).start()
     try:
         await kubelet.wait_for(lambda: len(driver.statuses) == 1, WAIT)
         await kubelet.restart()

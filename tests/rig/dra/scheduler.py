@@ -63,9 +63,9 @@ from celpy.celparser import CELParseError
 from celpy.evaluation import CELEvalError
 
 from kubegpu.errors import KubegpuError
-from kubegpu.kubelet.dra.manager import containers_of
+from kubegpu.kubelet.pod_devices import containers_of
 
-log = logging.getLogger("kubegpu.kubelet.dra")
+log = logging.getLogger("tests.rig.dra")
 
 EXTENDED_CLAIM_ANNOTATION = "resource.kubernetes.io/extended-resource-claim"
 DEVICE_CLASS_PREFIX = "deviceclass.resource.kubernetes.io/"

@@ -32,7 +32,7 @@ from dataclasses import dataclass, replace
 from typing import Any, Final
 
 from kubegpu.api import dra_health_pb2 as pb
-from kubegpu.kubelet.dra.state import ClaimInfo
+from tests.rig.dra.state import ClaimInfo
 
 #: `DefaultHealthTimeout`.
 DEFAULT_HEALTH_TIMEOUT: Final = 30.0

@@ -1,8 +1,8 @@
 """`FakeKube`: an in-memory `Kube` that records calls and fails on demand.
 
-For tests, and for anyone embedding kubegpu without a cluster. It answers as the API
-server would (a missing Node is a 404 `KubeError`, creating an existing NodeFeature a
-409) with the same messages as `KubeClient`, so error paths are exercised as written.
+Test rig, kept out of the package. It answers as the API server would (a missing Node is
+a 404 `KubeError`, creating an existing NodeFeature a 409) with the same messages as
+`KubeClient`, so error paths are exercised as written.
 """
 
 from __future__ import annotations

@@ -44,7 +44,7 @@ from kubegpu.api import dra_health_pb2, dra_health_stub
 from kubegpu.api import dra_pb2 as dra
 from kubegpu.kubelet.endpoint import go_error
 
-log = logging.getLogger("kubegpu.kubelet.dra")
+log = logging.getLogger("tests.rig.dra")
 
 V1_SERVICE = "v1.DRAPlugin"
 V1BETA1_SERVICE = "v1beta1.DRAPlugin"

@@ -47,16 +47,17 @@ import grpc
 from kubegpu.api import dra_health_pb2
 from kubegpu.api import dra_pb2 as dra
 from kubegpu.errors import KubegpuError
-from kubegpu.kubelet.dra.health import (
+from kubegpu.kubelet.pod_devices import containers_of
+from tests.rig.dra.health import (
     HealthInfoCache,
     device_health,
     holds,
     resource_health,
 )
-from kubegpu.kubelet.dra.plugins import DRAPlugin, DRAPluginManager, PluginError, rpc_error_text
-from kubegpu.kubelet.dra.state import ClaimInfo, ClaimInfoCache, PreparedDevice
+from tests.rig.dra.plugins import DRAPlugin, DRAPluginManager, PluginError, rpc_error_text
+from tests.rig.dra.state import ClaimInfo, ClaimInfoCache, PreparedDevice
 
-log = logging.getLogger("kubegpu.kubelet.dra")
+log = logging.getLogger("tests.rig.dra")
 
 FAILED_PREPARE = "FailedPrepareDynamicResources"
 
@@ -113,12 +114,6 @@ def pod_key(pod: dict[str, Any]) -> str:
     return f"{_meta(pod).get('namespace', 'default')}/{_meta(pod).get('name', '')}"
 
 
-def containers_of(pod: dict[str, Any]) -> list[dict[str, Any]]:
-    """Init containers then containers (the order the scheduler numbers them in)."""
-    spec = pod.get("spec") or {}
-    return [*(spec.get("initContainers") or []), *(spec.get("containers") or [])]
-
-
 def claim_name(pod: dict[str, Any], pod_claim: dict[str, Any]) -> tuple[str | None, bool]:
     """(claim name or None when none is needed, must check owner) (`resourceclaim.Name`)."""
     if pod_claim.get("resourceClaimName"):
@@ -158,7 +153,7 @@ class DRAManager:
         self.plugins = plugins
         self.cache = ClaimInfoCache(state_dir)
         self._on_change = on_change
-        #: Device health from the drivers' streams (see `kubegpu.kubelet.dra.health`).
+        #: Device health from the drivers' streams (see `tests.rig.dra.health`).
         self.health = HealthInfoCache()
         #: Pod UIDs of each health update sent to the pod workers (`m.update`), in order.
         self.health_updates: list[set[str]] = []

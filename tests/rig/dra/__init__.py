@@ -1,6 +1,6 @@
 """The kubelet emulator's DRA side: plugin watcher, DRA manager, and a scheduler stand-in.
 
-from kubegpu.kubelet.dra import DRAKubelet
+from tests.rig.dra import DRAKubelet
 
 async with DRAKubelet(root, kube) as node:        # root stands for /var/lib/kubelet
     ...  # a driver registers on root/plugins_registry/<driver>-reg.sock
@@ -15,8 +15,8 @@ Modules follow the kubelet's code: `watcher` (pkg/kubelet/pluginmanager), `plugi
 allocator so tests can allocate claims without a cluster.
 """
 
-from kubegpu.kubelet.dra.health import HEALTHY, UNHEALTHY, UNKNOWN, HealthInfoCache
-from kubegpu.kubelet.dra.manager import (
+from tests.rig.dra.health import HEALTHY, UNHEALTHY, UNKNOWN, HealthInfoCache
+from tests.rig.dra.manager import (
     FAILED_PREPARE,
     ClaimReader,
     DRACall,
@@ -24,8 +24,8 @@ from kubegpu.kubelet.dra.manager import (
     PrepareError,
     UnprepareError,
 )
-from kubegpu.kubelet.dra.node import PLUGINS, PLUGINS_REGISTRY, DRAKubelet, node_slice_wiper
-from kubegpu.kubelet.dra.plugins import (
+from tests.rig.dra.node import PLUGINS, PLUGINS_REGISTRY, DRAKubelet, node_slice_wiper
+from tests.rig.dra.plugins import (
     SUPPORTED_SERVICES,
     V1_SERVICE,
     V1BETA1_SERVICE,
@@ -33,8 +33,8 @@ from kubegpu.kubelet.dra.plugins import (
     DRAPluginManager,
     SliceWiper,
 )
-from kubegpu.kubelet.dra.state import STATE_FILE, ClaimInfo, PreparedDevice
-from kubegpu.kubelet.dra.watcher import DRA_PLUGIN_TYPE, PluginWatcher, RegistrationAttempt
+from tests.rig.dra.state import STATE_FILE, ClaimInfo, PreparedDevice
+from tests.rig.dra.watcher import DRA_PLUGIN_TYPE, PluginWatcher, RegistrationAttempt
 
 __all__ = [
     "DRA_PLUGIN_TYPE",

@@ -42,10 +42,10 @@ import grpc
 
 from kubegpu.api import pluginregistration_pb2 as reg
 from kubegpu.api import pluginregistration_pb2_grpc as reg_grpc
-from kubegpu.kubelet.dra.plugins import rpc_error_text
 from kubegpu.watch import PathWatch
+from tests.rig.dra.plugins import rpc_error_text
 
-log = logging.getLogger("kubegpu.kubelet.dra")
+log = logging.getLogger("tests.rig.dra")
 
 DIAL_TIMEOUT = 10.0
 GET_INFO_TIMEOUT = 1.0

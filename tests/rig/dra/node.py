@@ -15,8 +15,8 @@ from pathlib import Path
 from typing import Any, Protocol
 
 from kubegpu.kubelet.changes import Changes
-from kubegpu.kubelet.dra.manager import ClaimReader, DRACall, DRAManager
-from kubegpu.kubelet.dra.plugins import (
+from tests.rig.dra.manager import ClaimReader, DRACall, DRAManager
+from tests.rig.dra.plugins import (
     CALL_TIMEOUT,
     HEALTH_RETRY,
     WIPING_DELAY,
@@ -24,14 +24,14 @@ from kubegpu.kubelet.dra.plugins import (
     DRAPluginManager,
     SliceWiper,
 )
-from kubegpu.kubelet.dra.watcher import (
+from tests.rig.dra.watcher import (
     DRA_PLUGIN_TYPE,
     RETRY_INITIAL,
     PluginWatcher,
     RegistrationAttempt,
 )
 
-log = logging.getLogger("kubegpu.kubelet.dra")
+log = logging.getLogger("tests.rig.dra")
 
 #: The kubelet's directories under its root (`/var/lib/kubelet`).
 PLUGINS_REGISTRY = "plugins_registry"
