@@ -31,8 +31,9 @@ lists each MPS client with the memory it holds.
 
 Skipped, with the reason, where NVML sees no GPU, `libcuda.so.1` does not load,
 `nvidia-cuda-mps-control` is not on PATH, the test is not root (kubegpu runs its MPS control
-daemons as root), no GPU can host MPS limits (MIG off, compute capability 7.0 or later) or
-the GPU has too little free memory. docs/gpu-validation.md ("MPS limits") says how to run it.
+daemons as root), no GPU can host MPS limits (MIG off, compute capability 7.0 or later), the
+GPU is not in the Default compute mode or has too little free memory.
+docs/gpu-validation.md ("MPS limits") says how to run it.
 """
 
 from __future__ import annotations
@@ -183,6 +184,16 @@ def _free_mib(gpu: Gpu) -> int:
         pynvml.nvmlShutdown()
 
 
+def _compute_mode(gpu: Gpu) -> int:
+    """The GPU's compute mode (`NVML_COMPUTEMODE_*`)."""
+    pynvml.nvmlInit()
+    try:
+        handle = pynvml.nvmlDeviceGetHandleByUUID(gpu.uuid)
+        return int(pynvml.nvmlDeviceGetComputeMode(handle))
+    finally:
+        pynvml.nvmlShutdown()
+
+
 @pytest.fixture
 def mps_gpu(nvml_backend: NvmlBackend) -> Gpu:
     """The first GPU that can host MPS memory limits; skips with the reason otherwise."""
@@ -201,6 +212,13 @@ def mps_gpu(nvml_backend: NvmlBackend) -> Gpu:
             "(MPS memory limits need Volta or newer)"
         )
     gpu = usable[0]
+    if _compute_mode(gpu) != pynvml.NVML_COMPUTEMODE_DEFAULT:
+        # Exclusive-process mode allows one context, so one MPS server: kubegpu leaves the
+        # mode at Default for several claims' servers (docs/sharing.md).
+        pytest.skip(
+            f"GPU {gpu.index} is not in the Default compute mode; two claims' MPS servers "
+            f"need it (nvidia-smi -i {gpu.index} -c DEFAULT)"
+        )
     free = _free_mib(gpu)
     if free < NEEDED_FREE_MIB:
         pytest.skip(f"GPU {gpu.index} has {free} MiB free; the test needs {NEEDED_FREE_MIB} MiB")
