@@ -279,6 +279,8 @@ class Daemon:
                         stale.poke()
 
                     self.dra.registration.on_registered = registered
+                    # A newer Xid on a GPU already unhealthy renames its taint.
+                    monitor.on_reason = lambda uuid: publisher.faults_changed()
                     tasks.start("stale node resources", stale.run())
                     tasks.start("dra sockets", self.dra.run(), root=True)
                     if self.dra.health is not None:

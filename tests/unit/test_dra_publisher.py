@@ -551,6 +551,25 @@ async def test_a_storm_of_changes_is_written_once_per_pace_showing_the_newest_st
             await task
 
 
+async def test_a_newer_xid_of_a_gpu_already_unhealthy_renames_its_taint(kube: FakeKube) -> None:
+    """A second Xid on an unhealthy GPU changes no health, so the taint kept the first Xid
+    until the periodic comparison; the health monitor now says so, and it is written."""
+    faults = {gpu(0).uuid: Fault(xid=61)}
+    store = store_of(inventory(gpu(0), gpu(1)))
+    pub = publisher(kube, store, faults=lambda: faults)
+    task = asyncio.ensure_future(pub.run())
+    try:
+        store.update(health={gpu(0).uuid: Health.UNHEALTHY})
+        await eventually(lambda: taint(kube, "gpu-0") == "61")
+        faults[gpu(0).uuid] = Fault(xid=79)
+        pub.faults_changed()
+        await eventually(lambda: taint(kube, "gpu-0") == "79")
+    finally:
+        task.cancel()
+        with pytest.raises(asyncio.CancelledError):
+            await task
+
+
 def test_a_write_on_a_stale_version_lists_and_writes_again(kube: FakeKube) -> None:
     """Compared without a list, a write may carry a version someone else moved on: the
     409 reads the slices and the write goes again, once."""

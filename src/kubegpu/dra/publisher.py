@@ -2,7 +2,8 @@
 
 `SlicePublisher.run` follows the store as the labeller does (`NodeStore.subscribe`): on
 every change of what the slices show (inventory: a MIG layout; config: a reload that
-changes replicas or names; health) it builds the bodies (`kubegpu.dra.slices`),
+changes replicas or names; health; and, told through `faults_changed`, the Xid of a device
+already unhealthy, which names its taint) it builds the bodies (`kubegpu.dra.slices`),
 compares them with what the API holds for this node and driver (see below for when that
 is read), and writes the difference:
 
@@ -180,6 +181,12 @@ class SlicePublisher:
         )
         if not fresh:
             self._stale.update(self.drivers)
+        self._poke.set()
+
+    def faults_changed(self) -> None:
+        """A device's fault changed while its health did not (a newer Xid on a GPU that
+        is already unhealthy): its taint names the Xid, so compare again. Call from the
+        event loop."""
         self._poke.set()
 
     # -- the loop -------------------------------------------------------------------------
