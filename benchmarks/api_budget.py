@@ -284,7 +284,7 @@ def _xid_storm(storm: int) -> Callable[[Node], Awaitable[None]]:
     return run
 
 
-def _flap_storm(storm: int) -> Callable[[Node], Awaitable[None]]:
+def flap_storm(storm: int) -> Callable[[Node], Awaitable[None]]:
     async def run(n: Node) -> None:
         for i in range(storm):
             if i % 2 == 0:
@@ -334,7 +334,7 @@ async def bench_api_budget(storm: int = STORM) -> Figures:
         "health_flap": health_flap,
         "reload": _reload,
         "xid_storm": _xid_storm(storm),
-        "flap_storm": _flap_storm(storm),
+        "flap_storm": flap_storm(storm),
         "flapping_hour": _flapping_hour,
     }
     figures: Figures = {"storm": storm, "flap_period_s": FLAP_PERIOD_S}
