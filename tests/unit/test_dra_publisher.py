@@ -443,7 +443,7 @@ class EchoFirstKube(FakeKube):
 
     def __init__(self) -> None:
         super().__init__()
-        self._taken: set[tuple[str, str]] = set()
+        self._taken: set[tuple[str | None, str | None]] = set()
         self._took = threading.Condition()
 
     async def watch_resource_slices(self, driver: str, node: str) -> AsyncIterator[SliceEvent]:

@@ -177,7 +177,7 @@ async def test_a_newer_xid_on_an_unhealthy_gpu_is_the_taint_of_its_device(
             for device in body["spec"].get("devices") or []:
                 if device["name"] == "gpu-0":
                     taints = device.get("taints") or [{}]
-                    return taints[0].get("value")
+                    return str(taints[0].get("value"))
         return None
 
     backend.inject_xid(0, 61)  # unhealthy until its probes pass
