@@ -66,7 +66,7 @@ from kubegpu.plugin.directory import PluginDirectory, Role
 from kubegpu.plugin.manager import socket_path_too_long
 from kubegpu.resources import ResourceSpec
 from kubegpu.state import NodeStore
-from kubegpu.supervisor import Supervisor, spawn, until_stopped
+from kubegpu.supervisor import Supervisor, until_stopped
 from kubegpu.usage import DEFAULT_MAX_ROWS, UsageCollector, UsageSettings
 from kubegpu.usage.collector import KUBELET_CHECKPOINT
 
@@ -282,10 +282,14 @@ class Daemon:
                     stale = self.stale = self._stale_check(self.dra.driver)
 
                     def registered() -> None:
-                        self._republish(publisher)
+                        # A starting kubelet has just deleted the node's slices (and one
+                        # that lost us a while ours): compare with the API now.
+                        publisher.resync()
                         stale.poke()
 
                     self.dra.registration.on_registered = registered
+                    # A newer Xid on a GPU already unhealthy renames its taint.
+                    monitor.on_reason = lambda uuid: publisher.faults_changed()
                     tasks.start("stale node resources", stale.run())
                     tasks.start("dra sockets", self.dra.run(), root=True)
                     if self.dra.health is not None:
@@ -426,19 +430,6 @@ class Daemon:
         return StaleResourceCheck(
             self.kube, self.settings.node_name, names, events=self.events, metrics=self.metrics
         )
-
-    def _republish(self, publisher: SlicePublisher) -> None:
-        """The kubelet (re)registered us: a starting kubelet has just deleted the node's
-        slices (and one that lost us a while deletes ours), so write them again now
-        rather than at the publisher's next periodic comparison."""
-
-        async def sync() -> None:
-            try:
-                await asyncio.to_thread(publisher.sync, self.store.state)
-            except KubegpuError as exc:  # the publisher's own loop retries with backoff
-                log.warning("cannot publish ResourceSlices after registration: %s", exc)
-
-        spawn("republish slices", sync())
 
     def _take_driver_dir(self, dra: DraDriver) -> None:
         """Own the driver's directory under the kubelet's plugins directory (its sockets

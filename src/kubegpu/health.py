@@ -317,6 +317,10 @@ class HealthMonitor:
         self._probe_timeout = probe_timeout
         #: Probes still running in a worker thread (a hung NVML call), by device UUID.
         self._hung: dict[str, asyncio.Task[str | None]] = {}
+        #: Called with a device's UUID when why it is unhealthy changes while it stays
+        #: unhealthy (a newer Xid): the store's health map does not show that, and a
+        #: DRA taint names the Xid.
+        self.on_reason: Callable[[str], None] | None = None
 
     async def run(self) -> None:
         """Watch and probe until cancelled; the watch thread is stopped and joined on exit."""
@@ -424,7 +428,11 @@ class HealthMonitor:
         if event.kind is HealthEventKind.XID and event.xid is not None and self._metrics:
             self._metrics.xid(event.uuid, event.xid)
         before = self.tracker.health()
+        reason = self.tracker.reason(event.uuid)
         if not self.tracker.observe(event):
+            now = self.tracker.reason(event.uuid)
+            if reason is not None and now not in (None, reason) and self.on_reason is not None:
+                self.on_reason(event.uuid)
             if (
                 event.kind is HealthEventKind.XID
                 and event.uuid not in before

@@ -264,6 +264,21 @@ class Recorder:
         await asyncio.wait_for(wait(), timeout)
 
 
+def test_the_monitor_says_when_an_unhealthy_devices_reason_changes() -> None:
+    """A newer Xid on a device already unhealthy changes no health map, so nothing that
+    follows the store hears of it; the monitor says so, for a DRA taint names the Xid."""
+    monitor = HealthMonitor(SimulatedBackend.load("t4-1"), HealthFlags(), NodeStore())
+    told: list[str] = []
+    monitor.on_reason = told.append
+    monitor.handle(xid(61))  # unhealthy: the store says so
+    monitor.handle(xid(61))  # the same fault again
+    assert told == []
+    monitor.handle(xid(79))  # another Xid: the reason and the taint change
+    assert told == [GPU]
+    monitor.handle(xid(48))  # a reset-requiring fault keeps its reason: nothing new
+    assert told == [GPU]
+
+
 @contextlib.asynccontextmanager
 async def running(monitor: HealthMonitor) -> AsyncIterator[asyncio.Task[None]]:
     task = spawn("health monitor", monitor.run())
