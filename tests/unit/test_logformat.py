@@ -15,6 +15,7 @@ import click
 import pytest
 
 from kubegpu import logformat
+from kubegpu.cli import setup_logging
 from kubegpu.cli.cdi import generate
 from kubegpu.cli.labels import labels
 from kubegpu.cli.options import parse
@@ -180,3 +181,19 @@ def test_labels_logs_json_on_stderr_and_prints_the_labels_on_stdout(tmp_path: Pa
     records = [json.loads(line) for line in done.stderr.splitlines()]
     assert {"logger": "kubegpu.labeller", "level": "info"}.items() <= records[-1].items()
     assert records[-1]["msg"].startswith("published ")
+
+
+@pytest.mark.parametrize(
+    ("level", "http_lines"), [("info", False), ("warning", False), ("debug", True)]
+)
+def test_the_http_clients_line_per_request_shows_only_at_debug(
+    level: str, http_lines: bool, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """Each watch reopened and each slice written was an INFO line of the HTTP client's."""
+    root, client = logging.getLogger(), logging.getLogger("httpx2")
+    monkeypatch.setattr(root, "handlers", [])
+    monkeypatch.setattr(root, "level", root.level)
+    monkeypatch.setattr(client, "level", client.level)
+    setup_logging(level)
+    assert client.isEnabledFor(logging.INFO) is http_lines
+    assert client.isEnabledFor(logging.WARNING)

@@ -131,7 +131,13 @@ def setup_logging(level: str, fmt: str = "text") -> None:
     """Log records at `level` and above to stderr, as `text` or `json` (`kubegpu.logformat`)."""
     handler = logging.StreamHandler(sys.stderr)
     handler.setFormatter(logformat.formatter(fmt))
-    logging.basicConfig(level=getattr(logging, level.upper()), handlers=[handler])
+    threshold = getattr(logging, level.upper())
+    logging.basicConfig(level=threshold, handlers=[handler])
+    # The HTTP client logs every request at INFO ("HTTP Request: GET ..."): each watch
+    # reopened and each slice written would be a line. kubegpu logs what a call meant and
+    # every failure itself, so the client's lines show only at debug.
+    http = threshold if threshold <= logging.DEBUG else max(threshold, logging.WARNING)
+    logging.getLogger("httpx2").setLevel(http)
 
 
 def main(argv: Sequence[str] | None = None) -> int:

@@ -76,6 +76,7 @@ class ClaimLimiter:
         #: Passed to every `MpsDaemon` (timeouts, intervals: tests make them short). A
         #: claim's prepare waits for its daemon: it is asked every 20 ms until it answers.
         self.daemon_options = {"probe_interval": 0.02, **(daemon_options or {})}
+        self._warned_shm = False
         #: The supervised daemons by claim UID.
         self.daemons: dict[str, mps.MpsDaemon] = {}
         self._tasks: dict[str, asyncio.Task[None]] = {}
@@ -157,6 +158,7 @@ class ClaimLimiter:
     async def _start(self, uid: str, limits: ClaimLimits, gpus: Callable[[str], Gpu]) -> None:
         await self._forget(uid)
         daemon = self._daemon(uid, limits, gpus)
+        await asyncio.to_thread(self._check_shared_memory, daemon.dir.parent.parent)
         try:
             if daemon.dir.exists():
                 # An earlier attempt's daemon may answer there: taken over, limits set again.
@@ -169,6 +171,30 @@ class ClaimLimiter:
             _remove(daemon.dir)
             raise LimitError(f"its MPS control daemon did not start: {exc}") from exc
         self._supervise(uid, daemon)
+
+    def _check_shared_memory(self, mps_root: Path) -> None:
+        """The claim's containers get `<mps root>/shm` as their /dev/shm (`mps.claim_edits`),
+        which the MPS servers must share: create it (a runtime refuses a missing mount source)
+        and say once if this process's /dev/shm is not it, as when `serve` runs outside the
+        chart, which mounts it there."""
+        shm = mps_root / "shm"
+        try:
+            shm.mkdir(parents=True, exist_ok=True)
+        except OSError as exc:
+            raise LimitError(f"cannot make the MPS shared memory directory {shm}: {exc}") from exc
+        try:
+            same = shm.samefile("/dev/shm")
+        except OSError:  # no /dev/shm here at all
+            same = False
+        if not same and not self._warned_shm:
+            self._warned_shm = True
+            log.warning(
+                "this process's /dev/shm is not %s, which the claims' containers get as theirs: "
+                "their MPS clients cannot reach the servers on a GPU; mount %s at /dev/shm "
+                "(the chart does)",
+                shm,
+                shm,
+            )
 
     def _supervise(self, uid: str, daemon: mps.MpsDaemon) -> None:
         self.daemons[uid] = daemon

@@ -337,3 +337,22 @@ async def test_a_concurrent_prepare_and_unprepare_leave_no_daemon(plugin: Plugin
     )
     assert list((plugin.mps / CLAIMS_DIR).iterdir()) == []
     assert plugin.limiter.daemons == {}
+
+
+async def test_the_shared_memory_directory_the_containers_mount_exists_and_a_mismatch_is_said(
+    plugin: Plugin, caplog: pytest.LogCaptureFixture
+) -> None:
+    """Each container of a sized claim mounts `<mps root>/shm` as its /dev/shm; a runtime
+    refuses a missing mount source, and servers on another /dev/shm cannot be reached."""
+    shm = plugin.mps / "shm"
+    assert not shm.exists()
+    first, second = (put_claim(plugin.kube, n, ("gpu-0", "10Gi", "1")) for n in ("a", "b"))
+    assert await plugin.prepare(first) == ""
+    assert await plugin.prepare(second) == ""
+    mounts = {
+        m["containerPath"]: m["hostPath"] for m in plugin.spec(first)["containerEdits"]["mounts"]
+    }
+    assert mounts["/dev/shm"] == str(shm) and shm.is_dir()
+    # This test process's /dev/shm is not the temporary root's: said once, with the fix.
+    said = [r.getMessage() for r in caplog.records if "/dev/shm" in r.getMessage()]
+    assert len(said) == 1 and f"mount {shm} at /dev/shm" in said[0]
