@@ -308,6 +308,17 @@ class FakeKube:
                     "Conflict",
                     detail=_MODIFIED.format(name=name),
                 )
+            # As the API server (ValidateResourceSliceUpdate): a slice's pool name is
+            # immutable, "spec.pool.name: Invalid value: ...: field is immutable".
+            was = current.get("spec", {}).get("pool", {}).get("name")
+            now = body.get("spec", {}).get("pool", {}).get("name")
+            if was != now:
+                raise status_error(
+                    what,
+                    422,
+                    "Unprocessable Entity",
+                    detail=f'spec.pool.name: Invalid value: "{now}": field is immutable',
+                )
             stamped = _taints_stamped(self._slice_stored(copy.deepcopy(body)), self.clock)
             stored = self._stamped(stamped, current, kind="ResourceSlice")
             self.resource_slices[name] = stored

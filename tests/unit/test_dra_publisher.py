@@ -263,6 +263,24 @@ def test_stale_and_surplus_slices_are_deleted(kube: FakeKube) -> None:
     assert writes(kube)[-1] == "delete resourceslice/left-over"
 
 
+def test_a_slice_of_another_pool_on_this_node_is_deleted_not_rewritten(kube: FakeKube) -> None:
+    """A slice of this driver and node under another pool name (the daemon once ran with
+    another node name) cannot become ours: the API refuses to change a pool's name, and
+    rewriting it failed every sync, so no change (a taint) was published. Deleted, as
+    Kubernetes' own slice controller deletes the pools it does not publish."""
+    store = store_of(inventory(gpu(0)))
+    pub = publisher(kube, store)
+    pool = {"name": "old-name", "generation": 3, "resourceSliceCount": 1}
+    spec = {"driver": NVIDIA_DRIVER, "nodeName": NODE, "pool": pool, "devices": []}
+    kube.create_resource_slice({"metadata": {"name": "renamed"}, "spec": spec})
+    assert pub.sync(store.state)
+    assert "renamed" not in kube.resource_slices
+    (mine,) = stored(kube)
+    assert mine["spec"]["pool"]["name"] == NODE
+    assert writes(kube)[-1] == "delete resourceslice/renamed"
+    assert not pub.sync(store.state)  # settled: nothing more to write
+
+
 def test_every_driver_publishes_its_own_vendors_devices(kube: FakeKube) -> None:
     store = store_of(inventory(gpu(0)))
     pub = SlicePublisher(kube, store, NODE)

@@ -381,6 +381,26 @@ class SlicePublisher:
 
     def _sync_driver(self, driver: str, state: NodeState, *, trust: bool = False) -> bool:
         stored = self._stored(driver, trust=trust)
+        # The driver's slices on this node in another pool (the daemon once ran under
+        # another node name) cannot be rewritten into ours: the API server refuses to
+        # change a slice's pool name. Deleted, as Kubernetes' own slice controller deletes
+        # the pools it does not publish; ours are written first.
+        foreign = [s for s in stored if s["spec"]["pool"].get("name") != self.node]
+        stored = [s for s in stored if s["spec"]["pool"].get("name") == self.node]
+        try:
+            return self._write_pool(driver, state, stored)
+        finally:
+            for old in foreign:
+                log.warning(
+                    "node %s: deleting ResourceSlice %s of %s: it is in pool %s, not this node's",
+                    self.node,
+                    _shown_name(old),
+                    driver,
+                    escape(str(old["spec"]["pool"].get("name"))),
+                )
+                self.kube.delete_resource_slice(old["metadata"]["name"])
+
+    def _write_pool(self, driver: str, state: NodeState, stored: list[dict[str, Any]]) -> bool:
         devices = carry_taint_times(self.desired_devices(driver, state), stored)
         current = max((s["spec"]["pool"]["generation"] for s in stored), default=0)
         accepted = self._accepted.get(driver, {})
