@@ -30,7 +30,7 @@ from collections.abc import Callable, Mapping
 from dataclasses import dataclass
 
 from kubegpu.config.v1 import HealthFlags
-from kubegpu.devices.model import DeviceBackend, Health, HealthEvent, HealthEventKind
+from kubegpu.devices.model import DeviceBackend, Fault, Health, HealthEvent, HealthEventKind
 from kubegpu.devices.stop import Stop
 from kubegpu.errors import ConfigError
 from kubegpu.metrics import Metrics
@@ -227,9 +227,10 @@ class HealthTracker:
         """The unhealthy devices; anything not listed is healthy."""
         return dict.fromkeys(self._faults, Health.UNHEALTHY)
 
-    def xids(self) -> Mapping[str, int | None]:
-        """Unhealthy device -> the Xid that made it so (None: its probes failed)."""
-        return {uuid: fault.xid for uuid, fault in self._faults.items()}
+    def faults(self) -> Mapping[str, Fault]:
+        """Unhealthy device -> why: the Xid that made it so (None: its probes failed) and
+        the reason in words."""
+        return {uuid: Fault(fault.xid, fault.reason) for uuid, fault in self._faults.items()}
 
     def reason(self, uuid: str) -> str | None:
         fault = self._faults.get(uuid)
@@ -424,6 +425,7 @@ class HealthMonitor:
         if event.kind is HealthEventKind.XID and event.xid is not None and self._metrics:
             self._metrics.xid(event.uuid, event.xid)
         before = self.tracker.health()
+        why = self.tracker.faults()
         if not self.tracker.observe(event):
             if (
                 event.kind is HealthEventKind.XID
@@ -433,6 +435,10 @@ class HealthMonitor:
                 log.info(
                     "%s: ignoring %s (in the ignored Xid list)", event.uuid, describe_xid(event.xid)
                 )
+            faults = self.tracker.faults()
+            if faults != why:
+                # Still unhealthy, for a newer reason (another Xid): a DRA taint names it.
+                self.store.update(faults=faults)
             return
         after = self.tracker.health()
         for uuid in sorted(after.keys() - before.keys()):
@@ -446,7 +452,7 @@ class HealthMonitor:
         for uuid in sorted(before.keys() - after.keys()):
             how = "healed by operator" if event.kind is HealthEventKind.HEALED else "probes pass"
             log.info("%s healthy again (%s)", uuid, how)
-        self.store.update(health=after)
+        self.store.update(health=after, faults=self.tracker.faults())
 
 
 __all__ = [

@@ -18,7 +18,9 @@ from __future__ import annotations
 
 import asyncio
 import logging
+import os
 from collections.abc import AsyncIterator, Awaitable, Callable, Mapping
+from pathlib import Path
 from typing import Any
 
 import grpc
@@ -50,6 +52,21 @@ STATUS_CODES: Mapping[type[KubegpuError], grpc.StatusCode] = {
 #: Maps an exception raised while answering an RPC to its status (`status_for`, bound
 #: to the logger of the server using it).
 StatusFor = Callable[[Exception, str], tuple[grpc.StatusCode, str]]
+
+
+#: sun_path holds 108 bytes including the terminating NUL.
+MAX_SOCKET_PATH = 107
+
+
+def socket_path_too_long(path: Path, flag: str = "--device-plugin-path") -> str | None:
+    """Why a unix socket cannot be bound at `path` for its length (one line naming `flag`,
+    which sets its directory), or None."""
+    if len(os.fsencode(path)) <= MAX_SOCKET_PATH:
+        return None
+    return (
+        f"socket path {path} is longer than {MAX_SOCKET_PATH} bytes (the unix limit); "
+        f"use a shorter {flag}"
+    )
 
 
 def bounded(text: str, limit: int = MAX_DETAILS) -> str:

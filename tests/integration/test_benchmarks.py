@@ -18,6 +18,7 @@ from benchmarks.clock import LoopClock
 from kubegpu.dra import stale
 from kubegpu.dra.publisher import RESYNC_S
 from kubegpu.kubelet import KubeletEmulator
+from kubegpu.mode import Mode
 
 
 async def test_the_socket_deletion_benchmark_runs_beside_the_handover_directory() -> None:
@@ -58,7 +59,7 @@ async def test_the_dra_benchmark_calls_the_node_over_its_socket_from_another_pro
 
 
 @pytest.mark.parametrize("mode", api_budget.MODES)
-async def test_the_api_budget_counts_what_a_health_flap_sends(mode: str) -> None:
+async def test_the_api_budget_counts_what_a_health_flap_sends(mode: Mode) -> None:
     counts = await api_budget.measure(mode, "health_flap", api_budget.health_flap)
     # GPUUnhealthy, then GPUHealthy; in DRA mode the slices are written again each time.
     assert counts["create event"] == 2
@@ -66,7 +67,7 @@ async def test_the_api_budget_counts_what_a_health_flap_sends(mode: str) -> None
 
 
 async def test_the_api_budget_moves_the_loops_clock_through_a_steady_hour() -> None:
-    counts = await api_budget.measure("dra", "steady_hour", api_budget.steady_hour)
+    counts = await api_budget.measure(Mode.DRA, "steady_hour", api_budget.steady_hour)
     # The publisher compares its slices with the API every RESYNC_S, the stale-resource check
     # reads the Node every INTERVAL_S, and nothing else is due.
     assert counts == {

@@ -14,7 +14,7 @@ import pytest
 from kubegpu.config import Config, parse_config
 from kubegpu.devices import Health, HealthEvent, HealthEventKind
 from kubegpu.devices.model import Inventory
-from kubegpu.dra.publisher import CONFLICT_RETRIES, SlicePublisher, faults_of
+from kubegpu.dra.publisher import CONFLICT_RETRIES, SlicePublisher
 from kubegpu.dra.slices import AMD_DRIVER, NVIDIA_DRIVER, Fault
 from kubegpu.health import HealthTracker
 from kubegpu.kube import KubeError, SliceEvent
@@ -145,12 +145,11 @@ def test_a_config_reload_changing_replicas_changes_the_shares(kube: FakeKube) ->
 
 
 def test_health_taints_a_device_keeps_its_time_and_recovery_lifts_it(kube: FakeKube) -> None:
-    faults: dict[str, Fault] = {}
     store = store_of(inventory(gpu(0), gpu(1)))
-    pub = publisher(kube, store, faults=lambda: faults)
+    pub = publisher(kube, store)
     pub.sync(store.state)
-    faults[gpu(0).uuid] = Fault(xid=79)
-    store.update(health={gpu(0).uuid: Health.UNHEALTHY})
+    faults = {gpu(0).uuid: Fault(xid=79)}
+    store.update(health={gpu(0).uuid: Health.UNHEALTHY}, faults=faults)
     pub.sync(store.state)
     (taint,) = devices(kube)["gpu-0"]["taints"]
     assert taint == {
@@ -170,8 +169,7 @@ def test_health_taints_a_device_keeps_its_time_and_recovery_lifts_it(kube: FakeK
             "timeAdded": "2026-01-01T00:00:01Z",
         }
     ]
-    del faults[gpu(0).uuid]
-    store.update(health={})
+    store.update(health={}, faults={})
     pub.sync(store.state)
     assert all("taints" not in d for d in devices(kube).values())
     assert generations(kube) == {4}
@@ -250,8 +248,8 @@ def test_every_driver_publishes_its_own_vendors_devices(kube: FakeKube) -> None:
 def test_mig_slices_take_their_parents_xid(kube: FakeKube) -> None:
     parent = gpu(0, migs=("1g.10gb",))
     store = store_of(inventory(parent), MIXED)
-    pub = publisher(kube, store, faults=lambda: {parent.uuid: Fault(xid=48)})
-    store.update(health={parent.uuid: Health.UNHEALTHY})
+    pub = publisher(kube, store)
+    store.update(health={parent.uuid: Health.UNHEALTHY}, faults={parent.uuid: Fault(xid=48)})
     pub.sync(store.state)
     (device,) = devices(kube).values()
     assert device["taints"][0]["value"] == "48"
@@ -278,8 +276,10 @@ def test_the_health_tracker_says_which_xid_made_a_device_unhealthy() -> None:
     tracker = HealthTracker(Config().flags.health, clock=lambda: 0.0)
     tracker.observe(HealthEvent(gpu(0).uuid, HealthEventKind.XID, xid=79))
     tracker.observe(HealthEvent(gpu(1).uuid, HealthEventKind.PROBE_FAILED, detail="lost"))
-    assert tracker.xids() == {gpu(0).uuid: 79, gpu(1).uuid: None}
-    assert faults_of(tracker.xids()) == {gpu(0).uuid: Fault(79), gpu(1).uuid: Fault(None)}
+    assert tracker.faults() == {
+        gpu(0).uuid: Fault(79, "Xid 79 (GPU has fallen off the bus)"),
+        gpu(1).uuid: Fault(None, "probe failed: lost"),
+    }
 
 
 # -- the loop ---------------------------------------------------------------------------------
@@ -308,6 +308,23 @@ async def test_the_loop_follows_the_store(
     store.update(inventory=inventory(gpu(0)))
     await eventually(lambda: list(devices(kube)) == ["gpu-0"])
     assert generations(kube) == {3}
+
+
+async def test_the_loop_follows_a_newer_xid_of_a_device_already_unhealthy(
+    kube: FakeKube, running: tuple[NodeStore, SlicePublisher]
+) -> None:
+    """Only why moved (the store's faults, not its health map): the taint follows."""
+    store, _ = running
+    store.update(health={gpu(1).uuid: Health.UNHEALTHY}, faults={gpu(1).uuid: Fault(xid=79)})
+    await eventually(lambda: _taint_value(kube, "gpu-1") == "79")
+    store.update(faults={gpu(1).uuid: Fault(xid=48)})
+    await eventually(lambda: _taint_value(kube, "gpu-1") == "48")
+
+
+def _taint_value(kube: FakeKube, device: str) -> str | None:
+    taints = devices(kube).get(device, {}).get("taints") or [{}]
+    value = taints[0].get("value")
+    return value if isinstance(value, str) else None
 
 
 async def test_the_loop_retries_an_api_failure(
@@ -503,9 +520,9 @@ def test_a_write_the_server_changes_is_logged_once_and_not_repeated(
     kube.slice_storage = without_taints
     faults = {gpu(0).uuid: Fault(xid=79)}
     store = store_of(inventory(gpu(0), gpu(1)))
-    pub = publisher(kube, store, faults=lambda: faults)
+    pub = publisher(kube, store)
     assert pub.sync(store.state) is True
-    store.update(health={gpu(0).uuid: Health.UNHEALTHY})
+    store.update(health={gpu(0).uuid: Health.UNHEALTHY}, faults=faults)
     assert pub.sync(store.state) is True
     assert generations(kube) == {2}
     assert "taints" not in devices(kube)["gpu-0"]  # dropped by the server
@@ -513,8 +530,10 @@ def test_a_write_the_server_changes_is_logged_once_and_not_repeated(
     assert generations(kube) == {2}
     # A change of the devices is written (once), and the same difference is not
     # reported again.
-    faults[gpu(1).uuid] = Fault(xid=48)
-    store.update(health={gpu(0).uuid: Health.UNHEALTHY, gpu(1).uuid: Health.UNHEALTHY})
+    faults = {**faults, gpu(1).uuid: Fault(xid=48)}
+    store.update(
+        health={gpu(0).uuid: Health.UNHEALTHY, gpu(1).uuid: Health.UNHEALTHY}, faults=faults
+    )
     assert [pub.sync(store.state) for _ in range(3)] == [True, False, False]
     assert generations(kube) == {3}
     assert kube.request_counts()[("replace", "resourceslice")] == 2
@@ -535,11 +554,11 @@ async def test_a_server_that_drops_fields_is_not_written_in_a_loop(kube: FakeKub
     kube.slice_storage = without_taints
     faults = {gpu(0).uuid: Fault(xid=79)}
     store = store_of(inventory(gpu(0), gpu(1)))
-    pub = publisher(kube, store, faults=lambda: faults, backoff=Backoff(0.01, 0.02))
+    pub = publisher(kube, store, backoff=Backoff(0.01, 0.02))
     task = asyncio.ensure_future(pub.run())
     try:
         await eventually(lambda: generations(kube) == {1})
-        store.update(health={gpu(0).uuid: Health.UNHEALTHY})
+        store.update(health={gpu(0).uuid: Health.UNHEALTHY}, faults=faults)
         await eventually(lambda: generations(kube) == {2})
         pub.resync()
         # One sync at a time: this one runs after any the watch poked.

@@ -106,6 +106,7 @@ class DraDriver:
         plugins_dir: Path = Path(PLUGINS_DIRECTORY),
         inotify: InotifyFactory = default_inotify,
         health: HealthServicer | None = None,
+        on_registered: Callable[[], None] | None = None,
     ) -> None:
         self.preparer = preparer
         #: The device health stream served beside the DRAPlugin service, if any.
@@ -114,7 +115,7 @@ class DraDriver:
         self.data_dir = plugins_dir / driver
         endpoint = self.data_dir / SERVICE_SOCKET
         self.servicer = DraServicer(preparer)
-        self.registration = RegistrationServicer(driver, str(endpoint))
+        self.registration = RegistrationServicer(driver, str(endpoint), on_registered=on_registered)
         self.service = SocketServer(
             endpoint, lambda: dra_server(self.servicer, self.health), "DRA service"
         )

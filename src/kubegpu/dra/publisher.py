@@ -48,7 +48,6 @@ from typing import Any, Final
 
 from kubegpu.dra.slices import (
     DRIVERS,
-    Fault,
     build_slices,
     carry_taint_times,
     device_body,
@@ -75,7 +74,7 @@ DIFFERENCES_SHOWN: Final = 5
 class SlicePublisher:
     """Publishes the store's devices for each of `drivers` as the node's pool.
 
-    `faults` says why unhealthy devices are (their Xid), which names their taint; none
+    Why unhealthy devices are (their Xid, `NodeState.faults`) names their taint; none
     known, an unhealthy device is a lost GPU. `pcie_roots` reads the root complex of PCI
     bus IDs (`kubegpu.devices.pci.pcie_roots` over the host's sysfs), for
     `resource.kubernetes.io/pcieRoot`; read on each sync, as GPUs may come and go.
@@ -88,7 +87,6 @@ class SlicePublisher:
         node: str,
         *,
         drivers: Sequence[str] = tuple(DRIVERS.values()),
-        faults: Callable[[], Mapping[str, Fault]] = dict,
         pcie_roots: Callable[[Sequence[str]], Mapping[str, str]] | None = None,
         backoff: Backoff | None = None,
         resync_s: float = RESYNC_S,
@@ -97,7 +95,6 @@ class SlicePublisher:
         self.store = store
         self.node = node
         self.drivers = tuple(drivers)
-        self.faults = faults
         self.pcie_roots = pcie_roots
         self.backoff = backoff or Backoff(1.0, 30.0)
         self.resync_s = resync_s
@@ -172,10 +169,11 @@ class SlicePublisher:
         last: NodeState | None = None
         # MPS readiness and version bumps alone change nothing the slices show.
         async for state in self.store.subscribe():
-            if last is None or (state.inventory, state.config, state.health) != (
+            if last is None or (state.inventory, state.config, state.health, state.faults) != (
                 last.inventory,
                 last.config,
                 last.health,
+                last.faults,
             ):
                 self._poke.set()
             last = state
@@ -234,7 +232,7 @@ class SlicePublisher:
 
     def desired_devices(self, driver: str, state: NodeState) -> list[dict[str, Any]]:
         """The device bodies `driver` publishes for `state` (health and faults applied)."""
-        faults = self.faults()
+        faults = state.faults
         buses = sorted({g.pci_bus_id for g in state.inventory.gpus})
         roots = self.pcie_roots(buses) if self.pcie_roots is not None and buses else {}
         return [
@@ -361,12 +359,6 @@ class SlicePublisher:
         return deleted
 
 
-def faults_of(xids: Mapping[str, int | None]) -> dict[str, Fault]:
-    """`HealthTracker.xids()` as the publisher's `faults`:
-    `SlicePublisher(..., faults=lambda: faults_of(tracker.xids()))`."""
-    return {uuid: Fault(xid=xid) for uuid, xid in xids.items()}
-
-
 def _same(
     wanted: Sequence[Mapping[str, Any]],
     stored: Sequence[Mapping[str, Any]],
@@ -485,4 +477,4 @@ def _fingerprint(obj: Any) -> str:
     return hashlib.blake2b(text.encode(), digest_size=16).hexdigest()
 
 
-__all__ = ["CONFLICT_RETRIES", "RESYNC_S", "SlicePublisher", "faults_of"]
+__all__ = ["CONFLICT_RETRIES", "RESYNC_S", "SlicePublisher"]
