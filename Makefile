@@ -13,6 +13,7 @@ UV := uv==0.13.9
 # requirements.lock, and pip installs with it as constraints (build dependencies too), so a
 # fresh machine gets the same environment as CI and the container image.
 $(STAMP): pyproject.toml $(LOCK)
+	@echo "make: installing kubegpu and its development tools into $(VENV) (first run only)"
 	@test -x $(BIN)/python || $(PYTHON) -m venv $(VENV)
 	@$(BIN)/python -m pip install -q -c $(LOCK) pip setuptools wheel
 	@$(BIN)/python -m pip install -q -c $(LOCK) --build-constraint $(LOCK) -e '.[dev]'
@@ -33,8 +34,20 @@ lock:
 		--extra dev --python-version 3.11 --universal --custom-compile-command 'make lock' -q \
 		$(if $(UPGRADE),--upgrade) -o $(LOCK)
 
-demo: $(STAMP)
-	$(BIN)/kubegpu demo
+# The demo needs only what the product runs on, not the development tools: a venv of its
+# own with the runtime dependencies alone (the same pins), ready in a fraction of the time.
+DEMO_VENV := build/demo-venv
+DEMO_STAMP := $(DEMO_VENV)/.installed
+$(DEMO_STAMP): pyproject.toml $(LOCK) $(shell find src -type f -not -path '*/__pycache__/*')
+	@echo "make: installing kubegpu's runtime into $(DEMO_VENV) for the demo (first run only)"
+	@test -x $(DEMO_VENV)/bin/python || $(PYTHON) -m venv $(DEMO_VENV)
+	@$(DEMO_VENV)/bin/python -m pip install -q -c $(LOCK) pip setuptools wheel
+	@rm -rf build/lib  # setuptools builds in the tree: a stale copy would ship deleted modules
+	@$(DEMO_VENV)/bin/python -m pip install -q -c $(LOCK) --build-constraint $(LOCK) .
+	@touch $(DEMO_STAMP)
+
+demo: $(DEMO_STAMP)
+	$(DEMO_VENV)/bin/kubegpu demo
 
 # The whole suite with the coverage gate: at least 90 % of src/kubegpu, `kubegpu serve` and
 # the NVML probe processes included (pyproject [tool.coverage]).

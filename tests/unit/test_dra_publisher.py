@@ -4,6 +4,7 @@ config reload, health) into the API, with pool generations, 409 re-reads and ret
 from __future__ import annotations
 
 import asyncio
+import copy
 import logging
 import threading
 from collections.abc import AsyncIterator
@@ -14,7 +15,13 @@ import pytest
 from kubegpu.config import Config, parse_config
 from kubegpu.devices import Health, HealthEvent, HealthEventKind
 from kubegpu.devices.model import Inventory
-from kubegpu.dra.publisher import CONFLICT_RETRIES, SlicePublisher
+from kubegpu.dra.publisher import (
+    CONFLICT_RETRIES,
+    FRESH_LIST_S,
+    PACE_CAP_S,
+    PACE_FIRST_S,
+    SlicePublisher,
+)
 from kubegpu.dra.slices import AMD_DRIVER, NVIDIA_DRIVER, Fault
 from kubegpu.health import HealthTracker
 from kubegpu.kube import KubeError, SliceEvent
@@ -63,7 +70,25 @@ def kube() -> FakeKube:
 
 
 def publisher(kube: FakeKube, store: NodeStore, **options: Any) -> SlicePublisher:
+    # Writes paced a millisecond apart unless a test is about the pacing itself.
+    options.setdefault("pace", Backoff(0.001, 0.002))
     return SlicePublisher(kube, store, NODE, drivers=(NVIDIA_DRIVER,), **options)
+
+
+def lists(kube: FakeKube) -> int:
+    return kube.request_counts()[("list", "resourceslices")]
+
+
+def replaces(kube: FakeKube) -> int:
+    return kube.request_counts()[("replace", "resourceslice")]
+
+
+def taint(kube: FakeKube, device: str) -> str | None:
+    """The device's taint in the API (its value, else its key), None when it has none."""
+    taints = devices(kube).get(device, {}).get("taints")
+    if not taints:
+        return None
+    return str(taints[0].get("value") or taints[0]["key"])
 
 
 def store_of(inv: Inventory, config: Config | None = None) -> NodeStore:
@@ -316,15 +341,9 @@ async def test_the_loop_follows_a_newer_xid_of_a_device_already_unhealthy(
     """Only why moved (the store's faults, not its health map): the taint follows."""
     store, _ = running
     store.update(health={gpu(1).uuid: Health.UNHEALTHY}, faults={gpu(1).uuid: Fault(xid=79)})
-    await eventually(lambda: _taint_value(kube, "gpu-1") == "79")
+    await eventually(lambda: taint(kube, "gpu-1") == "79")
     store.update(faults={gpu(1).uuid: Fault(xid=48)})
-    await eventually(lambda: _taint_value(kube, "gpu-1") == "48")
-
-
-def _taint_value(kube: FakeKube, device: str) -> str | None:
-    taints = devices(kube).get(device, {}).get("taints") or [{}]
-    value = taints[0].get("value")
-    return value if isinstance(value, str) else None
+    await eventually(lambda: taint(kube, "gpu-1") == "48")
 
 
 async def test_the_loop_retries_an_api_failure(
@@ -371,16 +390,212 @@ async def test_slices_deleted_by_someone_else_are_published_again_at_once(
     )
 
 
-async def test_resync_compares_with_the_api_at_once(
-    kube: FakeKube, running: tuple[NodeStore, SlicePublisher]
-) -> None:
+async def test_resync_compares_with_the_api_at_once(kube: FakeKube) -> None:
     """What the watch cannot report (here: slices dropped behind its back) comes back when
-    the driver asks, as it does when the kubelet registers it."""
-    _, pub = running
-    await eventually(lambda: list(devices(kube)) == ["gpu-0", "gpu-1"])
-    kube.resource_slices.clear()  # no event: not through the API
-    pub.resync()
-    await eventually(lambda: list(devices(kube)) == ["gpu-0", "gpu-1"])
+    the driver asks, as it does when the kubelet registers it (later than just after the
+    watch listed: see the next test)."""
+    now = [0.0]
+    store = store_of(inventory(gpu(0), gpu(1)))
+    pub = publisher(kube, store, clock=lambda: now[0])
+    task = asyncio.ensure_future(pub.run())
+    try:
+        await eventually(lambda: list(devices(kube)) == ["gpu-0", "gpu-1"])
+        now[0] += FRESH_LIST_S
+        kube.resource_slices.clear()  # no event: not through the API
+        pub.resync()
+        await eventually(lambda: list(devices(kube)) == ["gpu-0", "gpu-1"])
+    finally:
+        task.cancel()
+        with pytest.raises(asyncio.CancelledError):
+            await task
+
+
+async def test_a_start_lists_the_slices_once_with_the_registration_after_it(
+    kube: FakeKube,
+) -> None:
+    """A DRA start listed the slices three times: the first comparison, again for the
+    watch's own first list, and again when the kubelet registered the driver. The first
+    comparison now follows the watch's list, and a registration right after it is covered
+    by that list and the watch's events since; a change after that reads nothing."""
+    store = store_of(inventory(gpu(0), gpu(1)))
+    pub = publisher(kube, store, clock=lambda: 0.0)
+    task = asyncio.ensure_future(pub.run())
+    try:
+        await eventually(lambda: list(devices(kube)) == ["gpu-0", "gpu-1"])
+        pub.resync()  # the kubelet registers the driver
+        store.update(health={gpu(0).uuid: Health.UNHEALTHY})
+        await eventually(lambda: "taints" in devices(kube)["gpu-0"])
+    finally:
+        task.cancel()
+        with pytest.raises(asyncio.CancelledError):
+            await task
+    assert lists(kube) == 1
+
+
+async def test_the_periodic_comparison_reads_the_api(kube: FakeKube) -> None:
+    """Between changes the publisher compares with what it last wrote, without a request;
+    the periodic comparison still reads the API, for what no watch reported."""
+    store = store_of(inventory(gpu(0), gpu(1)))
+    pub = publisher(kube, store, resync_s=0.05)
+    task = asyncio.ensure_future(pub.run())
+    try:
+        await eventually(lambda: list(devices(kube)) == ["gpu-0", "gpu-1"])
+        kube.resource_slices.clear()  # no event: not through the API
+        await eventually(lambda: list(devices(kube)) == ["gpu-0", "gpu-1"])
+    finally:
+        task.cancel()
+        with pytest.raises(asyncio.CancelledError):
+            await task
+
+
+class EchoFirstKube(FakeKube):
+    """An API server whose watch is faster than its answers: a write is answered only
+    once the watcher has taken the write's own event."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self._taken: set[tuple[str | None, str | None]] = set()
+        self._took = threading.Condition()
+
+    async def watch_resource_slices(self, driver: str, node: str) -> AsyncIterator[SliceEvent]:
+        async for event in super().watch_resource_slices(driver, node):
+            yield event
+            # The watcher asks for the next event once it has handled this one.
+            meta = event.slice.get("metadata") or {}
+            with self._took:
+                self._taken.add((meta.get("name"), meta.get("resourceVersion")))
+                self._took.notify_all()
+
+    def _echoed(self, answer: dict[str, Any]) -> dict[str, Any]:
+        key = (answer["metadata"]["name"], answer["metadata"]["resourceVersion"])
+        with self._took:
+            assert self._took.wait_for(lambda: key in self._taken, WAIT)
+        return answer
+
+    def create_resource_slice(self, body: dict[str, Any]) -> dict[str, Any]:
+        return self._echoed(super().create_resource_slice(body))
+
+    def replace_resource_slice(self, body: dict[str, Any]) -> dict[str, Any]:
+        return self._echoed(super().replace_resource_slice(body))
+
+
+async def test_its_own_writes_seen_before_their_answers_read_nothing() -> None:
+    """The watch event of the publisher's own write, arriving before the write's answer,
+    made it list the slices again (1,270 lists for 1,003 writes in a flap storm); and
+    every change listed them before writing. Now a change costs its write alone."""
+    kube = EchoFirstKube()
+    store = store_of(inventory(gpu(0), gpu(1)))
+    pub = publisher(kube, store)
+    task = asyncio.ensure_future(pub.run())
+    try:
+        await eventually(lambda: list(devices(kube)) == ["gpu-0", "gpu-1"])
+        listed = lists(kube)
+        for health, check in (
+            ({gpu(0).uuid: Health.UNHEALTHY}, lambda: taint(kube, "gpu-0") is not None),
+            ({}, lambda: taint(kube, "gpu-0") is None),
+            ({gpu(1).uuid: Health.UNHEALTHY}, lambda: taint(kube, "gpu-1") is not None),
+        ):
+            store.update(health=health)
+            await eventually(check)
+    finally:
+        task.cancel()
+        with pytest.raises(asyncio.CancelledError):
+            await task
+    assert (lists(kube) - listed, replaces(kube)) == (0, 3)
+
+
+class PacedTime:
+    """The pace's clock and sleep: each sleep is recorded and lasts until `release()`."""
+
+    def __init__(self) -> None:
+        self.now = 0.0
+        self.slept: list[float] = []
+        self._gate = asyncio.Event()
+
+    def clock(self) -> float:
+        return self.now
+
+    async def sleep(self, delay: float) -> None:
+        self.slept.append(delay)
+        self._gate = asyncio.Event()
+        await self._gate.wait()
+        self.now += delay
+
+    def release(self) -> None:
+        self._gate.set()
+
+
+async def test_a_storm_of_changes_is_written_once_per_pace_showing_the_newest_state(
+    kube: FakeKube,
+) -> None:
+    """1,000 health events on one GPU, each taken into the node's state before the next,
+    were 1,003 slice writes. Now the first change after a quiet spell is written at once,
+    and while changes keep coming one write per pace (doubling) carries the newest."""
+    time = PacedTime()
+    pace = Backoff(PACE_FIRST_S, PACE_CAP_S, sleep=time.sleep, clock=time.clock)
+    store = store_of(inventory(gpu(0), gpu(1)))
+    pub = publisher(kube, store, pace=pace, clock=time.clock)
+    task = asyncio.ensure_future(pub.run())
+    try:
+        await eventually(lambda: time.slept == [PACE_FIRST_S])  # created; the next waits
+        for i in range(1001):  # GPU 0 flaps, and ends unhealthy
+            store.update(health={gpu(0).uuid: Health.UNHEALTHY} if i % 2 == 0 else {})
+            await asyncio.sleep(0)  # the publisher sees each change
+        assert replaces(kube) == 0  # nothing while the pace holds
+        time.release()
+        await eventually(lambda: time.slept == [PACE_FIRST_S, 2 * PACE_FIRST_S])
+        assert replaces(kube) == 1
+        assert taint(kube, "gpu-0") is not None  # the newest state
+        # A quiet spell as long as the cap: the next change is written at once, and the
+        # spacing starts over.
+        time.release()
+        await eventually(lambda: time.now == 3 * PACE_FIRST_S)
+        time.now += PACE_CAP_S
+        store.update(health={})
+        await eventually(lambda: len(time.slept) == 3)
+        assert time.slept[-1] == PACE_FIRST_S
+        assert replaces(kube) == 2
+        assert taint(kube, "gpu-0") is None
+    finally:
+        task.cancel()
+        with pytest.raises(asyncio.CancelledError):
+            await task
+
+
+async def test_a_newer_xid_of_a_gpu_already_unhealthy_renames_its_taint(kube: FakeKube) -> None:
+    """A second Xid on an unhealthy GPU changes no health, so the taint kept the first Xid
+    until the periodic comparison; the store's faults say so, and it is written."""
+    store = store_of(inventory(gpu(0), gpu(1)))
+    pub = publisher(kube, store)
+    task = asyncio.ensure_future(pub.run())
+    try:
+        store.update(health={gpu(0).uuid: Health.UNHEALTHY}, faults={gpu(0).uuid: Fault(xid=61)})
+        await eventually(lambda: taint(kube, "gpu-0") == "61")
+        store.update(faults={gpu(0).uuid: Fault(xid=79)})
+        await eventually(lambda: taint(kube, "gpu-0") == "79")
+    finally:
+        task.cancel()
+        with pytest.raises(asyncio.CancelledError):
+            await task
+
+
+def test_a_write_on_a_stale_version_lists_and_writes_again(kube: FakeKube) -> None:
+    """Compared without a list, a write may carry a version someone else moved on: the
+    409 reads the slices and the write goes again, once."""
+    store = store_of(inventory(gpu(0)))
+    pub = publisher(kube, store)
+    pub.sync(store.state)
+    (name,) = kube.resource_slices
+    kube.replace_resource_slice(copy.deepcopy(kube.resource_slices[name]))  # another writer
+    store.update(health={gpu(0).uuid: Health.UNHEALTHY})
+    before = len(kube.calls)
+    assert pub.sync(store.state, trusted=frozenset({NVIDIA_DRIVER})) is True
+    assert kube.calls[before:] == [
+        f"replace resourceslice/{name}",  # refused with 409
+        f"list resourceslices/{NVIDIA_DRIVER}/{NODE}",
+        f"replace resourceslice/{name}",
+    ]
+    assert "taints" in devices(kube)["gpu-0"]
 
 
 async def test_the_loop_waits_as_long_as_the_server_asks_up_to_its_cap(

@@ -264,6 +264,24 @@ class Recorder:
         await asyncio.wait_for(wait(), timeout)
 
 
+def test_the_monitor_says_when_an_unhealthy_devices_reason_changes() -> None:
+    """A newer Xid on a device already unhealthy changes no health map; the monitor
+    writes the new reason to the store (a DRA taint names the Xid), and nothing when the
+    reason stays."""
+    store = NodeStore()
+    monitor = HealthMonitor(SimulatedBackend.load("t4-1"), HealthFlags(), store)
+    monitor.handle(xid(61))  # unhealthy: the store says so
+    version = store.state.version
+    monitor.handle(xid(61))  # the same fault again
+    assert store.state.version == version
+    monitor.handle(xid(79))  # another Xid: the reason and the taint change
+    assert store.state.version == version + 1
+    assert store.state.faults == {GPU: Fault(79, describe_xid(79))}
+    monitor.handle(xid(48))  # a reset-requiring fault keeps its reason: nothing new
+    assert store.state.version == version + 1
+    assert store.state.faults == {GPU: Fault(79, describe_xid(79))}
+
+
 @contextlib.asynccontextmanager
 async def running(monitor: HealthMonitor) -> AsyncIterator[asyncio.Task[None]]:
     task = spawn("health monitor", monitor.run())

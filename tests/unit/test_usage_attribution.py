@@ -102,6 +102,29 @@ def test_dra_allocations_by_container_else_by_claim() -> None:
     }
 
 
+def test_a_claim_sized_in_memory_is_held_to_what_it_consumed() -> None:
+    """Two claims of 30 GiB on one shared 80 GiB GPU: each one's limit is its 30 GiB, not the
+    GPU's memory over its replicas, so "close to its limit" reads against what it asked."""
+    inventory = node({"memory_mib": 80 * 1024})
+    (spec,) = specs(inventory, TIME_SLICED)
+    unit = spec.devices[0].unit
+    devices = {"gpu-0": (unit, spec)}
+    claims = [
+        ClaimDevices("ml", "a", ("gpu-0",), {"gpu-0": 30 * 1024 * MIB}),
+        ClaimDevices("ml", "b", ("gpu-0",), {"gpu-0": 30 * 1024 * MIB}),
+        ClaimDevices("ml", "whole", ("gpu-0",)),
+    ]
+    found = {
+        a.holder.claim: a.limit_bytes
+        for a in dra_allocations(claims, [], devices, driver="gpu.nvidia.com")
+    }
+    assert found == {
+        "a": 30 * 1024 * MIB,
+        "b": 30 * 1024 * MIB,
+        "whole": memory_limit(unit, spec),
+    }
+
+
 def allocation(holder: Holder, inventory: Inventory, index: int = 0) -> Allocation:
     (spec,) = specs(inventory)
     unit = spec.devices[index].unit

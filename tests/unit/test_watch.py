@@ -100,6 +100,13 @@ def test_a_directory_is_covered_by_itself_and_its_parent(tmp_path: Path) -> None
     }
 
 
+def test_names_only_covers_a_path_by_its_own_name(tmp_path: Path) -> None:
+    assert watched_dirs([tmp_path / "dra.sock"], names_only=True) == {
+        tmp_path: frozenset({"dra.sock"}),
+        tmp_path.parent: frozenset({tmp_path.name}),
+    }
+
+
 # -- the event-loop watch -----------------------------------------------------------------
 
 
@@ -163,6 +170,34 @@ async def test_a_configmap_symlink_swap_wakes_the_owner(tmp_path: Path) -> None:
         # The watch moved to the new target's directory: a second swap is seen too.
         _configmap_swap(mount, "2026_11_23_04_00_02.3", "three")
         await wakes.after(lambda: target.read_text() == "three")
+
+
+async def test_a_names_only_watch_is_not_woken_by_its_siblings(tmp_path: Path) -> None:
+    """A socket beside a file replaced on every call (the DRA driver's checkpoint): the
+    replacements wake nobody, the socket's own creation and removal do."""
+    target = tmp_path / "dra.sock"
+    wakes = Wakes()
+    with PathWatch(lambda: [target], wakes, poll_interval=3600, name="t", names_only=True) as watch:
+        for i in range(3):
+            staged = tmp_path / "checkpoint.json.tmp"
+            staged.write_text(str(i))
+            staged.rename(tmp_path / "checkpoint.json")
+        (tmp_path / "checkpoint.json").write_text("in place")
+        watch.writing()  # reads what is queued, and hands on what matters
+        assert wakes.count == 0
+        target.write_text("")
+        await wakes.after(target.exists)
+        target.unlink()
+        await wakes.after(lambda: not target.exists())
+
+
+def test_a_names_only_fingerprint_ignores_the_siblings(tmp_path: Path) -> None:
+    target = tmp_path / "dra.sock"
+    before = fingerprint([target], names_only=True)
+    (tmp_path / "checkpoint.json").write_text("x")
+    assert fingerprint([target], names_only=True) == before
+    target.write_text("")
+    assert fingerprint([target], names_only=True) != before
 
 
 # -- whether a write is complete (quiet) ----------------------------------------------------

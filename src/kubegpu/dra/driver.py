@@ -102,6 +102,9 @@ class DraDriver:
             poll_interval=POLL_INTERVAL,
             name="DRA sockets",
             inotify=self._inotify,
+            # The checkpoint beside the service socket is replaced on every prepare and
+            # unprepare: only the sockets' own names wake this loop.
+            names_only=True,
         ):
             failed = False
             while True:

@@ -2,8 +2,10 @@
 
 `SlicePublisher.run` follows the store as the labeller does (`NodeStore.subscribe`): on
 every change of what the slices show (inventory: a MIG layout; config: a reload that
-changes replicas or names; health) it builds the bodies (`kubegpu.dra.slices`), lists what
-the API holds for this node and driver, and writes the difference:
+changes replicas or names; health, and why a device is unhealthy: a newer Xid of a device
+already unhealthy names its taint) it builds the bodies (`kubegpu.dra.slices`),
+compares them with what the API holds for this node and driver (see below for when that
+is read), and writes the difference:
 
 - nothing when the API already shows the same devices (a restart rewrites nothing);
 - otherwise the pool's next generation: the stored slices replaced, missing ones created,
@@ -29,8 +31,27 @@ changed by anyone else, or a watch that had to start again, makes the publisher 
 compare at once. That matters most at a kubelet start: the kubelet deletes every
 ResourceSlice of its node when it starts (and a driver's slices when the driver has been
 gone a while), expecting the drivers to publish them again. `resync()` asks for the same
-comparison, for the driver to call when the kubelet registers it. Every `resync_s` the API
-is compared again regardless, should a watch be unavailable.
+comparison, for the driver to call when the kubelet registers it; it reads the API unless
+every watch listed within the last `FRESH_LIST_S` (a registration right after the start:
+that list, and the watch's events since, already cover it). Every `resync_s` the API is
+read and compared again regardless, should a watch be unavailable. The first comparison
+waits for the watches' first list (at most `FIRST_LIST_WAIT_S`) and reads the API after
+it, so that list needs no comparison of its own.
+
+The API is read only when it may hold something else than what the last sync left there:
+at the start, after a failure or a conflict, when the watch reports a change that is not
+this publisher's own write (or lists again), at the periodic comparison and when asked.
+Otherwise the comparison is with the slices as the last write's answers show them, which
+costs no request. The watch event of the publisher's own write, which may arrive before
+the write's answer, is judged once the answer is in: its name and resourceVersion are the
+answer's, and it reads nothing.
+
+Writes are paced, so a storm of changes (a GPU flapping, Xids on every GPU) costs the API
+a few writes, not one per change. The first change after a quiet spell is written at once
+(an Xid taints its device as soon as the store has it); while changes keep coming, the
+next write waits `PACE_FIRST_S`, then twice that, up to `PACE_CAP_S`, and whatever changed
+meanwhile goes out in that one write, which always shows the newest state. A quiet spell
+as long as the cap starts the spacing over.
 
 Blocking API calls run in a worker thread; the loop itself never blocks.
 """
@@ -42,7 +63,9 @@ import contextlib
 import hashlib
 import json
 import logging
+import math
 import threading
+import time
 from collections.abc import Callable, Mapping, Sequence
 from typing import Any, Final
 
@@ -65,6 +88,13 @@ log = logging.getLogger("kubegpu.dra.publisher")
 CONFLICT_RETRIES: Final = 3
 #: Seconds between comparisons with the API when nothing changed here.
 RESYNC_S: Final = 600.0
+#: The spacing of writes while changes keep coming: the first, doubled up to the cap.
+PACE_FIRST_S: Final = 1.0
+PACE_CAP_S: Final = 10.0
+#: How long the first comparison waits for the watches' first list.
+FIRST_LIST_WAIT_S: Final = 5.0
+#: A `resync` this soon after every watch listed reads nothing more (see the module doc).
+FRESH_LIST_S: Final = 5.0
 #: Unreadable slices and server changes remembered as logged (each is logged once).
 LOGGED_REMEMBERED: Final = 1024
 #: Differences named in the line that reports a write the server changed.
@@ -78,6 +108,8 @@ class SlicePublisher:
     known, an unhealthy device is a lost GPU. `pcie_roots` reads the root complex of PCI
     bus IDs (`kubegpu.devices.pci.pcie_roots` over the host's sysfs), for
     `resource.kubernetes.io/pcieRoot`; read on each sync, as GPUs may come and go.
+    `backoff` paces retries after a failure, `pace` the writes of a storm (its clock and
+    sleep, like `clock`, injectable for tests).
     """
 
     def __init__(
@@ -89,7 +121,10 @@ class SlicePublisher:
         drivers: Sequence[str] = tuple(DRIVERS.values()),
         pcie_roots: Callable[[Sequence[str]], Mapping[str, str]] | None = None,
         backoff: Backoff | None = None,
+        pace: Backoff | None = None,
+        clock: Callable[[], float] = time.monotonic,
         resync_s: float = RESYNC_S,
+        first_list_wait_s: float = FIRST_LIST_WAIT_S,
     ) -> None:
         self.kube = kube
         self.store = store
@@ -97,26 +132,52 @@ class SlicePublisher:
         self.drivers = tuple(drivers)
         self.pcie_roots = pcie_roots
         self.backoff = backoff or Backoff(1.0, 30.0)
+        self.pace = pace or Backoff(PACE_FIRST_S, PACE_CAP_S, clock=clock)
+        self._clock = clock
         self.resync_s = resync_s
-        #: Written slices by driver after the last sync (for tests and `kubegpu status`).
+        self.first_list_wait_s = first_list_wait_s
+        #: Written slices by driver after the last sync, sorted by name (for tests and
+        #: `kubegpu status`; and what the API holds while nothing says otherwise).
         self.published: dict[str, list[dict[str, Any]]] = {}
         #: Set when the API may no longer show what was published: compare again.
         self._poke = asyncio.Event()
         #: How many times the slices were compared with the API (for tests and metrics).
         self.syncs = 0
-        # One sync at a time: the loop's and the registration's run in worker threads, and
-        # two that both read an empty pool (a starting kubelet has just wiped it) would
-        # both create it, leaving two slices of one pool that the scheduler refuses.
+        # One sync at a time: the loop's runs in a worker thread, beside any other caller
+        # of `sync`, and two that both read an empty pool (a starting kubelet has just
+        # wiped it) would both create it, leaving two slices of one pool that the
+        # scheduler refuses.
         self._syncing = threading.Lock()
         #: By driver: for each spec of the last write that the server stored differently
         #: (canonical JSON), the server's version, which stands for it in comparisons.
         self._accepted: dict[str, dict[str, str]] = {}
         #: What was logged once already (unreadable slices, writes the server changed).
         self._logged: set[tuple[str, ...]] = set()
+        # What the loop knows of the API, kept on the event loop's thread only:
+        #: Drivers whose `published` is what the API holds: compared without a list.
+        self._known: set[str] = set()
+        #: Drivers the API may show otherwise since (applied before the next sync).
+        self._stale: set[str] = set()
+        #: Watch events that arrived during the loop's sync, judged once it is done (the
+        #: event of its own write may come before the write's answer).
+        self._held: list[tuple[str, SliceEvent]] | None = None
+        #: When each driver's watch last listed (the loop's clock), and its first list.
+        self._listed_at: dict[str, float] = {}
+        self._first_list = {driver: asyncio.Event() for driver in self.drivers}
 
     def resync(self) -> None:
         """Compare with the API (and publish what is missing) now rather than at the next
-        change; call from the event loop, e.g. when the kubelet registers the driver."""
+        change; call from the event loop, e.g. when the kubelet registers the driver.
+
+        The API is read unless every watch listed within the last `FRESH_LIST_S`: the
+        watch's list and its events since then show what changed.
+        """
+        now = self._clock()
+        fresh = all(
+            now - self._listed_at.get(driver, -math.inf) < FRESH_LIST_S for driver in self.drivers
+        )
+        if not fresh:
+            self._stale.update(self.drivers)
         self._poke.set()
 
     # -- the loop -------------------------------------------------------------------------
@@ -129,20 +190,32 @@ class SlicePublisher:
         ]
         helpers.append(spawn("ResourceSlice publisher's store follower", self._follow_store()))
         try:
+            await self._first_lists()
             await self._publish()
         finally:
             for task in helpers:
                 task.cancel()
             await asyncio.gather(*helpers, return_exceptions=True)
 
+    async def _first_lists(self) -> None:
+        """Until every watch has listed once, or `first_list_wait_s`: the first comparison
+        then reads the API after the watches did, and their first list pokes nothing more
+        (a watch that cannot list yet must not hold the slices back for long)."""
+        with contextlib.suppress(TimeoutError):
+            async with asyncio.timeout(self.first_list_wait_s):
+                for listed in self._first_list.values():
+                    await listed.wait()
+
     async def _publish(self) -> None:
         while True:
             # Cleared before the state is read: whatever changes from here on, here or in
             # the API, is in this comparison or pokes the next one.
             self._poke.clear()
+            self._known -= self._stale
+            self._stale.clear()
             state = self.store.state
             try:
-                await asyncio.to_thread(self.sync, state)
+                wrote = await self._loop_sync(state)
             except KubeError as exc:
                 delay = self.backoff.advance(exc.retry_after)
                 log.warning(
@@ -154,15 +227,37 @@ class SlicePublisher:
                 await self._poked(delay)
                 continue
             self.backoff.reset()
-            await self._poked(self.resync_s)
+            if wrote:
+                # The next write waits (changes meanwhile poke, and go out together then).
+                await self.pace.wait()
+            self.pace.mark()
+            if not await self._poked(self.resync_s):
+                self._stale.update(self.drivers)  # the periodic comparison reads the API
+            self.pace.reset_if_stable(self.pace.cap)
 
-    async def _poked(self, timeout: float) -> None:
-        """Until the slices may differ from the API's, or `timeout` seconds."""
+    async def _loop_sync(self, state: NodeState) -> bool:
+        """The loop's sync: without a list for the drivers whose API state is known; the
+        watch events that arrive meanwhile are judged after it."""
+        trusted = frozenset(self._known)
+        self._known.clear()  # until this sync says otherwise
+        self._held = []
+        try:
+            wrote = await asyncio.to_thread(self.sync, state, trusted=trusted)
+            self._known.update(self.drivers)
+            return wrote
+        finally:
+            held, self._held = self._held, None
+            for driver, event in held:
+                self._judge(driver, event)
+
+    async def _poked(self, timeout: float) -> bool:
+        """Until the slices may differ from the API's (True), or `timeout` seconds."""
         # asyncio.timeout, not wait_for: on Python 3.11 wait_for loses a cancellation that
         # arrives as the event is set, and the loop then sleeps a whole resync at shutdown.
         with contextlib.suppress(TimeoutError):
             async with asyncio.timeout(timeout):
                 await self._poke.wait()
+        return self._poke.is_set()
 
     async def _follow_store(self) -> None:
         """Poke the loop on every change of what the slices show."""
@@ -181,48 +276,67 @@ class SlicePublisher:
     async def _watch(self, driver: str) -> None:
         """Poke the loop when the API's slices of `driver` may differ from ours."""
         async for event in self.kube.watch_resource_slices(driver, self.node):
-            if self._ours(driver, event):
-                continue
-            if event.type == "DELETED":
-                log.info(
-                    "node %s: ResourceSlice %s of %s was deleted; publishing it again",
-                    self.node,
-                    _shown_name(event.slice),
-                    driver,
-                )
-            self._poke.set()
+            if event.type == RELIST:
+                self._listed_at[driver] = self._clock()
+                self._first_list[driver].set()
+            if self._held is not None:
+                self._held.append((driver, event))
+            else:
+                self._judge(driver, event)
+
+    def _judge(self, driver: str, event: SliceEvent) -> None:
+        """Poke a comparison, which reads the API, unless `event` is our own write."""
+        if self._ours(driver, event):
+            return
+        if event.type == "DELETED":
+            log.info(
+                "node %s: ResourceSlice %s of %s was deleted; publishing it again",
+                self.node,
+                _shown_name(event.slice),
+                driver,
+            )
+        self._stale.add(driver)
+        self._poke.set()
 
     def _ours(self, driver: str, event: SliceEvent) -> bool:
-        """Whether `event` shows a slice exactly as the last sync left it (our own write).
+        """Whether `event` shows nothing the last sync did not leave: a slice exactly as
+        it left it (our own write), or the deletion of one it does not publish (its own
+        surplus slice, or one it leaves alone).
 
         Whatever else it shows (a slice of any shape: the API's objects are data) pokes
         a comparison, which reads the slices and judges them.
         """
-        if event.type in (RELIST, "DELETED"):
+        if event.type == RELIST:
             return False
         shown = _identity(event.slice)
-        return shown is not None and any(
-            _identity(obj) == shown for obj in self.published.get(driver, ())
-        )
+        if shown is None:
+            return False
+        published = [_identity(obj) for obj in self.published.get(driver, ())]
+        if event.type == "DELETED":
+            return all(name is None or name[0] != shown[0] for name in published)
+        return shown in published
 
     # -- one reconciliation (blocking) ----------------------------------------------------
 
-    def sync(self, state: NodeState) -> bool:
+    def sync(self, state: NodeState, *, trusted: frozenset[str] = frozenset()) -> bool:
         """Make the API show `state` for every driver; True when anything was written.
 
-        Raises `KubeError` when the API cannot be read or written (after re-reading on
-        `CONFLICT_RETRIES` conflicts).
+        The slices of each driver are listed, except for `trusted` drivers, whose last
+        `published` slices stand for what the API holds (the loop's knowledge; a conflict
+        lists them after all). Raises `KubeError` when the API cannot be read or written
+        (after re-reading on `CONFLICT_RETRIES` conflicts).
         """
         with self._syncing:
-            return self._sync(state)
+            return self._sync(state, trusted)
 
-    def _sync(self, state: NodeState) -> bool:
+    def _sync(self, state: NodeState, trusted: frozenset[str]) -> bool:
         wrote = False
         self.syncs += 1
         for driver in self.drivers:
             for attempt in range(CONFLICT_RETRIES + 1):
                 try:
-                    wrote = self._sync_driver(driver, state) or wrote
+                    trust = driver in trusted and attempt == 0
+                    wrote = self._sync_driver(driver, state, trust=trust) or wrote
                     break
                 except KubeError as exc:
                     if exc.status != 409 or attempt == CONFLICT_RETRIES:
@@ -246,11 +360,19 @@ class SlicePublisher:
             for device in dra_devices(driver, state.planned)
         ]
 
-    def _sync_driver(self, driver: str, state: NodeState) -> bool:
-        stored = sorted(
+    def _stored(self, driver: str, *, trust: bool) -> list[dict[str, Any]]:
+        """The driver's slices in the API, by name: the last sync's when trusted (and each
+        of them readable: a write's answer is the API's object too), else listed."""
+        known = self.published.get(driver)
+        if trust and known is not None and all(_unreadable(obj) is None for obj in known):
+            return known
+        return sorted(
             self._readable(driver, self.kube.list_resource_slices(driver, self.node)),
             key=lambda s: s["metadata"]["name"],
         )
+
+    def _sync_driver(self, driver: str, state: NodeState, *, trust: bool = False) -> bool:
+        stored = self._stored(driver, trust=trust)
         devices = carry_taint_times(self.desired_devices(driver, state), stored)
         current = max((s["spec"]["pool"]["generation"] for s in stored), default=0)
         accepted = self._accepted.get(driver, {})
@@ -269,7 +391,7 @@ class SlicePublisher:
         # scheduler already ignores.
         for old in stored[len(wanted) :]:
             self.kube.delete_resource_slice(old["metadata"]["name"])
-        self.published[driver] = written
+        self.published[driver] = sorted(written, key=_name_key)
         self._accepted[driver] = self._as_stored(driver, wanted, written)
         log.info(
             "node %s: %s pool generation %d: %d devices in %d ResourceSlice(s)",
@@ -465,6 +587,12 @@ def _identity(obj: Mapping[str, Any]) -> tuple[str, str | None] | None:
     return meta["name"], version if isinstance(version, str) else None
 
 
+def _name_key(obj: Mapping[str, Any]) -> str:
+    """A written slice's name, for sorting (an answer without one sorts first)."""
+    name = _identity(obj)
+    return name[0] if name is not None else ""
+
+
 def _shown_name(obj: Mapping[str, Any]) -> str:
     """A slice's name for a log line: escaped and bounded (it comes from the API)."""
     name = _identity(obj)
@@ -477,4 +605,4 @@ def _fingerprint(obj: Any) -> str:
     return hashlib.blake2b(text.encode(), digest_size=16).hexdigest()
 
 
-__all__ = ["CONFLICT_RETRIES", "RESYNC_S", "SlicePublisher"]
+__all__ = ["CONFLICT_RETRIES", "PACE_CAP_S", "PACE_FIRST_S", "RESYNC_S", "SlicePublisher"]

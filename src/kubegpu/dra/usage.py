@@ -32,7 +32,12 @@ def prepared_claims(data_dir: Path, pool: str = "") -> tuple[ClaimDevices, ...]:
         if not (is_dns_label(record.namespace) and is_dns_subdomain(record.name)):
             continue  # an adopted claim (no names kept) or names Kubernetes would not allow
         devices = tuple(d.device for d in record.devices if not pool or d.pool == pool)
-        claims.append(ClaimDevices(record.namespace, record.name, devices))
+        sized = (
+            {}
+            if record.limits is None
+            else {d.device: d.memory_bytes for d in record.limits.devices}
+        )
+        claims.append(ClaimDevices(record.namespace, record.name, devices, sized))
     return tuple(claims)
 
 

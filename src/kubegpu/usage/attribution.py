@@ -19,7 +19,7 @@ at most, so cardinality is bounded by the allocations and devices, never by proc
 from __future__ import annotations
 
 from collections.abc import Iterable, Mapping, Sequence
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 
 from kubegpu.config.names import parse_quantity
 from kubegpu.devices import Health, Inventory, ProcessTable, Vendor
@@ -59,6 +59,9 @@ class ClaimDevices:
     namespace: str
     name: str
     devices: tuple[str, ...]
+    #: A claim sized in memory: the device memory it consumed, by device name, which its
+    #: limits hold it to (the checkpoint records them); other claims' limits are the unit's.
+    limit_bytes: Mapping[str, int] = field(default_factory=dict)
 
 
 def memory_limit(unit: Unit, spec: ResourceSpec) -> int:
@@ -67,8 +70,8 @@ def memory_limit(unit: Unit, spec: ResourceSpec) -> int:
     A whole GPU or MIG slice: all of its memory. An MPS replica: the pinned-memory limit the
     MPS control daemon sets for each client (`sharing.mps` `memoryLimit`, else an equal share
     of the GPU, as NVIDIA's plugin sets it; `kubegpu.mps`). A time-sliced replica: the whole
-    device, time-slicing does not partition memory. The one place a limit is looked up, so
-    that per-claim limits replace it in one spot.
+    device, time-slicing does not partition memory. A DRA claim sized in memory is held to
+    what it consumed instead (`ClaimDevices.limit_bytes`).
     """
     if unit.mig is not None:
         return unit.mig.memory_mib * MIB
@@ -119,21 +122,21 @@ def dra_allocations(
             users.setdefault((use.namespace, use.claim, use.device), []).append(use)
     found: dict[tuple[Holder, str], Allocation] = {}
 
-    def add(holder: Holder, device: str) -> None:
+    def add(holder: Holder, device: str, sized: int | None = None) -> None:
         known = devices.get(device)
         if known is not None:
             unit, spec = known
-            found.setdefault(
-                (holder, unit.uuid), Allocation(holder, unit, memory_limit(unit, spec))
-            )
+            limit = memory_limit(unit, spec) if sized is None else sized
+            found.setdefault((holder, unit.uuid), Allocation(holder, unit, limit))
 
     for claim in claims:
         for device in claim.devices:
+            sized = claim.limit_bytes.get(device)
             containers = users.pop((claim.namespace, claim.name, device), [])
             for use in containers:
-                add(Holder(use.namespace, use.pod, use.container, claim.name), device)
+                add(Holder(use.namespace, use.pod, use.container, claim.name), device, sized)
             if not containers:
-                add(Holder(claim.namespace, claim=claim.name), device)
+                add(Holder(claim.namespace, claim=claim.name), device, sized)
     # Claims the kubelet reports that the checkpoint did not (it could not be read).
     for uses in users.values():
         for use in uses:

@@ -79,15 +79,16 @@ def _existing_dir(directory: Path) -> Path:
 Coverage = dict[Path, frozenset[str] | None]
 
 
-def watched_dirs(paths: Iterable[Path]) -> Coverage:
+def watched_dirs(paths: Iterable[Path], *, names_only: bool = False) -> Coverage:
     """The directories whose inotify events cover `paths` (and their symlink targets).
 
-    A path is covered by its directory (every entry: a symlink swap renames a sibling)
-    and by that directory's parent, for the directory's own name only: a removed
-    directory's inode outlives it while anything holds it (a socket bound inside it, an
-    open descriptor), so its own DELETE_SELF can come late, but the parent reports the
-    removal and the re-creation at once. A missing directory is covered by its nearest
-    existing ancestor, for the name of the next directory down.
+    A path is covered by its directory (every entry: a symlink swap renames a sibling;
+    with `names_only`, the path's own name only) and by that directory's parent, for the
+    directory's own name only: a removed directory's inode outlives it while anything
+    holds it (a socket bound inside it, an open descriptor), so its own DELETE_SELF can
+    come late, but the parent reports the removal and the re-creation at once. A missing
+    directory is covered by its nearest existing ancestor, for the name of the next
+    directory down.
     """
     names: dict[Path, set[str] | None] = {}
 
@@ -105,7 +106,7 @@ def watched_dirs(paths: Iterable[Path]) -> Coverage:
             for directory in ([each] if each.is_dir() else []) + [each.parent]:
                 existing = _existing_dir(directory)
                 if existing == directory:
-                    cover(directory, None)
+                    cover(directory, each.name if names_only and directory != each else None)
                     if directory.parent != directory:
                         cover(directory.parent, directory.name)
                 else:
@@ -126,17 +127,23 @@ def written_files(paths: Iterable[Path]) -> set[tuple[str, str]]:
     return out
 
 
-def fingerprint(paths: Iterable[Path]) -> Fingerprint:
-    """What the polling fallback compares: every covered path's and directory's stat."""
+def fingerprint(paths: Iterable[Path], *, names_only: bool = False) -> Fingerprint:
+    """What the polling fallback compares: every covered path's and directory's stat
+    (with `names_only`, a directory's identity alone: its size and times change with
+    every entry)."""
     listed = [p.absolute() for p in paths]
+    own = set(listed)
     marks: list[tuple[str, str, int, int, int, int, int] | tuple[str]] = []
-    for path in sorted({*listed, *watched_dirs(listed)}):
+    for path in sorted({*listed, *watched_dirs(listed, names_only=names_only)}):
         try:
             st = path.stat()
         except OSError:
             marks.append((str(path),))
             continue
         real = os.path.realpath(path)
+        if names_only and path not in own:
+            marks.append((str(path), real, st.st_dev, st.st_ino, 0, 0, 0))
+            continue
         marks.append(
             (str(path), real, st.st_dev, st.st_ino, st.st_size, st.st_mtime_ns, st.st_ctime_ns)
         )
@@ -146,9 +153,13 @@ def fingerprint(paths: Iterable[Path]) -> Fingerprint:
 class _Core:
     """The inotify instance and its watches, shared by the loop and the thread flavours."""
 
-    def __init__(self, paths: Paths, name: str, inotify: InotifyFactory) -> None:
+    def __init__(
+        self, paths: Paths, name: str, inotify: InotifyFactory, *, names_only: bool = False
+    ) -> None:
         self.paths = paths
         self.name = name
+        #: Only the paths' own entries count, not their siblings (`watched_dirs`).
+        self.names_only = names_only
         self._factory = inotify
         self._poll_interval = 0.0
         self._inotify: Any = None
@@ -203,7 +214,8 @@ class _Core:
             try:
                 paths = list(self.paths())
                 # Narrow watches first: when two paths are one inode, the wider mask wins.
-                coverage = sorted(watched_dirs(paths).items(), key=lambda i: i[1] is None)
+                covered = watched_dirs(paths, names_only=self.names_only)
+                coverage = sorted(covered.items(), key=lambda i: i[1] is None)
                 for directory, only in coverage:
                     watch = self._inotify.add_watch(directory, ancestor if only else full)
                     before = names.get(watch.wd, frozenset())
@@ -298,6 +310,10 @@ class PathWatch:
 
     Use as a context manager inside a running loop. No thread and no timer while inotify
     works: the loop reads the inotify descriptor when the kernel says it is readable.
+
+    `names_only`: only the paths' own entries count (created, deleted, renamed), not
+    another entry of their directory nor a write into one: for paths that are replaced
+    whole and never through a symlink swap, such as sockets, beside files rewritten often.
     """
 
     def __init__(
@@ -308,8 +324,9 @@ class PathWatch:
         poll_interval: float,
         name: str,
         inotify: InotifyFactory = default_inotify,
+        names_only: bool = False,
     ) -> None:
-        self._core = _Core(paths, name, inotify)
+        self._core = _Core(paths, name, inotify, names_only=names_only)
         self._on_change = on_change
         self._poll_interval = poll_interval
         self._loop: asyncio.AbstractEventLoop | None = None
@@ -387,7 +404,7 @@ class PathWatch:
         if self._poller is None:
             # The baseline is taken now, not when the task first runs: a change made
             # right after the watch is set up must count as a change.
-            last = fingerprint(self._core.paths())
+            last = fingerprint(self._core.paths(), names_only=self._core.names_only)
             self._poller = spawn(f"poll {self._core.name}", self._poll(last))
 
     def _stop_reading(self) -> None:
@@ -404,7 +421,7 @@ class PathWatch:
     async def _poll(self, last: Fingerprint) -> None:
         while True:
             await asyncio.sleep(self._poll_interval)
-            now = fingerprint(self._core.paths())
+            now = fingerprint(self._core.paths(), names_only=self._core.names_only)
             if now != last:
                 last = now
                 self._on_change()

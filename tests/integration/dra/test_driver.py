@@ -16,6 +16,8 @@ from typing import Any
 import grpc
 import httpx2
 import pytest
+from asyncinotify import Event as InotifyEvent
+from asyncinotify import Inotify, Mask, Watch
 
 from kubegpu.api import dra_pb2, dra_stub
 from kubegpu.api import pluginregistration_pb2 as reg_pb
@@ -281,6 +283,70 @@ async def test_a_socket_replaced_by_another_is_served_again(plugin: Plugin, whic
     assert plugin.driver.ready() == (True, "ok")
     info = await registration_info(plugin.driver.registrar.path)
     assert info.name == DRIVER
+
+
+class CountingInotify(Inotify):
+    """inotify, counting the watches armed and the events read."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.armed = 0
+        self.read = 0
+
+    def add_watch(self, path: Any, mask: Mask) -> Watch:
+        self.armed += 1
+        return super().add_watch(path, mask)
+
+    def sync_get(self) -> InotifyEvent | None:
+        event = super().sync_get()
+        self.read += event is not None
+        return event
+
+
+async def test_checkpoint_writes_beside_the_socket_do_not_wake_the_socket_watch(
+    socket_dir: Path,
+) -> None:
+    """The socket watch covers the driver's directory, where the checkpoint is replaced on
+    every prepare and unprepare: each replacement re-armed the watch and woke its loop
+    (1,402 times for 300 claims). Only the sockets' own names count now; a deleted socket
+    is still served again."""
+    store = NodeStore()
+    store.update(inventory=inventory(gpu(0), gpu(1)), config=Config())
+    kube = FakeKube()
+    counting = CountingInotify()
+    preparer = ClaimPreparer(
+        store, kube, data_dir=socket_dir / "plugins" / DRIVER, cdi_dir=socket_dir / "cdi", pool=NODE
+    )
+    driver = DraDriver(
+        preparer,
+        driver=DRIVER,
+        registrar_dir=socket_dir / "registry",
+        plugins_dir=socket_dir / "plugins",
+        inotify=lambda: counting,
+    )
+
+    async def read_beyond(events: int) -> None:
+        await eventually(lambda: counting.read > events)
+
+    task = await running(driver)
+    try:
+        await eventually(lambda: counting.armed > 0)
+        armed = counting.armed
+        for i in range(5):
+            claim = put_claim(kube, f"c{i}", "gpu-0")
+            read = counting.read
+            await preparer.prepare([claim])
+            await read_beyond(read)  # the watch has read the checkpoint's events
+            read = counting.read
+            await preparer.unprepare([claim])
+            await read_beyond(read)
+        assert counting.armed == armed
+        served = driver.service.served
+        driver.service.path.unlink()
+        await eventually(lambda: driver.service.served > served and driver.service.serving)
+    finally:
+        await stop(driver, task)
+        counting.close()
 
 
 async def test_stop_removes_both_sockets_and_keeps_prepared_claims(socket_dir: Path) -> None:

@@ -20,6 +20,7 @@ from kubegpu.api import pluginregistration_pb2_grpc as reg_grpc
 from kubegpu.cli.options import parse
 from kubegpu.cli.serve import serve
 from kubegpu.daemon import Daemon, DaemonSettings
+from kubegpu.devices.simulated import SimulatedBackend
 from kubegpu.dra.checkpoint import CHECKPOINT_FILE, LEGACY_FILE
 from kubegpu.dra.claims import spec_file_name
 from kubegpu.errors import StartupError
@@ -29,7 +30,7 @@ from tests.fronts import dra_driver
 from tests.integration.dra.test_driver import put_claim
 from tests.integration.test_serve import Serve, start
 from tests.rig.kube import FakeKube
-from tests.waiting import WAIT
+from tests.waiting import WAIT, eventually
 
 NODE = "node-a"
 DRIVER = "gpu.nvidia.com"
@@ -157,6 +158,29 @@ async def test_claims_are_answered_over_the_socket(
         request = dra_pb2.NodePrepareResourcesRequest(claims=[claim])
         answer = await dra_stub(channel).NodePrepareResources(request)
     assert answer.claims[claim.uid].devices[0].device_name == "gpu-7"
+
+
+async def test_a_newer_xid_on_an_unhealthy_gpu_is_the_taint_of_its_device(
+    daemon: tuple[Daemon, FakeKube],
+) -> None:
+    """The slice's taint names the Xid that made the GPU unhealthy; another Xid on the GPU
+    while it is unhealthy left the first in the taint until the periodic comparison."""
+    running, kube = daemon
+    backend = running.backend
+    assert isinstance(backend, SimulatedBackend)
+
+    def taint_of_gpu_0() -> str | None:
+        for body in kube.resource_slices.values():
+            for device in body["spec"].get("devices") or []:
+                if device["name"] == "gpu-0":
+                    taints = device.get("taints") or [{}]
+                    return str(taints[0].get("value"))
+        return None
+
+    backend.inject_xid(0, 61)  # unhealthy until its probes pass
+    await eventually(lambda: taint_of_gpu_0() == "61")
+    backend.inject_xid(0, 79)  # fallen off the bus: unhealthy until a reset
+    await eventually(lambda: taint_of_gpu_0() == "79")
 
 
 async def test_dra_mode_needs_the_node_name() -> None:
