@@ -61,6 +61,7 @@ from kubegpu.devices import Health
 from kubegpu.devices.simulated import SimulatedBackend
 from kubegpu.events import KubernetesEventSink, NodeEvents
 from kubegpu.kubelet import KubeletEmulator
+from kubegpu.mode import Mode
 from tests.rig.dra import DRAKubelet, SliceWiper
 from tests.rig.kube import FakeKube
 
@@ -80,7 +81,7 @@ QUIET_S = 1.0
 STORM_XIDS = (13, 31, 48, 43, 79, 95, 61)
 #: The flap storm's faults, in turn: each marks a GPU unhealthy.
 FAULT_XIDS = (48, 79, 95, 61)
-MODES = ("plugin", "dra")
+MODES = tuple(Mode)
 
 Figures = dict[str, Any]
 
@@ -95,7 +96,7 @@ CONFIGS = {
 class Node:
     """One node: the daemon under test, its API server, its kubelet, its GPUs."""
 
-    mode: str
+    mode: Mode
     daemon: Daemon
     kube: FakeKube
     backend: SimulatedBackend
@@ -164,7 +165,7 @@ def _counting_wiper(kube: FakeKube, counted: Counter[tuple[str, str]]) -> SliceW
 
 
 @contextlib.asynccontextmanager
-async def node(mode: str, work: Path) -> AsyncIterator[Node]:
+async def node(mode: Mode, work: Path) -> AsyncIterator[Node]:
     """A started, settled node in `mode`."""
     configs = work / "configs"
     configs.mkdir(parents=True, exist_ok=True)
@@ -316,7 +317,7 @@ async def _flapping_hour(n: Node) -> None:
 
 
 async def measure(
-    mode: str, name: str, scenario: Callable[[Node], Awaitable[None]]
+    mode: Mode, name: str, scenario: Callable[[Node], Awaitable[None]]
 ) -> dict[str, int]:
     with harness.temp_dir("kgb-api-") as work:
         async with node(mode, work) as n:

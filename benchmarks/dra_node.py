@@ -26,6 +26,7 @@ from pathlib import Path
 from typing import Any
 
 from kubegpu.daemon import Daemon, DaemonSettings
+from kubegpu.mode import Mode
 from tests.rig.kube import FakeKube
 
 DRIVER = "gpu.nvidia.com"
@@ -61,7 +62,7 @@ async def _serve(args: argparse.Namespace) -> dict[str, int]:
     for n in range(args.claims):
         kube.put_resource_claim(claim(n))
     settings = DaemonSettings(
-        mode="dra",
+        mode=Mode.DRA,
         simulate=PRESET,
         node_name=NODE,
         registrar_dir=work / "registry",

@@ -1,12 +1,15 @@
 """The `serve` daemon: lifecycle only.
 
-Startup (config, backend, first device list, plugins) → run (root tasks under one
-`Supervisor`) → graceful shutdown (plugins stop, sockets removed). The first root task
-to fail stops all of them. State lives in one `NodeStore` (inventory, health, config,
-MPS readiness); writers (health monitor, config follower, MPS daemons) update it, and
-the plugins, metrics and Node events follow it as subscribers. In DRA mode
-(`--mode dra`) the DRA kubelet plugin (`kubegpu.dra.DraDriver`) takes the device plugin
-servers' place over the same store; everything else is shared. Each room runs its own
+Startup (config, backend, first device list, front) → run (root tasks under one
+`Supervisor`) → graceful shutdown (front stops, sockets removed). The first root task
+to fail stops all of them. State lives in one `NodeStore` (inventory, health and why,
+config, MPS readiness); writers (health monitor, config follower, MPS daemons) update it,
+and the front, metrics and Node events follow it as subscribers.
+
+The daemon starts the shared core and then exactly one `Front`, chosen by the mode in
+one place (`FRONTS`): `kubegpu.plugin.front.PluginFront` (the device plugin API) or
+`kubegpu.dra.front.DraFront` (a DRA kubelet plugin). Each is assembled in its own
+package; the daemon knows only the protocol. Each room runs its own
 loop over the store and the daemon only starts, supervises and stops it: the MPS control
 daemons (`mps.MpsReconciler`), the CDI spec files (`cdi.CdiWriter`) and, with
 `--with-labels`, the node labels (`labeller.follow_store`). Who uses what on the GPUs
@@ -20,13 +23,12 @@ import contextlib
 import logging
 import os
 import socket
-from collections.abc import AsyncIterator, Callable, Mapping
+from collections.abc import AsyncIterator, Callable, Coroutine, Mapping, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any
+from typing import Any, Protocol
 
 from kubegpu import labeller
-from kubegpu.allocation import select_imex_channels
 from kubegpu.api import DEVICE_PLUGIN_PATH, POD_RESOURCES_SOCKET
 from kubegpu.cdi import DEFAULT_DIRECTORY as DEFAULT_CDI_DIRECTORY
 from kubegpu.cdi import CdiWriter
@@ -34,48 +36,27 @@ from kubegpu.config import Config, Flags
 from kubegpu.config import driver_files_root as config_driver_files_root
 from kubegpu.config.show import log_config
 from kubegpu.config.source import POLL_INTERVAL, ConfigSource, ConfigUpdate, NamedConfigs
-from kubegpu.devices import (
-    DeviceBackend,
-    Health,
-    Inventory,
-    NullBackend,
-    Vendor,
-    open_backend,
-    pci,
-)
-from kubegpu.devices.nvml import NvmlBackend
-from kubegpu.dra.claims import AMD_DRIVER, NVIDIA_DRIVER
-from kubegpu.dra.driver import PLUGINS_DIRECTORY, REGISTRAR_DIRECTORY, DraDriver
-from kubegpu.dra.health import HealthServicer
-from kubegpu.dra.limits import ClaimLimiter
-from kubegpu.dra.publisher import SlicePublisher, faults_of
-from kubegpu.dra.service import ClaimPreparer
-from kubegpu.dra.sizing import sized
-from kubegpu.dra.stale import EXTENDED_RESOURCES, StaleResourceCheck
-from kubegpu.dra.usage import dra_view
-from kubegpu.errors import ConfigError, InitError, KubegpuError, PreconditionError
+from kubegpu.devices import DeviceBackend, Health, Inventory, NullBackend, open_backend
+from kubegpu.dra.driver import PLUGINS_DIRECTORY, REGISTRAR_DIRECTORY
+from kubegpu.dra.front import DraFront
+from kubegpu.errors import ConfigError, InitError, PreconditionError, StartupError
 from kubegpu.events import NodeEvents, Reason
 from kubegpu.health import HealthMonitor, health_flags_from_env
 from kubegpu.httpserver import HttpServer
 from kubegpu.kube import Kube, KubeClient
 from kubegpu.metrics import Metrics
+from kubegpu.mode import Mode
 from kubegpu.mps import MpsReconciler
 from kubegpu.nvidia_paths import MPS_CONTROL_BINARY
-from kubegpu.plugin import PluginManager, handover
-from kubegpu.plugin.directory import PluginDirectory, Role
-from kubegpu.plugin.manager import socket_path_too_long
+from kubegpu.plugin.directory import PluginDirectory
+from kubegpu.plugin.front import PluginFront
 from kubegpu.resources import ResourceSpec
-from kubegpu.state import NodeStore
+from kubegpu.state import NodeState, NodeStore
 from kubegpu.supervisor import Supervisor, until_stopped
 from kubegpu.usage import DEFAULT_MAX_ROWS, UsageCollector, UsageSettings
-from kubegpu.usage.collector import KUBELET_CHECKPOINT
+from kubegpu.usage.collector import KUBELET_CHECKPOINT, DraView
 
 log = logging.getLogger("kubegpu.daemon")
-
-
-class StartupError(KubegpuError):
-    """This node cannot host the daemon as asked: the plugin directory is taken, a port is
-    in use, an address is not this host's (exit 1: the environment, not the flags)."""
 
 
 def _os_reason(exc: OSError) -> str:
@@ -96,8 +77,8 @@ class DaemonSettings:
     """What `serve` was asked to do; built from flags and env vars by the CLI."""
 
     plugin_dir: Path = Path(DEVICE_PLUGIN_PATH)
-    #: `plugin` (the device plugin API, the default) or `dra` (a DRA kubelet plugin).
-    mode: str = "plugin"
+    #: The device plugin API (the default) or a DRA kubelet plugin.
+    mode: Mode = Mode.PLUGIN
     #: DRA: where the kubelet's plugin watcher looks for registration sockets.
     registrar_dir: Path = Path(REGISTRAR_DIRECTORY)
     #: DRA: the kubelet's plugins directory; ours is `<it>/<driver>` (dra.sock, checkpoint).
@@ -131,6 +112,85 @@ class DaemonSettings:
     usage_max_rows: int = DEFAULT_MAX_ROWS
 
 
+class Front(Protocol):
+    """What the daemon asks of the mode's front, over the shared core it started.
+
+    In order: `open` (instant, first: the front's place on the node, its directories),
+    `start` with the first state (after the CDI specs and the MPS daemons), the
+    `root_tasks` the supervisor runs, and at shutdown `stop` (withdraw from the kubelet,
+    answer the calls on their way) and, last of all, `close` (let the directories go).
+    `check` refuses a config the front cannot serve; `per_claim` and `usage_view` are
+    what the MPS daemons and the per-container metrics need to know of it.
+    """
+
+    def open(self) -> None: ...
+
+    async def start(self, state: NodeState) -> None: ...
+
+    def root_tasks(self, since: int) -> Sequence[tuple[str, Coroutine[Any, Any, None]]]: ...
+
+    def ready(self) -> tuple[bool, str]: ...
+
+    async def stop(self) -> None: ...
+
+    def close(self) -> None: ...
+
+    def check(self, config: Config) -> None: ...
+
+    def per_claim(self, spec: ResourceSpec) -> bool: ...
+
+    def usage_view(self) -> DraView | None: ...
+
+
+@dataclass(frozen=True)
+class Core:
+    """The shared core a front is built over: what it follows, writes to, reports through."""
+
+    store: NodeStore
+    kube: Kube
+    metrics: Metrics
+    events: NodeEvents
+    #: The GPU backend, once start-up has opened it.
+    backend: Callable[[], DeviceBackend]
+    #: Device plugin mode: told each resource registered, and how long it took.
+    on_registered: Callable[[str, float], None] | None
+
+
+def _plugin_front(s: DaemonSettings, core: Core) -> Front:
+    return PluginFront(
+        core.store,
+        plugin_dir=s.plugin_dir,
+        handover=s.handover,
+        metrics=core.metrics,
+        on_registered=core.on_registered,
+        cdi_dir=s.cdi_dir,
+    )
+
+
+def _dra_front(s: DaemonSettings, core: Core) -> Front:
+    return DraFront(
+        core.store,
+        core.kube,
+        backend=core.backend,
+        lock=PluginDirectory,
+        events=core.events,
+        metrics=core.metrics,
+        node_name=s.node_name,
+        registrar_dir=s.registrar_dir,
+        plugins_dir=s.kubelet_plugins_dir,
+        cdi_dir=s.cdi_dir,
+        mps_control_binary=s.mps_control_binary,
+        simulated=s.simulate is not None,
+    )
+
+
+#: The one choice the mode makes: which front the daemon starts over the core.
+FRONTS: Mapping[Mode, Callable[[DaemonSettings, Core], Front]] = {
+    Mode.PLUGIN: _plugin_front,
+    Mode.DRA: _dra_front,
+}
+
+
 class Daemon:
     def __init__(
         self,
@@ -143,36 +203,19 @@ class Daemon:
         kube: Kube | None = None,
     ) -> None:
         self.settings = settings
-        #: DRA mode's API: ResourceSlices written, ResourceClaims read (a client that is
-        #: configured on its first call).
+        #: The Kubernetes API (DRA mode: ResourceSlices written, ResourceClaims read; a
+        #: client that is configured on its first call).
         self.kube: Kube = kube if kube is not None else KubeClient()
-        #: The DRA kubelet plugin, once start-up knows the node's vendor (DRA mode only).
-        self.dra: DraDriver | None = None
-        #: DRA mode: device-plugin resources the Node's status still shows.
-        self.stale: StaleResourceCheck | None = None
         self.metrics = metrics or Metrics()
         self.events = events or NodeEvents.disabled()
         self._backend = backend
-        #: This process's role in the plugin directory and the socket slot it serves. In DRA
-        #: mode, the driver's own directory, taken once start-up knows the driver.
-        self.directory = (
-            PluginDirectory(
-                settings.kubelet_plugins_dir,
-                what="kubelet plugins directory",
-                flag="--kubelet-plugins-directory-path",
-            )
-            if settings.mode == "dra"
-            else PluginDirectory(settings.plugin_dir, handover=settings.handover)
-        )
-        self.manager = PluginManager(
-            settings.plugin_dir,
-            metrics=self.metrics,
-            on_registered=on_registered,
-            cdi_dir=settings.cdi_dir,
-            socket_name=self.directory.socket_name,
-        )
         #: The one copy of inventory, health, config and MPS readiness; all else derives.
         self.store = NodeStore()
+        core = Core(
+            self.store, self.kube, self.metrics, self.events, lambda: self.backend, on_registered
+        )
+        #: The mode's front: the one place the mode is chosen.
+        self.front: Front = FRONTS[settings.mode](settings, core)
         self.source = ConfigSource(
             config_file=settings.config_file,
             overrides=settings.overrides,
@@ -186,8 +229,7 @@ class Daemon:
         self.mps = MpsReconciler(
             self.store,
             control_binary=settings.mps_control_binary,
-            # DRA mode: a memory-sized resource's claims each get a daemon of their own.
-            per_claim=sized if settings.mode == "dra" else lambda spec: False,
+            per_claim=self.front.per_claim,
         )
         #: Who uses what on the GPUs: the per-container metrics, collected when scraped.
         self.usage = self._usage_collector()
@@ -208,11 +250,7 @@ class Daemon:
             usage,
             backend=lambda: self._backend,
             state=lambda: self.store.state,
-            dra=lambda: (
-                None
-                if self.dra is None
-                else dra_view(self.dra.driver, self.dra.data_dir, s.node_name)
-            ),
+            dra=self.front.usage_view,
         )
 
     @property
@@ -243,24 +281,17 @@ class Daemon:
     async def run(self, stop: asyncio.Event) -> None:
         """Serve until `stop` is set. Raises `ConfigError`/`InitError` when startup fails.
 
-        Order matters for a DaemonSet: the plugin-directory role (`PluginDirectory`) and
-        `/healthz` come first (both instant), then what may wait (the API server for the
-        config label, NVML, MPS), and all of that is abandoned the moment `stop` is set, so
-        SIGTERM always ends us. Shutdown withdraws the plugins and answers the calls on their
-        way (`PluginManager.stop`); a process that handed over to a successor does the same.
+        Order matters for a DaemonSet: the front's place on the node (`Front.open`: the
+        plugin-directory role) and `/healthz` come first (both instant), then what may wait
+        (the API server for the config label, NVML, MPS), and all of that is abandoned the
+        moment `stop` is set, so SIGTERM always ends us. Shutdown stops the front first
+        (`Front.stop`: the plugins withdraw and answer the calls on their way) and lets its
+        directories go last.
         """
         updates = self.source.updates()
         http: list[HttpServer] = []
         try:
-            self._check_plugin_dir()
-            # DRA mode takes the driver's own directory once start-up knows the driver.
-            if self.settings.mode != "dra" and self.directory.acquire() is Role.SUCCESSOR:
-                log.info(
-                    "another kubegpu serve owns %s: starting beside it on socket slot %d, "
-                    "to take over",
-                    self.settings.plugin_dir,
-                    self.directory.slot,
-                )
+            self.front.open()
             http = await self._start_http()
             # Every task from here on (registrars, MPS supervisors, roots) is named by the
             # supervisor; leaving the block cancels them all before the plugins stop.
@@ -277,37 +308,14 @@ class Daemon:
                 )
                 since = self.store.state.version
                 # Subscribers first (they miss nothing), then the writers.
-                if self.dra is not None:
-                    publisher = self._publisher(self.dra.driver, monitor)
-                    stale = self.stale = self._stale_check(self.dra.driver)
-
-                    def registered() -> None:
-                        # A starting kubelet has just deleted the node's slices (and one
-                        # that lost us a while ours): compare with the API now.
-                        publisher.resync()
-                        stale.poke()
-
-                    self.dra.registration.on_registered = registered
-                    # A newer Xid on a GPU already unhealthy renames its taint.
-                    monitor.on_reason = lambda uuid: publisher.faults_changed()
-                    tasks.start("stale node resources", stale.run())
-                    tasks.start("dra sockets", self.dra.run(), root=True)
-                    if self.dra.health is not None:
-                        # The stream's messages say why, as the health monitor tells it.
-                        self.dra.health.reason = monitor.tracker.reason
-                        tasks.start("dra health", self.dra.health.follow(), root=True)
-                    tasks.start("resource slices", publisher.run(), root=True)
-                else:
-                    tasks.start("plugins", self.manager.follow(self.store, since), root=True)
+                for name, task in self.front.root_tasks(since):
+                    tasks.start(name, task, root=True)
                 tasks.start("mps", self.mps.follow(since), root=True)
                 tasks.start("cdi writer", self.cdi.follow(since), root=True)
                 tasks.start("health reporter", self._report_health(), root=True)
                 tasks.start("events", self.events.run(), root=True)
-                if self.dra is None:
-                    tasks.start("kubelet watcher", self.manager.run(), root=True)
                 tasks.start("health monitor", monitor.run(), root=True)
                 tasks.start("config follower", self._follow_config(updates), root=True)
-                tasks.start("handover", handover.follow(self.directory, self.manager), root=True)
                 if self.settings.with_labels:
                     tasks.start("labeller", labeller.follow_store(self.store), root=True)
                 self.started.set()
@@ -316,9 +324,7 @@ class Daemon:
                 finally:
                     log.info("stopping: removing plugin sockets")
         finally:
-            if self.dra is not None:
-                await self.dra.stop()
-            await self.manager.stop()
+            await self.front.stop()
             for server in http:
                 await server.stop()
             await self.mps.stop()
@@ -329,7 +335,7 @@ class Daemon:
                     await closer()
             if self._backend is not None:
                 await asyncio.to_thread(self._backend.close)
-            self.directory.release()
+            self.front.close()
 
     async def _startup(self, updates: AsyncIterator[ConfigUpdate]) -> None:
         first = await anext(updates)
@@ -338,140 +344,26 @@ class Daemon:
         config = first.config
         log_config(log, "effective config", first.origin, config)
         try:
-            self._check_node_has(config)
+            self.front.check(config)
         except PreconditionError as exc:
             raise StartupError(str(exc)) from exc
         inventory = await self._open_backend(config)
         # A config that cannot serve this node raises here and ends start-up.
         state = self.store.update(inventory=inventory, config=config)
-        if self.settings.mode == "dra":
-            dra = self._dra_driver(inventory)
-            self._take_driver_dir(dra)
-            self.dra = dra
-            self._check_dra_socket_paths(self.dra)
-        else:
-            self._check_socket_paths(state.planned)
         await self.cdi.write(state)
         # MPS daemons before the first list, so the kubelet's first view is the right one.
         await self.mps.reconcile(state)
         state = self.store.state
-        if self.dra is not None:
-            await self.dra.start()
-        else:
-            await self.manager.apply(state.specs, state.config)
-        through = f" through DRA driver {self.dra.driver}" if self.dra is not None else ""
+        await self.front.start(state)
         for spec in state.specs:
             log.info(
-                "advertising %s%s: %d device(s), %d healthy",
+                "advertising %s: %d device(s), %d healthy",
                 spec.name,
-                through,
                 len(spec.devices),
                 spec.healthy_count,
             )
         if not state.specs:
             log.warning("no GPUs to advertise on this node")
-
-    def _dra_driver(self, inventory: Inventory) -> DraDriver:
-        """The DRA plugin for this node's vendor (`gpu.nvidia.com`, or AMD's name)."""
-        if not self.settings.node_name:
-            raise StartupError(
-                "DRA mode needs this node's name (--node-name, NODE_NAME): its ResourceSlices "
-                "and pool are named after it"
-            )
-        amd = bool(inventory.gpus) and all(g.vendor is Vendor.AMD for g in inventory.gpus)
-        driver = AMD_DRIVER if amd else NVIDIA_DRIVER
-        s = self.settings
-        preparer = ClaimPreparer(
-            self.store,
-            self.kube,
-            data_dir=s.kubelet_plugins_dir / driver,
-            cdi_dir=s.cdi_dir,
-            driver=driver,
-            pool=s.node_name,
-            limiter=ClaimLimiter(
-                control_binary=s.mps_control_binary,
-                memory=(
-                    self.backend.memory_limiter() if isinstance(self.backend, NvmlBackend) else None
-                ),
-            ),
-        )
-        return DraDriver(
-            preparer,
-            driver=driver,
-            registrar_dir=s.registrar_dir,
-            plugins_dir=s.kubelet_plugins_dir,
-            health=HealthServicer(self.store, driver=driver, pool=s.node_name),
-        )
-
-    def _publisher(self, driver: str, monitor: HealthMonitor) -> SlicePublisher:
-        """The node's ResourceSlices for `driver`, following the store; an unhealthy
-        device's taint names the Xid the health monitor saw."""
-        simulated = self.settings.simulate is not None
-        return SlicePublisher(
-            self.kube,
-            self.store,
-            self.settings.node_name,
-            drivers=(driver,),
-            faults=lambda: faults_of(monitor.tracker.xids()),
-            # A simulated node's bus IDs are not this host's: no pcieRoot rather than a
-            # wrong one.
-            pcie_roots=None if simulated else (lambda buses: pci.pcie_roots("/", buses)),
-        )
-
-    def _stale_check(self, driver: str) -> StaleResourceCheck:
-        """Device-plugin resources left in the Node's status: the extended resource of the
-        driver's whole-GPU DeviceClass, and whatever the config makes the device plugin
-        mode advertise (MIG, shared and renamed resources)."""
-
-        def names() -> set[str]:
-            own = EXTENDED_RESOURCES.get(driver)
-            return {spec.name for spec in self.store.state.specs} | ({own} if own else set())
-
-        return StaleResourceCheck(
-            self.kube, self.settings.node_name, names, events=self.events, metrics=self.metrics
-        )
-
-    def _take_driver_dir(self, dra: DraDriver) -> None:
-        """Own the driver's directory under the kubelet's plugins directory (its sockets
-        and checkpoint): created if missing, locked against a second `serve`. Nothing is
-        written beside it, so a deployment may mount that one directory alone."""
-        flag = "--kubelet-plugins-directory-path"
-        what = "DRA driver directory"
-        _usable_dir(dra.data_dir, what, f"{dra.data_dir} from the host", flag)
-        self.directory = PluginDirectory(dra.data_dir, what=what, flag=flag)
-        self.directory.acquire()
-
-    def _check_dra_socket_paths(self, dra: DraDriver) -> None:
-        for path in (dra.service.path, dra.registrar.path):
-            too_long = socket_path_too_long(path)
-            if too_long is not None:
-                raise StartupError(f"DRA driver {dra.driver}: {too_long}")
-
-    def _check_plugin_dir(self) -> None:
-        if self.settings.mode == "dra":
-            # The driver's own directory is checked once start-up knows the driver.
-            _usable_dir(
-                self.settings.registrar_dir,
-                "kubelet directory",
-                "the kubelet's directory",
-                "--kubelet-registrar-directory-path",
-            )
-            return
-        _usable_dir(
-            self.settings.plugin_dir,
-            "device-plugin directory",
-            "the kubelet's device-plugins directory",
-            "--device-plugin-path",
-        )
-
-    def _check_socket_paths(self, specs: tuple[ResourceSpec, ...]) -> None:
-        """A socket path over the unix limit can never be served: say so and stop, rather
-        than retry forever (the CLI only knows the kubelet's socket name, not ours)."""
-        for spec in specs:
-            name = self.directory.socket_name(spec.socket_name)
-            too_long = socket_path_too_long(self.settings.plugin_dir / name)
-            if too_long is not None:
-                raise StartupError(f"{spec.name}: {too_long}")
 
     async def _open_backend(self, config: Config) -> Inventory:
         try:
@@ -547,13 +439,7 @@ class Daemon:
         waiting = self.mps.waiting()
         if waiting:
             return False, f"MPS control daemon not ready: {', '.join(waiting)}"
-        if self.dra is not None:
-            ok, reason = self.dra.ready()
-            detail = self.stale.detail() if self.stale is not None else None
-            # Still ready: see kubegpu.dra.stale for why a stale Node status is not a reason
-            # to take the pod out of service.
-            return (ok, f"{reason}; {detail}") if ok and detail else (ok, reason)
-        return self.manager.ready()
+        return self.front.ready()
 
     # -- changes ------------------------------------------------------------------------
 
@@ -582,7 +468,7 @@ class Daemon:
                 self._reject(update.origin, update.error)
                 continue
             try:
-                self._check_node_has(update.config)
+                self.front.check(update.config)
                 self.store.update(config=update.config)
             except (ConfigError, PreconditionError) as exc:
                 self._reject(update.origin, exc)
@@ -593,13 +479,6 @@ class Daemon:
             # reload land, not only the ones refused.
             self.events.emit(Reason.CONFIG_APPLIED, f"{update.origin}: applied")
 
-    def _check_node_has(self, config: Config) -> None:
-        """`PreconditionError` when `config` requires IMEX channels this node lacks: every
-        Allocate would be refused while the GPUs stay advertised, so, as NVIDIA's plugin,
-        such a config is not served (DRA mode does not inject IMEX channels)."""
-        if self.settings.mode != "dra":
-            select_imex_channels(config)
-
     def _reject(self, origin: str, error: Exception | None) -> None:
         self.metrics.config_reload(ok=False)
         log.error("config from %s rejected, the last good one keeps serving: %s", origin, error)
@@ -609,18 +488,3 @@ class Daemon:
         """SIGHUP: re-read the config now."""
         log.info("SIGHUP: re-reading the config")
         self.source.poke()
-
-
-def _usable_dir(path: Path, what: str, mount: str, flag: str) -> None:
-    """Create `path` if needed; `InitError` naming `flag` when it cannot be used."""
-    try:
-        path.mkdir(parents=True, exist_ok=True)
-    except OSError as exc:
-        raise InitError(
-            f"{what} {path}: cannot create it ({exc.strerror}); mount {mount} or set {flag}"
-        ) from exc
-    if not os.access(path, os.W_OK | os.X_OK):
-        raise InitError(
-            f"{what} {path} is not writable; run as root or mount it read-write "
-            f"(set {flag} to test elsewhere)"
-        )

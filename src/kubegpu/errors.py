@@ -19,7 +19,8 @@
     │                        no credentials (kubegpu.kube; `events.EventError` is its old name)
     ├── UsageError           a bad flag or env var value; exit 2 (kubegpu.cli)
     ├── StartupError         the node cannot host `serve` as asked: port in use, address
-    │                        not this host's, socket path too long; exit 1 (kubegpu.daemon)
+    │                        not this host's, socket path too long; exit 1 (kubegpu.daemon and
+    │                        its fronts, kubegpu.plugin.front and kubegpu.dra.front)
     ├── PluginDirectoryError the device-plugin directory is taken: another serve, a handover
     │                        under way, both socket slots served; exit 1
     │                        (kubegpu.plugin.directory)
@@ -70,3 +71,8 @@ class PreconditionError(KubegpuError):
 
 class RegistrationError(KubegpuError):
     """Registration with the kubelet failed."""
+
+
+class StartupError(KubegpuError):
+    """This node cannot host the daemon as asked: the plugin directory is taken, a port is
+    in use, an address is not this host's (exit 1: the environment, not the flags)."""

@@ -95,4 +95,20 @@ def _kind_of(path: Path, follow_links: bool) -> str | None:
     return None if stat.S_ISREG(mode) else file_kind(mode)
 
 
-__all__ = ["NotRegularFile", "file_kind", "read_regular"]
+def unusable_dir(path: Path, what: str, mount: str, flag: str) -> str | None:
+    """Create `path` if needed; why it cannot be used (one line naming `flag`), or None.
+
+    The caller raises its own error with the line (`InitError` at start-up)."""
+    try:
+        path.mkdir(parents=True, exist_ok=True)
+    except OSError as exc:
+        return f"{what} {path}: cannot create it ({exc.strerror}); mount {mount} or set {flag}"
+    if not os.access(path, os.W_OK | os.X_OK):
+        return (
+            f"{what} {path} is not writable; run as root or mount it read-write "
+            f"(set {flag} to test elsewhere)"
+        )
+    return None
+
+
+__all__ = ["NotRegularFile", "file_kind", "read_regular", "unusable_dir"]

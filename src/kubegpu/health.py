@@ -30,7 +30,7 @@ from collections.abc import Callable, Mapping
 from dataclasses import dataclass
 
 from kubegpu.config.v1 import HealthFlags
-from kubegpu.devices.model import DeviceBackend, Health, HealthEvent, HealthEventKind
+from kubegpu.devices.model import DeviceBackend, Fault, Health, HealthEvent, HealthEventKind
 from kubegpu.devices.stop import Stop
 from kubegpu.errors import ConfigError
 from kubegpu.metrics import Metrics
@@ -227,9 +227,10 @@ class HealthTracker:
         """The unhealthy devices; anything not listed is healthy."""
         return dict.fromkeys(self._faults, Health.UNHEALTHY)
 
-    def xids(self) -> Mapping[str, int | None]:
-        """Unhealthy device -> the Xid that made it so (None: its probes failed)."""
-        return {uuid: fault.xid for uuid, fault in self._faults.items()}
+    def faults(self) -> Mapping[str, Fault]:
+        """Unhealthy device -> why: the Xid that made it so (None: its probes failed) and
+        the reason in words."""
+        return {uuid: Fault(fault.xid, fault.reason) for uuid, fault in self._faults.items()}
 
     def reason(self, uuid: str) -> str | None:
         fault = self._faults.get(uuid)
@@ -317,10 +318,6 @@ class HealthMonitor:
         self._probe_timeout = probe_timeout
         #: Probes still running in a worker thread (a hung NVML call), by device UUID.
         self._hung: dict[str, asyncio.Task[str | None]] = {}
-        #: Called with a device's UUID when why it is unhealthy changes while it stays
-        #: unhealthy (a newer Xid): the store's health map does not show that, and a
-        #: DRA taint names the Xid.
-        self.on_reason: Callable[[str], None] | None = None
 
     async def run(self) -> None:
         """Watch and probe until cancelled; the watch thread is stopped and joined on exit."""
@@ -428,11 +425,8 @@ class HealthMonitor:
         if event.kind is HealthEventKind.XID and event.xid is not None and self._metrics:
             self._metrics.xid(event.uuid, event.xid)
         before = self.tracker.health()
-        reason = self.tracker.reason(event.uuid)
+        why = self.tracker.faults()
         if not self.tracker.observe(event):
-            now = self.tracker.reason(event.uuid)
-            if reason is not None and now not in (None, reason) and self.on_reason is not None:
-                self.on_reason(event.uuid)
             if (
                 event.kind is HealthEventKind.XID
                 and event.uuid not in before
@@ -441,6 +435,10 @@ class HealthMonitor:
                 log.info(
                     "%s: ignoring %s (in the ignored Xid list)", event.uuid, describe_xid(event.xid)
                 )
+            faults = self.tracker.faults()
+            if faults != why:
+                # Still unhealthy, for a newer reason (another Xid): a DRA taint names it.
+                self.store.update(faults=faults)
             return
         after = self.tracker.health()
         for uuid in sorted(after.keys() - before.keys()):
@@ -454,7 +452,7 @@ class HealthMonitor:
         for uuid in sorted(before.keys() - after.keys()):
             how = "healed by operator" if event.kind is HealthEventKind.HEALED else "probes pass"
             log.info("%s healthy again (%s)", uuid, how)
-        self.store.update(health=after)
+        self.store.update(health=after, faults=self.tracker.faults())
 
 
 __all__ = [

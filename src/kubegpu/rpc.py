@@ -12,13 +12,23 @@ escaped line of at most `MAX_DETAILS` characters, never UNKNOWN or a traceback:
 
 `Boundary` is the server interceptor that applies it to every RPC, and refuses requests
 that cannot be decoded or are larger than any valid one before protobuf decodes them.
+
+`UnixServer` is the one way both put a gRPC server on a unix socket the kubelet dials:
+bound at a staged name and renamed into place once it listens, known by the inode it
+bound (so a socket deleted or replaced by someone else is noticed), and a server it
+replaces retired in the background.
 """
 
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import logging
+import os
+import secrets
+import stat
 from collections.abc import AsyncIterator, Awaitable, Callable, Mapping
+from pathlib import Path
 from typing import Any
 
 import grpc
@@ -31,6 +41,7 @@ from kubegpu.errors import (
     KubegpuError,
     PreconditionError,
 )
+from kubegpu.supervisor import spawn
 from kubegpu.untrusted import escape
 
 _log = logging.getLogger("kubegpu.rpc")
@@ -50,6 +61,21 @@ STATUS_CODES: Mapping[type[KubegpuError], grpc.StatusCode] = {
 #: Maps an exception raised while answering an RPC to its status (`status_for`, bound
 #: to the logger of the server using it).
 StatusFor = Callable[[Exception, str], tuple[grpc.StatusCode, str]]
+
+
+#: sun_path holds 108 bytes including the terminating NUL.
+MAX_SOCKET_PATH = 107
+
+
+def socket_path_too_long(path: Path, flag: str = "--device-plugin-path") -> str | None:
+    """Why a unix socket cannot be bound at `path` for its length (one line naming `flag`,
+    which sets its directory), or None."""
+    if len(os.fsencode(path)) <= MAX_SOCKET_PATH:
+        return None
+    return (
+        f"socket path {path} is longer than {MAX_SOCKET_PATH} bytes (the unix limit); "
+        f"use a shorter {flag}"
+    )
 
 
 def bounded(text: str, limit: int = MAX_DETAILS) -> str:
@@ -271,12 +297,111 @@ def _guard(
     return handler
 
 
+#: How long a server being replaced (its socket was deleted, the kubelet restarted) may
+#: take to finish the calls it already has: grpc returns as soon as they are done, so an
+#: idle server costs nothing, and an answer reaches the kubelet instead of being cut off
+#: as CANCELLED. It runs out in the background: the new server listens at once.
+RETIRE_GRACE_S = 1.0
+
+
+class UnixServer:
+    """One grpc.aio server (`build` makes it) on the unix socket `path`, served again on a
+    fresh socket on demand (`serve`)."""
+
+    def __init__(self, path: Path, build: Callable[[], grpc.aio.Server], name: str) -> None:
+        self.path = path
+        self._build = build
+        self.name = name
+        self._server: grpc.aio.Server | None = None
+        #: (st_dev, st_ino) of the socket file `_server` listens on.
+        self._bound: tuple[int, int] | None = None
+        #: Replaced servers finishing their calls.
+        self._retiring: set[asyncio.Task[None]] = set()
+        #: How many times the socket was served (1 after the first `serve`).
+        self.served = 0
+
+    @property
+    def serving(self) -> bool:
+        """A server runs (whether the kubelet can still reach it: `lost`)."""
+        return self._server is not None
+
+    async def serve(self, *, retire_grace: float = RETIRE_GRACE_S) -> None:
+        """(Re)start the server on a fresh socket file at `path`.
+
+        A server this one replaces finishes its calls in the background, for at most
+        `retire_grace` seconds, so serving again never waits for them.
+        """
+        # Built before the old one stops: grpc tears its engine down (poller thread, core)
+        # when its last server or channel goes, and starting it again costs ~1 ms.
+        server = self._build()
+        old, self._server, self._bound = self._server, None, None
+        if old is not None:
+            self._retire(old, retire_grace)
+        # grpc unlinks the path a server bound when that server stops, by name: a server
+        # bound at the socket's own name and retired in the background would delete the
+        # new socket. So each binds a name of its own and is renamed into place once it
+        # listens; the kubelet never finds the socket bound but not yet listening either
+        # (and its plugin watcher ignores names that start with a dot). The staged name is
+        # no longer than a socket name: it fits wherever the socket does.
+        staged = self.path.parent / f".kg-{secrets.token_hex(4)}"
+        if server.add_insecure_port(f"unix://{staged}") == 0:
+            raise OSError(f"cannot listen on {self.path}")
+        try:
+            # Bound, not yet listening: only root (the kubelet) may connect, whatever the
+            # umask. The directory can be wiped meanwhile (a kubelet restart).
+            staged.chmod(0o600)
+            bound = staged.stat()  # a rename keeps the inode
+            await server.start()
+            staged.replace(self.path)
+        except BaseException:
+            await server.stop(None)
+            with contextlib.suppress(OSError):
+                staged.unlink()
+            raise
+        self._server, self._bound = server, (bound.st_dev, bound.st_ino)
+        self.served += 1
+
+    def lost(self) -> str | None:
+        """Why the kubelet can no longer reach this server at `path` (deleted, or the name
+        now holds another file), or None while it can or nothing is served."""
+        if self._bound is None:
+            return None
+        try:
+            st = self.path.lstat()
+        except OSError:
+            return "was deleted"
+        if (st.st_dev, st.st_ino) == self._bound:
+            return None
+        if stat.S_ISSOCK(st.st_mode):
+            return "was replaced by another socket"
+        return "was replaced by a file that is not a socket"
+
+    async def stop(self, grace: float = 1.0) -> None:
+        """Stop the server (its calls get `grace` seconds), remove the socket, and wait for
+        the servers being retired."""
+        server, self._server, self._bound = self._server, None, None
+        if server is not None:
+            await server.stop(grace)
+        with contextlib.suppress(FileNotFoundError):
+            self.path.unlink()
+        if self._retiring:
+            # Each failure is logged by the supervisor; stopping goes on regardless.
+            await asyncio.gather(*self._retiring, return_exceptions=True)
+
+    def _retire(self, server: grpc.aio.Server, grace: float) -> None:
+        task = spawn(f"retire {self.name} server", server.stop(grace))
+        self._retiring.add(task)
+        task.add_done_callback(self._retiring.discard)
+
+
 __all__ = [
     "MAX_DETAILS",
+    "RETIRE_GRACE_S",
     "STATUS_CODES",
     "Boundary",
     "Calls",
     "StatusFor",
+    "UnixServer",
     "bounded",
     "status_for",
     "undecodable",

@@ -1,6 +1,7 @@
 """The node-state store: one immutable snapshot of what this node has and serves.
 
-Inventory (what the backend discovered), health (the tracker's unhealthy devices), the
+Inventory (what the backend discovered), health (the tracker's unhealthy devices, and
+why each is: its `Fault`, so a DRA taint and the kubelet's health stream name one Xid), the
 config in force and the readiness of the MPS control daemons live in one frozen
 `NodeState` with a version. Writers replace fields (`store.update(health=...)`), each
 update makes a new version; readers never see a half-applied change. What the kubelet
@@ -26,7 +27,7 @@ from functools import cached_property
 from typing import Any
 
 from kubegpu.config import Config
-from kubegpu.devices.model import Health, Inventory
+from kubegpu.devices.model import Fault, Health, Inventory
 from kubegpu.resources import ResourceSpec, SharingKind, build_resources
 
 
@@ -40,6 +41,9 @@ class NodeState:
     config: Config = field(default_factory=Config)
     #: Unhealthy devices (GPU or MIG UUIDs) by the health policy; absent means healthy.
     health: Mapping[str, Health] = field(default_factory=dict)
+    #: Why each unhealthy device is (its Xid, or a failed probe), written with `health` by
+    #: the health monitor; absent: nobody said.
+    faults: Mapping[str, Fault] = field(default_factory=dict)
     #: MPS-shared resource -> whether its control daemon answers; absent means not ready.
     mps_ready: Mapping[str, bool] = field(default_factory=dict)
     #: Bumped by every update; 0 is the empty state before start-up.
@@ -88,7 +92,7 @@ class NodeStore:
         return self._state
 
     def update(self, **fields: Any) -> NodeState:
-        """Replace `fields` (inventory, config, health, mps_ready) in a new version.
+        """Replace `fields` (inventory, config, health, faults, mps_ready) in a new version.
 
         Raises `ConfigError` when the config cannot serve the inventory; the store then
         keeps the last good state (the resources are built here, once per version).
@@ -97,8 +101,9 @@ class NodeStore:
         if all(getattr(before, k) == v for k, v in fields.items()):
             return before  # nothing changed: no new version, nobody woken
         after = dataclasses.replace(before, version=before.version + 1, **fields)
-        if "planned" in before.__dict__ and fields.keys() <= {"mps_ready"}:
-            # Only readiness moved: the resources are the same (cached_property's slot).
+        if "planned" in before.__dict__ and fields.keys() <= {"mps_ready", "faults"}:
+            # Only readiness or a reason moved: the resources are the same (cached_property's
+            # slot).
             after.__dict__["planned"] = before.planned
         after.planned  # noqa: B018 - built now, so a ConfigError leaves the store as it was
         self._state = after

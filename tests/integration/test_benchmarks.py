@@ -19,6 +19,7 @@ from benchmarks.run import STORM_WRITES
 from kubegpu.dra.publisher import RESYNC_S
 from kubegpu.dra.stale import INTERVAL_S as STALE_CHECK_S
 from kubegpu.kubelet import KubeletEmulator
+from kubegpu.mode import Mode
 
 
 async def test_the_socket_deletion_benchmark_runs_beside_the_handover_directory() -> None:
@@ -59,7 +60,7 @@ async def test_the_dra_benchmark_calls_the_node_over_its_socket_from_another_pro
 
 
 @pytest.mark.parametrize("mode", api_budget.MODES)
-async def test_the_api_budget_counts_what_a_health_flap_sends(mode: str) -> None:
+async def test_the_api_budget_counts_what_a_health_flap_sends(mode: Mode) -> None:
     counts = await api_budget.measure(mode, "health_flap", api_budget.health_flap)
     # GPUUnhealthy, then GPUHealthy; in DRA mode the slices are written again each time.
     assert counts["create event"] == 2
@@ -69,13 +70,13 @@ async def test_the_api_budget_counts_what_a_health_flap_sends(mode: str) -> None
 async def test_a_flap_storm_costs_the_api_a_few_slice_writes_and_no_list() -> None:
     """Each health change taken in was its own list and replace: 1,000 flap events made
     1,003 slice writes and 1,270 lists. Writes are paced now, and carry no list."""
-    counts = await api_budget.measure("dra", "flap_storm", api_budget.flap_storm(100))
+    counts = await api_budget.measure(Mode.DRA, "flap_storm", api_budget.flap_storm(100))
     assert counts.get("replace resourceslice", 0) <= STORM_WRITES
     assert "list resourceslices" not in counts
 
 
 async def test_the_api_budget_moves_the_loops_clock_through_a_steady_hour() -> None:
-    counts = await api_budget.measure("dra", "steady_hour", api_budget.steady_hour)
+    counts = await api_budget.measure(Mode.DRA, "steady_hour", api_budget.steady_hour)
     # The publisher compares its slices with the API every RESYNC_S, the check for stale
     # device-plugin resources reads the Node every INTERVAL_S, and nothing else is due.
     assert counts == {

@@ -46,7 +46,7 @@ class Node:
 
     def observe(self, event: HealthEvent) -> None:
         self.tracker.observe(event)
-        self.store.update(health=self.tracker.health())
+        self.store.update(health=self.tracker.health(), faults=self.tracker.faults())
 
     def servicer(
         self, interval_s: float = REPORT_INTERVAL_S, timeout_s: float = HEALTH_TIMEOUT_S
@@ -55,7 +55,6 @@ class Node:
             self.store,
             driver=NVIDIA_DRIVER,
             pool=NODE,
-            reason=self.tracker.reason,
             interval_s=interval_s,
             timeout_s=timeout_s,
         )

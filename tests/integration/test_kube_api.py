@@ -625,13 +625,12 @@ async def test_a_server_that_drops_taints_is_written_once_per_change(api: ApiSer
         store,
         "n1",
         drivers=(NVIDIA_DRIVER,),
-        faults=lambda: faults,
         backoff=Backoff(0.01, 0.02),
     )
     task = asyncio.ensure_future(pub.run())
     try:
         await eventually(lambda: generations(api) == {1})
-        store.update(health={gpu(0).uuid: Health.UNHEALTHY})
+        store.update(health={gpu(0).uuid: Health.UNHEALTHY}, faults=faults)
         await eventually(lambda: generations(api) == {2})
         # One sync at a time: this one follows any the watch's events started.
         assert await asyncio.to_thread(pub.sync, store.state) is False

@@ -24,15 +24,18 @@ from hypothesis import strategies as st
 
 from kubegpu.api import device_plugin_stub, pb, pb_grpc
 from kubegpu.config import Config
-from kubegpu.daemon import Daemon, DaemonSettings, StartupError
+from kubegpu.daemon import Daemon, DaemonSettings
 from kubegpu.devices.simulated import SimulatedBackend
+from kubegpu.errors import StartupError
 from kubegpu.events import FakeEventSink, NodeEvents
 from kubegpu.kubelet import KubeletEmulator
 from kubegpu.plugin import server as server_module
-from kubegpu.plugin.manager import REDIAL_START, socket_path_too_long
+from kubegpu.plugin.manager import REDIAL_START
 from kubegpu.plugin.server import DevicePluginServicer, ResourceServer, request_limit, undecodable
 from kubegpu.resources import ResourceSpec, build_resources, socket_name
+from kubegpu.rpc import socket_path_too_long
 from tests import builders
+from tests.fronts import plugin_manager
 from tests.waiting import WAIT, Kubelet, eventually
 
 GPU = "nvidia.com/gpu"
@@ -234,7 +237,7 @@ async def test_kubelet_restart_triggers_reregistration(socket_dir: Path) -> None
         await k.restart()
         await k.wait_for_resource(GPU, capacity=4, allocatable=4)
         assert len([r for r in k.registrations if r.ok]) >= 1
-        assert node.daemon.manager.kubelet_restarts == 1
+        assert plugin_manager(node.daemon).kubelet_restarts == 1
         (kept,) = k.allocations("keep")
         assert kept.device_ids == first.device_ids
         # A container restart reuses the cached answer: no new Allocate call.
@@ -270,7 +273,7 @@ async def test_a_stream_the_kubelet_ends_while_it_runs_is_registered_again(
                 await k.wait_for(lambda n=drops: len(k.registrations) == n + 1)  # type: ignore[misc]
                 await k.wait_for_resource(GPU, capacity=4, allocatable=4)
         assert k.history(GPU) == [(4, 4), (4, 0)] * 3 + [(4, 4)]
-        assert node.daemon.manager.kubelet_restarts == 0
+        assert plugin_manager(node.daemon).kubelet_restarts == 0
         again = [r.getMessage() for r in caplog.records if "registering again" in r.getMessage()]
         assert len(again) == 3
         assert again[0].endswith("registering again")
@@ -285,7 +288,7 @@ async def test_an_owner_that_handed_over_does_not_register_again(
     async with running_node(socket_dir, "t4-1") as node:
         k = node.kubelet
         await k.wait_for_resource(GPU, capacity=1, allocatable=1)
-        await node.daemon.manager.yield_registration()
+        await plugin_manager(node.daemon).yield_registration()
         with caplog.at_level(logging.INFO, logger="kubegpu.plugin"):
             await k.disconnect(GPU)
             await eventually(
@@ -305,7 +308,7 @@ async def test_an_owner_that_handed_over_registers_again_what_it_serves_now(
     async with running_node(socket_dir, "t4-1", config_file=config) as node:
         k = node.kubelet
         await k.wait_for_resource(GPU, capacity=1, allocatable=1)
-        manager = node.daemon.manager
+        manager = plugin_manager(node.daemon)
         await manager.yield_registration()
         tmp = config.with_suffix(".tmp")
         tmp.write_text(
@@ -327,7 +330,7 @@ async def test_deleted_plugin_socket_is_served_again(socket_dir: Path) -> None:
     async with running_node(socket_dir, "t4-1") as node:
         await node.kubelet.wait_for_resource(GPU, allocatable=1)
         node.socket().unlink()
-        await eventually(lambda: node.daemon.manager.kubelet_restarts == 1)
+        await eventually(lambda: plugin_manager(node.daemon).kubelet_restarts == 1)
         await eventually(node.socket().exists)
         await node.kubelet.wait_for_resource(GPU, capacity=1, allocatable=1)
 
@@ -347,7 +350,7 @@ async def test_a_plugin_socket_replaced_by_a_file_is_served_again(socket_dir: Pa
         staged = node.plugin_dir / "not-a-socket"
         staged.write_text("plain file\n")
         staged.replace(node.socket())
-        await eventually(lambda: node.daemon.manager.kubelet_restarts == 1)
+        await eventually(lambda: plugin_manager(node.daemon).kubelet_restarts == 1)
         await k.wait_for(lambda: _registered(k) > before)
         await k.wait_for_resource(GPU, capacity=1, allocatable=1)
         assert node.socket().is_socket()
@@ -363,7 +366,7 @@ async def test_a_plugin_socket_deleted_again_and_again_is_served_again(socket_di
         for _ in range(5):
             await eventually(node.socket().is_socket)
             node.socket().unlink()
-        await eventually(lambda: node.daemon.manager.kubelet_restarts >= 1)
+        await eventually(lambda: plugin_manager(node.daemon).kubelet_restarts >= 1)
         await k.wait_for(lambda: _registered(k) > before)
         await k.wait_for_resource(GPU, capacity=1, allocatable=1)
         await eventually(lambda: node.daemon.ready() == (True, "ok"))
@@ -454,7 +457,7 @@ async def test_plugin_sockets_are_owner_only_whatever_the_umask(socket_dir: Path
             await node.kubelet.wait_for_resource(GPU, capacity=1)
             assert stat.S_IMODE(node.socket().stat().st_mode) == 0o600
             await node.kubelet.restart()  # re-served on a new socket: the same mode
-            await eventually(lambda: node.daemon.manager.kubelet_restarts == 1)
+            await eventually(lambda: plugin_manager(node.daemon).kubelet_restarts == 1)
             await node.kubelet.wait_for_resource(GPU, capacity=1, allocatable=1)
             assert stat.S_IMODE(node.socket().stat().st_mode) == 0o600
     finally:
@@ -497,7 +500,7 @@ async def test_kubelet_down_for_a_while_then_back(socket_dir: Path) -> None:
         assert node.task.done() is False
         await k.start()
         await k.wait_for_resource(GPU, capacity=1, allocatable=1)
-        assert node.daemon.manager.kubelet_restarts == 1
+        assert plugin_manager(node.daemon).kubelet_restarts == 1
 
 
 @pytest.mark.parametrize(
@@ -1027,10 +1030,11 @@ async def test_an_allocate_answered_during_a_kubelet_restart_reaches_its_caller(
                             received += 1
 
         clients = [asyncio.ensure_future(client()) for _ in range(4)]
+        watcher = plugin_manager(node.daemon)
         try:
             for restarts in range(1, 6):
                 await k.restart()
-                await eventually(lambda n=restarts: node.daemon.manager.kubelet_restarts == n)  # type: ignore[misc]
+                await eventually(lambda n=restarts: watcher.kubelet_restarts == n)  # type: ignore[misc]
                 await k.wait_for_resource(GPU, capacity=4, allocatable=4)
         finally:
             stop.set()

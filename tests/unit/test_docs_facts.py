@@ -129,8 +129,28 @@ def test_the_layer_check_notices_a_module_in_the_wrong_layer() -> None:
     assert table != _contract_layers()
 
 
+def _front_root_tasks(module: str) -> list[str]:
+    """Names of the `("name", coroutine)` pairs a front's `root_tasks` returns, in order."""
+    tree = ast.parse((SRC / module).read_text(encoding="utf-8"))
+    (method,) = [
+        n for n in ast.walk(tree) if isinstance(n, ast.FunctionDef) and n.name == "root_tasks"
+    ]
+    pairs = [
+        (n.lineno, n.elts[0].value)
+        for n in ast.walk(method)
+        if isinstance(n, ast.Tuple)
+        and len(n.elts) == 2
+        and isinstance(n.elts[0], ast.Constant)
+        and isinstance(n.elts[0].value, str)
+    ]
+    return [name for _, name in sorted(pairs)]
+
+
 def _root_tasks_started_by_the_daemon() -> list[str]:
-    """Names of `tasks.start("name", ..., root=True)` in daemon.py, in start order."""
+    """The front's root tasks first (DRA's, then the device plugin's: the daemon starts
+    one front's), then the names of `tasks.start("name", ..., root=True)` in daemon.py,
+    in start order."""
+    fronts = _front_root_tasks("dra/front.py") + _front_root_tasks("plugin/front.py")
     tree = ast.parse((SRC / "daemon.py").read_text(encoding="utf-8"))
     names = []
     for node in ast.walk(tree):
@@ -144,14 +164,17 @@ def _root_tasks_started_by_the_daemon() -> list[str]:
             )
         ):
             first = node.args[0]
+            if isinstance(first, ast.Name):
+                continue  # the front's, named in its `root_tasks` (read above)
             assert isinstance(first, ast.Constant) and isinstance(first.value, str)
             names.append((node.lineno, first.value))
-    return [name for _, name in sorted(names)]
+    return fronts + [name for _, name in sorted(names)]
 
 
 def test_the_root_task_table_names_the_daemons_root_tasks_in_start_order() -> None:
     started = _root_tasks_started_by_the_daemon()
-    assert "plugins" in started, "the scan of daemon.py found no root tasks"
+    assert "plugins" in started, "the scan of the fronts found no root tasks"
+    assert "mps" in started, "the scan of daemon.py found no root tasks"
     documented = re.findall(r"^\s*\| `([a-z ]+)` \|", _section("The daemon's root tasks"), re.M)
     assert documented == started, (
         f"architecture.md's root-task table {documented} is not what Daemon.run starts {started}"

@@ -21,7 +21,6 @@ from kubegpu.dra.publisher import (
     PACE_CAP_S,
     PACE_FIRST_S,
     SlicePublisher,
-    faults_of,
 )
 from kubegpu.dra.slices import AMD_DRIVER, NVIDIA_DRIVER, Fault
 from kubegpu.health import HealthTracker
@@ -171,12 +170,11 @@ def test_a_config_reload_changing_replicas_changes_the_shares(kube: FakeKube) ->
 
 
 def test_health_taints_a_device_keeps_its_time_and_recovery_lifts_it(kube: FakeKube) -> None:
-    faults: dict[str, Fault] = {}
     store = store_of(inventory(gpu(0), gpu(1)))
-    pub = publisher(kube, store, faults=lambda: faults)
+    pub = publisher(kube, store)
     pub.sync(store.state)
-    faults[gpu(0).uuid] = Fault(xid=79)
-    store.update(health={gpu(0).uuid: Health.UNHEALTHY})
+    faults = {gpu(0).uuid: Fault(xid=79)}
+    store.update(health={gpu(0).uuid: Health.UNHEALTHY}, faults=faults)
     pub.sync(store.state)
     (taint,) = devices(kube)["gpu-0"]["taints"]
     assert taint == {
@@ -196,8 +194,7 @@ def test_health_taints_a_device_keeps_its_time_and_recovery_lifts_it(kube: FakeK
             "timeAdded": "2026-01-01T00:00:01Z",
         }
     ]
-    del faults[gpu(0).uuid]
-    store.update(health={})
+    store.update(health={}, faults={})
     pub.sync(store.state)
     assert all("taints" not in d for d in devices(kube).values())
     assert generations(kube) == {4}
@@ -294,8 +291,8 @@ def test_every_driver_publishes_its_own_vendors_devices(kube: FakeKube) -> None:
 def test_mig_slices_take_their_parents_xid(kube: FakeKube) -> None:
     parent = gpu(0, migs=("1g.10gb",))
     store = store_of(inventory(parent), MIXED)
-    pub = publisher(kube, store, faults=lambda: {parent.uuid: Fault(xid=48)})
-    store.update(health={parent.uuid: Health.UNHEALTHY})
+    pub = publisher(kube, store)
+    store.update(health={parent.uuid: Health.UNHEALTHY}, faults={parent.uuid: Fault(xid=48)})
     pub.sync(store.state)
     (device,) = devices(kube).values()
     assert device["taints"][0]["value"] == "48"
@@ -322,8 +319,10 @@ def test_the_health_tracker_says_which_xid_made_a_device_unhealthy() -> None:
     tracker = HealthTracker(Config().flags.health, clock=lambda: 0.0)
     tracker.observe(HealthEvent(gpu(0).uuid, HealthEventKind.XID, xid=79))
     tracker.observe(HealthEvent(gpu(1).uuid, HealthEventKind.PROBE_FAILED, detail="lost"))
-    assert tracker.xids() == {gpu(0).uuid: 79, gpu(1).uuid: None}
-    assert faults_of(tracker.xids()) == {gpu(0).uuid: Fault(79), gpu(1).uuid: Fault(None)}
+    assert tracker.faults() == {
+        gpu(0).uuid: Fault(79, "Xid 79 (GPU has fallen off the bus)"),
+        gpu(1).uuid: Fault(None, "probe failed: lost"),
+    }
 
 
 # -- the loop ---------------------------------------------------------------------------------
@@ -352,6 +351,17 @@ async def test_the_loop_follows_the_store(
     store.update(inventory=inventory(gpu(0)))
     await eventually(lambda: list(devices(kube)) == ["gpu-0"])
     assert generations(kube) == {3}
+
+
+async def test_the_loop_follows_a_newer_xid_of_a_device_already_unhealthy(
+    kube: FakeKube, running: tuple[NodeStore, SlicePublisher]
+) -> None:
+    """Only why moved (the store's faults, not its health map): the taint follows."""
+    store, _ = running
+    store.update(health={gpu(1).uuid: Health.UNHEALTHY}, faults={gpu(1).uuid: Fault(xid=79)})
+    await eventually(lambda: taint(kube, "gpu-1") == "79")
+    store.update(faults={gpu(1).uuid: Fault(xid=48)})
+    await eventually(lambda: taint(kube, "gpu-1") == "48")
 
 
 async def test_the_loop_retries_an_api_failure(
@@ -572,16 +582,14 @@ async def test_a_storm_of_changes_is_written_once_per_pace_showing_the_newest_st
 
 async def test_a_newer_xid_of_a_gpu_already_unhealthy_renames_its_taint(kube: FakeKube) -> None:
     """A second Xid on an unhealthy GPU changes no health, so the taint kept the first Xid
-    until the periodic comparison; the health monitor now says so, and it is written."""
-    faults = {gpu(0).uuid: Fault(xid=61)}
+    until the periodic comparison; the store's faults say so, and it is written."""
     store = store_of(inventory(gpu(0), gpu(1)))
-    pub = publisher(kube, store, faults=lambda: faults)
+    pub = publisher(kube, store)
     task = asyncio.ensure_future(pub.run())
     try:
-        store.update(health={gpu(0).uuid: Health.UNHEALTHY})
+        store.update(health={gpu(0).uuid: Health.UNHEALTHY}, faults={gpu(0).uuid: Fault(xid=61)})
         await eventually(lambda: taint(kube, "gpu-0") == "61")
-        faults[gpu(0).uuid] = Fault(xid=79)
-        pub.faults_changed()
+        store.update(faults={gpu(0).uuid: Fault(xid=79)})
         await eventually(lambda: taint(kube, "gpu-0") == "79")
     finally:
         task.cancel()
@@ -745,9 +753,9 @@ def test_a_write_the_server_changes_is_logged_once_and_not_repeated(
     kube.slice_storage = without_taints
     faults = {gpu(0).uuid: Fault(xid=79)}
     store = store_of(inventory(gpu(0), gpu(1)))
-    pub = publisher(kube, store, faults=lambda: faults)
+    pub = publisher(kube, store)
     assert pub.sync(store.state) is True
-    store.update(health={gpu(0).uuid: Health.UNHEALTHY})
+    store.update(health={gpu(0).uuid: Health.UNHEALTHY}, faults=faults)
     assert pub.sync(store.state) is True
     assert generations(kube) == {2}
     assert "taints" not in devices(kube)["gpu-0"]  # dropped by the server
@@ -755,8 +763,10 @@ def test_a_write_the_server_changes_is_logged_once_and_not_repeated(
     assert generations(kube) == {2}
     # A change of the devices is written (once), and the same difference is not
     # reported again.
-    faults[gpu(1).uuid] = Fault(xid=48)
-    store.update(health={gpu(0).uuid: Health.UNHEALTHY, gpu(1).uuid: Health.UNHEALTHY})
+    faults = {**faults, gpu(1).uuid: Fault(xid=48)}
+    store.update(
+        health={gpu(0).uuid: Health.UNHEALTHY, gpu(1).uuid: Health.UNHEALTHY}, faults=faults
+    )
     assert [pub.sync(store.state) for _ in range(3)] == [True, False, False]
     assert generations(kube) == {3}
     assert kube.request_counts()[("replace", "resourceslice")] == 2
@@ -777,11 +787,11 @@ async def test_a_server_that_drops_fields_is_not_written_in_a_loop(kube: FakeKub
     kube.slice_storage = without_taints
     faults = {gpu(0).uuid: Fault(xid=79)}
     store = store_of(inventory(gpu(0), gpu(1)))
-    pub = publisher(kube, store, faults=lambda: faults, backoff=Backoff(0.01, 0.02))
+    pub = publisher(kube, store, backoff=Backoff(0.01, 0.02))
     task = asyncio.ensure_future(pub.run())
     try:
         await eventually(lambda: generations(kube) == {1})
-        store.update(health={gpu(0).uuid: Health.UNHEALTHY})
+        store.update(health={gpu(0).uuid: Health.UNHEALTHY}, faults=faults)
         await eventually(lambda: generations(kube) == {2})
         pub.resync()
         # One sync at a time: this one runs after any the watch poked.

@@ -12,7 +12,7 @@ import pytest
 
 from kubegpu.config import build_config
 from kubegpu.config.v1 import HealthFlags
-from kubegpu.devices.model import Health, HealthEvent, HealthEventKind
+from kubegpu.devices.model import Fault, Health, HealthEvent, HealthEventKind
 from kubegpu.devices.simulated import SimulatedBackend
 from kubegpu.errors import ConfigError
 from kubegpu.health import HealthMonitor, HealthTracker, describe_xid, health_flags_from_env
@@ -265,18 +265,21 @@ class Recorder:
 
 
 def test_the_monitor_says_when_an_unhealthy_devices_reason_changes() -> None:
-    """A newer Xid on a device already unhealthy changes no health map, so nothing that
-    follows the store hears of it; the monitor says so, for a DRA taint names the Xid."""
-    monitor = HealthMonitor(SimulatedBackend.load("t4-1"), HealthFlags(), NodeStore())
-    told: list[str] = []
-    monitor.on_reason = told.append
+    """A newer Xid on a device already unhealthy changes no health map; the monitor
+    writes the new reason to the store (a DRA taint names the Xid), and nothing when the
+    reason stays."""
+    store = NodeStore()
+    monitor = HealthMonitor(SimulatedBackend.load("t4-1"), HealthFlags(), store)
     monitor.handle(xid(61))  # unhealthy: the store says so
+    version = store.state.version
     monitor.handle(xid(61))  # the same fault again
-    assert told == []
+    assert store.state.version == version
     monitor.handle(xid(79))  # another Xid: the reason and the taint change
-    assert told == [GPU]
+    assert store.state.version == version + 1
+    assert store.state.faults == {GPU: Fault(79, describe_xid(79))}
     monitor.handle(xid(48))  # a reset-requiring fault keeps its reason: nothing new
-    assert told == [GPU]
+    assert store.state.version == version + 1
+    assert store.state.faults == {GPU: Fault(79, describe_xid(79))}
 
 
 @contextlib.asynccontextmanager
@@ -362,3 +365,21 @@ async def test_monitor_keeps_a_new_mig_layout_out_of_the_store_when_it_cannot_se
     assert "does not fit the config; keeping the last" in caplog.text
     assert rec.store.state.inventory is kept.inventory
     assert rec.reconfigured == 1, "only the set-up stored an inventory"
+
+
+def test_the_store_keeps_why_each_device_is_unhealthy_and_its_newest_xid() -> None:
+    """The store holds why (`NodeState.faults`), written with the health map: a newer Xid
+    on a device already unhealthy changes no health, but the DRA taint and health stream
+    that read the store name it."""
+    store = NodeStore()
+    monitor = HealthMonitor(SimulatedBackend.load("t4-1"), HealthFlags(), store)
+    monitor.handle(xid(61))
+    assert store.state.health == {GPU: Health.UNHEALTHY}
+    assert store.state.faults == {GPU: Fault(61, describe_xid(61))}
+    version = store.state.version
+    monitor.handle(xid(61))  # the same fault again: nothing new to tell
+    assert store.state.version == version
+    monitor.handle(xid(79))
+    assert store.state.faults == {GPU: Fault(79, describe_xid(79))}
+    monitor.handle(HealthEvent(GPU, HealthEventKind.HEALED))
+    assert (store.state.health, store.state.faults) == ({}, {})

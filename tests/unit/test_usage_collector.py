@@ -28,6 +28,7 @@ from kubegpu.dra.usage import dra_view
 from kubegpu.errors import KubegpuError
 from kubegpu.httpserver import HttpServer
 from kubegpu.metrics import UNATTRIBUTED, Metrics
+from kubegpu.mode import Mode
 from kubegpu.state import NodeStore
 from kubegpu.testing import FakeNvml, FakePodResources
 from kubegpu.usage import UsageCollector, UsageSettings
@@ -371,7 +372,7 @@ def test_dra_mode_attributes_to_the_claim_or_the_containers_using_it(socket_dir:
         node.proc.in_pod(11, pod_uid(2))
         collector = UsageCollector(
             UsageSettings(
-                mode="dra", proc_root=node.proc.root, pod_resources_socket=node.kubelet.socket
+                mode=Mode.DRA, proc_root=node.proc.root, pod_resources_socket=node.kubelet.socket
             ),
             backend=lambda: backend,
             state=lambda: node.store.state,

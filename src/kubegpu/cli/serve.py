@@ -66,7 +66,8 @@ from kubegpu.errors import ConfigError, KubegpuError
 from kubegpu.events import NodeEvents
 from kubegpu.health import health_flags_from_env
 from kubegpu.kubelet_paths import DEVICE_PLUGIN_PATH, KUBELET_SOCKET, POD_RESOURCES_SOCKET
-from kubegpu.plugin.manager import MAX_SOCKET_PATH
+from kubegpu.mode import Mode
+from kubegpu.rpc import MAX_SOCKET_PATH
 from kubegpu.usage import DEFAULT_MAX_ROWS
 
 log = logging.getLogger("kubegpu")
@@ -127,13 +128,15 @@ def check_kubelet_socket(value: str) -> str:
     return value
 
 
-MODES = ("plugin", "dra")
+def _mode(text: str) -> Mode:
+    return Mode(choice(*Mode)(text))
+
 
 SERVE_OPTIONS: list[click.Parameter] = [
     option(
         "--mode",
         envvar="KUBEGPU_MODE",
-        type=Parsed("mode", choice(*MODES)),
+        type=Parsed("mode", _mode),
         default="plugin",
         help="plugin: serve the device plugin API; dra: serve Dynamic Resource Allocation "
         "as a DRA kubelet plugin (gpu.nvidia.com)",
@@ -465,13 +468,13 @@ def plugin_dir(values: Mapping[str, Any]) -> Path:
 def check_serve(values: Mapping[str, Any], env: Mapping[str, str]) -> None:
     """Combinations that cannot mean anything; `UsageError` names both sides."""
     plugin_dir(values)
-    if values.get("mode") == "dra" and not values.get("node_name"):
+    if values.get("mode") == Mode.DRA and not values.get("node_name"):
         raise UsageError(
             "--mode dra (KUBEGPU_MODE) needs --node-name (NODE_NAME): the node's "
             "ResourceSlices and DRA pool are named after it; set it from the downward API "
             "(spec.nodeName)"
         )
-    if values.get("mode") == "dra" and values.get("handover"):
+    if values.get("mode") == Mode.DRA and values.get("handover"):
         raise UsageError(
             "--handover (HANDOVER) works in the device plugin mode only: a DRA driver's "
             "sockets have fixed names the kubelet finds them by; leave it off with --mode dra"

@@ -18,6 +18,7 @@ from kubegpu.devices.amd import AmdBackend
 from kubegpu.devices.model import (
     DeviceBackend,
     DeviceID,
+    Fault,
     Gpu,
     GpuProcess,
     Health,
@@ -103,6 +104,7 @@ __all__ = [
     "BACKENDS",
     "DeviceBackend",
     "DeviceID",
+    "Fault",
     "Gpu",
     "GpuProcess",
     "Health",

@@ -33,6 +33,19 @@ class Health(StrEnum):
     UNHEALTHY = "Unhealthy"
 
 
+@dataclass(frozen=True)
+class Fault:
+    """Why a device is unhealthy, as the health monitor saw it: the node-state store keeps
+    it beside the health map, so everything that shows health says the same why."""
+
+    #: The Xid that made it unhealthy; None when it failed its probes (or nobody said),
+    #: which a DRA taint shows as a lost GPU.
+    xid: int | None = None
+    #: In words, for logs and the kubelet ("Xid 79 (GPU has fallen off the bus)"); "" when
+    #: nobody said.
+    reason: str = ""
+
+
 class LinkKind(StrEnum):
     """How two GPUs reach each other, best first (the nvidia-smi topo names)."""
 

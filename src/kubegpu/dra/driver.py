@@ -14,13 +14,9 @@ removed when there are none.
 from __future__ import annotations
 
 import asyncio
-import contextlib
 import logging
-import stat
 from collections.abc import Callable
 from pathlib import Path
-
-import grpc
 
 from kubegpu.dra.health import HealthServicer
 from kubegpu.dra.registration import (
@@ -29,6 +25,7 @@ from kubegpu.dra.registration import (
     registration_socket_name,
 )
 from kubegpu.dra.service import ClaimPreparer, DraServicer, dra_server
+from kubegpu.rpc import UnixServer
 from kubegpu.watch import Backoff, PathWatch
 from kubegpu.watch.paths import InotifyFactory, default_inotify
 
@@ -39,59 +36,11 @@ SERVICE_SOCKET = "dra.sock"
 #: Defaults of the kubelet's directories, as NVIDIA's DRA driver's flags have them.
 REGISTRAR_DIRECTORY = "/var/lib/kubelet/plugins_registry"
 PLUGINS_DIRECTORY = "/var/lib/kubelet/plugins"
-#: How long a server being replaced may finish the calls it already has.
-RESERVE_GRACE_S = 1.0
 #: First and longest wait before serving a socket again after a failed attempt.
 RETRY_FIRST_S = 0.01
 RETRY_MAX_S = 5.0
 #: The polling fallback's period where inotify is unavailable.
 POLL_INTERVAL = 0.05
-
-
-def _is_socket(path: Path) -> bool:
-    try:
-        return stat.S_ISSOCK(path.stat().st_mode)
-    except OSError:
-        return False
-
-
-class SocketServer:
-    """One grpc.aio server on a unix socket, served again on a fresh socket on demand."""
-
-    def __init__(self, path: Path, build: Callable[[], grpc.aio.Server], name: str) -> None:
-        self.path = path
-        self._build = build
-        self.name = name
-        self._server: grpc.aio.Server | None = None
-        #: How many times the socket was served (1 after start; +1 per re-serve).
-        self.served = 0
-
-    @property
-    def serving(self) -> bool:
-        return self._server is not None and _is_socket(self.path)
-
-    async def serve(self) -> None:
-        # Built before the old one stops, so grpc's engine is never torn down in between.
-        server = self._build()
-        await self.stop(RESERVE_GRACE_S)
-        self.path.parent.mkdir(parents=True, exist_ok=True)
-        with contextlib.suppress(FileNotFoundError):
-            self.path.unlink()
-        if server.add_insecure_port(f"unix://{self.path}") == 0:
-            raise OSError(f"cannot listen on {self.path}")
-        # Bound, not yet listening: only root (the kubelet) may connect, whatever the umask.
-        self.path.chmod(0o600)
-        await server.start()
-        self._server = server
-        self.served += 1
-
-    async def stop(self, grace: float = 1.0) -> None:
-        server, self._server = self._server, None
-        if server is None:
-            return
-        await server.stop(grace)
-        with contextlib.suppress(FileNotFoundError):
-            self.path.unlink()
 
 
 class DraDriver:
@@ -106,6 +55,7 @@ class DraDriver:
         plugins_dir: Path = Path(PLUGINS_DIRECTORY),
         inotify: InotifyFactory = default_inotify,
         health: HealthServicer | None = None,
+        on_registered: Callable[[], None] | None = None,
     ) -> None:
         self.preparer = preparer
         #: The device health stream served beside the DRAPlugin service, if any.
@@ -114,11 +64,11 @@ class DraDriver:
         self.data_dir = plugins_dir / driver
         endpoint = self.data_dir / SERVICE_SOCKET
         self.servicer = DraServicer(preparer)
-        self.registration = RegistrationServicer(driver, str(endpoint))
-        self.service = SocketServer(
+        self.registration = RegistrationServicer(driver, str(endpoint), on_registered=on_registered)
+        self.service = UnixServer(
             endpoint, lambda: dra_server(self.servicer, self.health), "DRA service"
         )
-        self.registrar = SocketServer(
+        self.registrar = UnixServer(
             registrar_dir / registration_socket_name(driver),
             lambda: registration_server(self.registration),
             "registration",
@@ -132,8 +82,8 @@ class DraDriver:
         service, then the registration."""
         await asyncio.to_thread(self.preparer.start)
         await self.preparer.resume()
-        await self.service.serve()
-        await self.registrar.serve()
+        await _serve(self.service)
+        await _serve(self.registrar)
         log.info(
             "DRA driver %s: serving %s, registration on %s",
             self.driver,
@@ -166,11 +116,12 @@ class DraDriver:
                 failed = False
                 # The service first: a registration must never name a socket that is gone.
                 for server in (self.service, self.registrar):
-                    if _is_socket(server.path):
+                    lost = server.lost()
+                    if lost is None:
                         continue
-                    log.warning("%s socket %s is gone; serving it again", server.name, server.path)
+                    log.warning("%s socket %s %s; serving it again", server.name, server.path, lost)
                     try:
-                        await server.serve()
+                        await _serve(server)
                     except (OSError, RuntimeError) as exc:  # grpc reports a failed bind so
                         log.error("cannot serve %s again: %s", server.path, exc)
                         failed = True
@@ -194,12 +145,21 @@ class DraDriver:
     def ready(self) -> tuple[bool, str]:
         if not self.started.is_set():
             return False, "DRA driver starting"
-        gone = [s.name for s in (self.service, self.registrar) if not s.serving]
+        gone = [
+            s.name for s in (self.service, self.registrar) if not s.serving or s.lost() is not None
+        ]
         if gone:
             return False, f"DRA socket not served: {', '.join(gone)}"
         if self.registration.registered is False:
             return False, f"the kubelet refused the DRA driver: {self.registration.error}"
         return True, "ok"
+
+
+async def _serve(server: UnixServer) -> None:
+    """Serve `server` on a fresh socket, its directory made first (the kubelet may have
+    removed it)."""
+    server.path.parent.mkdir(parents=True, exist_ok=True)
+    await server.serve()
 
 
 __all__ = ["PLUGINS_DIRECTORY", "REGISTRAR_DIRECTORY", "SERVICE_SOCKET", "DraDriver"]

@@ -11,7 +11,8 @@ plugin's (the same `HealthTracker` fills the store), for the devices the slices 
 (pool = node name, device names of `kubegpu.dra.slices`):
 
 - HEALTHY / UNHEALTHY as the store has each device (a MIG device takes its GPU's fault),
-  with the tracker's reason as the message ("Xid 79 (GPU has fallen off the bus)");
+  with the store's reason for it (`NodeState.faults`) as the message ("Xid 79 (GPU has
+  fallen off the bus)");
 - UNKNOWN for every device while health checks are off (`flags.health.disabled`): the
   driver cannot tell, and says so rather than claim a health nobody checked;
 - a response at once, then on every change of what it shows, and again every
@@ -52,11 +53,7 @@ Line = tuple[str, "pb.HealthStatus", str]
 
 
 class HealthServicer(pb_grpc.DRAResourceHealthServicer):
-    """Streams the health of `driver`'s devices in pool `pool` from `store`.
-
-    `reason(uuid)` says why a device (GPU or MIG UUID) is unhealthy, for the message
-    (`HealthTracker.reason`); None: no message beyond "unhealthy".
-    """
+    """Streams the health of `driver`'s devices in pool `pool` from `store`."""
 
     def __init__(
         self,
@@ -64,7 +61,6 @@ class HealthServicer(pb_grpc.DRAResourceHealthServicer):
         *,
         driver: str,
         pool: str,
-        reason: Callable[[str], str | None] = lambda uuid: None,
         interval_s: float = REPORT_INTERVAL_S,
         timeout_s: float = HEALTH_TIMEOUT_S,
         clock: Callable[[], float] = time.time,
@@ -72,7 +68,6 @@ class HealthServicer(pb_grpc.DRAResourceHealthServicer):
         self.store = store
         self.driver = driver
         self.pool = pool
-        self.reason = reason
         self.interval_s = interval_s
         self.timeout_s = timeout_s
         self.clock = clock
@@ -116,7 +111,8 @@ class HealthServicer(pb_grpc.DRAResourceHealthServicer):
         for device in dra_devices(self.driver, state.planned):
             unit = device.unit
             if unit.health is Health.UNHEALTHY:
-                why = self.reason(unit.uuid) or self.reason(unit.gpu.uuid) or "unhealthy"
+                fault = state.faults.get(unit.uuid) or state.faults.get(unit.gpu.uuid)
+                why = (fault.reason if fault is not None else "") or "unhealthy"
                 lines.append((device.name, pb.UNHEALTHY, _fit(why)))
             else:
                 lines.append((device.name, pb.HEALTHY, ""))

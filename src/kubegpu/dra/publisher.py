@@ -2,8 +2,8 @@
 
 `SlicePublisher.run` follows the store as the labeller does (`NodeStore.subscribe`): on
 every change of what the slices show (inventory: a MIG layout; config: a reload that
-changes replicas or names; health; and, told through `faults_changed`, the Xid of a device
-already unhealthy, which names its taint) it builds the bodies (`kubegpu.dra.slices`),
+changes replicas or names; health, and why a device is unhealthy: a newer Xid of a device
+already unhealthy names its taint) it builds the bodies (`kubegpu.dra.slices`),
 compares them with what the API holds for this node and driver (see below for when that
 is read), and writes the difference:
 
@@ -71,7 +71,6 @@ from typing import Any, Final
 
 from kubegpu.dra.slices import (
     DRIVERS,
-    Fault,
     build_slices,
     carry_taint_times,
     device_body,
@@ -105,7 +104,7 @@ DIFFERENCES_SHOWN: Final = 5
 class SlicePublisher:
     """Publishes the store's devices for each of `drivers` as the node's pool.
 
-    `faults` says why unhealthy devices are (their Xid), which names their taint; none
+    Why unhealthy devices are (their Xid, `NodeState.faults`) names their taint; none
     known, an unhealthy device is a lost GPU. `pcie_roots` reads the root complex of PCI
     bus IDs (`kubegpu.devices.pci.pcie_roots` over the host's sysfs), for
     `resource.kubernetes.io/pcieRoot`; read on each sync, as GPUs may come and go.
@@ -120,7 +119,6 @@ class SlicePublisher:
         node: str,
         *,
         drivers: Sequence[str] = tuple(DRIVERS.values()),
-        faults: Callable[[], Mapping[str, Fault]] = dict,
         pcie_roots: Callable[[Sequence[str]], Mapping[str, str]] | None = None,
         backoff: Backoff | None = None,
         pace: Backoff | None = None,
@@ -132,7 +130,6 @@ class SlicePublisher:
         self.store = store
         self.node = node
         self.drivers = tuple(drivers)
-        self.faults = faults
         self.pcie_roots = pcie_roots
         self.backoff = backoff or Backoff(1.0, 30.0)
         self.pace = pace or Backoff(PACE_FIRST_S, PACE_CAP_S, clock=clock)
@@ -181,12 +178,6 @@ class SlicePublisher:
         )
         if not fresh:
             self._stale.update(self.drivers)
-        self._poke.set()
-
-    def faults_changed(self) -> None:
-        """A device's fault changed while its health did not (a newer Xid on a GPU that
-        is already unhealthy): its taint names the Xid, so compare again. Call from the
-        event loop."""
         self._poke.set()
 
     # -- the loop -------------------------------------------------------------------------
@@ -273,10 +264,11 @@ class SlicePublisher:
         last: NodeState | None = None
         # MPS readiness and version bumps alone change nothing the slices show.
         async for state in self.store.subscribe():
-            if last is None or (state.inventory, state.config, state.health) != (
+            if last is None or (state.inventory, state.config, state.health, state.faults) != (
                 last.inventory,
                 last.config,
                 last.health,
+                last.faults,
             ):
                 self._poke.set()
             last = state
@@ -354,7 +346,7 @@ class SlicePublisher:
 
     def desired_devices(self, driver: str, state: NodeState) -> list[dict[str, Any]]:
         """The device bodies `driver` publishes for `state` (health and faults applied)."""
-        faults = self.faults()
+        faults = state.faults
         buses = sorted({g.pci_bus_id for g in state.inventory.gpus})
         roots = self.pcie_roots(buses) if self.pcie_roots is not None and buses else {}
         return [
@@ -509,12 +501,6 @@ class SlicePublisher:
         return deleted
 
 
-def faults_of(xids: Mapping[str, int | None]) -> dict[str, Fault]:
-    """`HealthTracker.xids()` as the publisher's `faults`:
-    `SlicePublisher(..., faults=lambda: faults_of(tracker.xids()))`."""
-    return {uuid: Fault(xid=xid) for uuid, xid in xids.items()}
-
-
 def _same(
     wanted: Sequence[Mapping[str, Any]],
     stored: Sequence[Mapping[str, Any]],
@@ -639,11 +625,4 @@ def _fingerprint(obj: Any) -> str:
     return hashlib.blake2b(text.encode(), digest_size=16).hexdigest()
 
 
-__all__ = [
-    "CONFLICT_RETRIES",
-    "PACE_CAP_S",
-    "PACE_FIRST_S",
-    "RESYNC_S",
-    "SlicePublisher",
-    "faults_of",
-]
+__all__ = ["CONFLICT_RETRIES", "PACE_CAP_S", "PACE_FIRST_S", "RESYNC_S", "SlicePublisher"]

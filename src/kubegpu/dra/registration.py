@@ -47,7 +47,9 @@ def registration_socket_name(driver: str) -> str:
 class RegistrationServicer(reg_grpc.RegistrationServicer):
     """Answers the plugin watcher: who we are, where the DRA service listens."""
 
-    def __init__(self, driver: str, endpoint: str) -> None:
+    def __init__(
+        self, driver: str, endpoint: str, *, on_registered: Callable[[], None] | None = None
+    ) -> None:
         self.driver = driver
         #: The DRA service's socket path, as the kubelet sees it.
         self.endpoint = endpoint
@@ -58,7 +60,7 @@ class RegistrationServicer(reg_grpc.RegistrationServicer):
         self.notified = asyncio.Event()
         #: Called on each registration the kubelet confirms (a new kubelet, or the
         #: socket served again).
-        self.on_registered: Callable[[], None] | None = None
+        self.on_registered = on_registered
 
     async def GetInfo(
         self, request: reg_pb.InfoRequest, context: grpc.aio.ServicerContext[Any, Any]

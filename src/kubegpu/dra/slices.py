@@ -37,7 +37,7 @@ from dataclasses import dataclass
 from typing import Any, Final
 
 from kubegpu.config import ClaimSizing
-from kubegpu.devices import Gpu, Health, Inventory, LinkKind, Vendor
+from kubegpu.devices import Fault, Gpu, Health, Inventory, LinkKind, Vendor
 from kubegpu.dra.sizing import COMPUTE_LIMIT, MEMORY_LIMIT, mechanisms
 from kubegpu.resources import ResourceSpec, SharingKind, Unit, unit_memory_bytes
 
@@ -80,14 +80,6 @@ _NVLIB_BRANDS: Final = {
     "GeForce RTX": "GeForceRTX",
     "Titan RTX": "TitanRTX",
 }
-
-
-@dataclass(frozen=True)
-class Fault:
-    """Why a device is unhealthy, which picks its taint; an unknown cause is a lost GPU."""
-
-    #: The Xid that made it unhealthy; None when it failed its probes (or nobody said).
-    xid: int | None = None
 
 
 @dataclass(frozen=True)

@@ -19,7 +19,6 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import logging
-import os
 import time
 from collections.abc import Callable, Sequence
 from pathlib import Path
@@ -33,6 +32,7 @@ from kubegpu.plugin.registration import listening as _listening
 from kubegpu.plugin.registration import watch_kubelet
 from kubegpu.plugin.server import ResourceServer
 from kubegpu.resources import ResourceSpec
+from kubegpu.rpc import socket_path_too_long
 from kubegpu.state import NodeStore
 from kubegpu.supervisor import spawn
 from kubegpu.watch import Backoff
@@ -58,18 +58,6 @@ DRAIN_LIMIT_S = 5.0
 REDIAL_START = 0.1
 REDIAL_CAP = 30.0
 REDIAL_STABLE_S = 60.0
-#: sun_path holds 108 bytes including the terminating NUL.
-MAX_SOCKET_PATH = 107
-
-
-def socket_path_too_long(path: Path) -> str | None:
-    """Why a unix socket cannot be bound at `path` for its length (one line), or None."""
-    if len(os.fsencode(path)) <= MAX_SOCKET_PATH:
-        return None
-    return (
-        f"socket path {path} is longer than {MAX_SOCKET_PATH} bytes (the unix limit); "
-        f"use a shorter --device-plugin-path"
-    )
 
 
 def _socket_identity(path: Path) -> tuple[int, int, int] | None:

@@ -9,10 +9,7 @@ errors reach the kubelet as proper status codes, never as tracebacks or UNKNOWN.
 from __future__ import annotations
 
 import asyncio
-import contextlib
 import logging
-import secrets
-import stat
 import time
 import uuid
 from collections.abc import AsyncIterator, Callable
@@ -38,9 +35,8 @@ from kubegpu.placement import preferred_allocation
 from kubegpu.plugin.registration import register
 from kubegpu.plugin.status import status_for
 from kubegpu.resources import ResourceSpec
-from kubegpu.rpc import Boundary, Calls
+from kubegpu.rpc import RETIRE_GRACE_S, Boundary, Calls, UnixServer
 from kubegpu.rpc import undecodable as undecodable
-from kubegpu.supervisor import spawn
 
 log = logging.getLogger("kubegpu.plugin")
 
@@ -353,11 +349,10 @@ def plugin_server(
 
 
 #: How long a server being replaced (the kubelet restarted, the socket was deleted) may
-#: take to finish the calls it already has: grpc returns as soon as they are done, so an
-#: idle server costs nothing, and an Allocate it answered reaches the kubelet instead of
-#: being cut off as CANCELLED. It runs out in the background: the new server listens and
-#: registers at once.
-RESERVE_GRACE_S = 1.0
+#: take to finish the calls it already has (`rpc.UnixServer`): an Allocate it answered
+#: reaches the kubelet instead of being cut off as CANCELLED, and the new server listens
+#: and registers at once.
+RESERVE_GRACE_S = RETIRE_GRACE_S
 
 
 class ResourceServer:
@@ -377,14 +372,14 @@ class ResourceServer:
         self.plugin_dir = plugin_dir
         self.socket_name = socket_name or spec.socket_name
         self._metrics = metrics
-        self._server: grpc.aio.Server | None = None
-        #: (st_dev, st_ino) of the socket file `_server` listens on.
-        self._bound: tuple[int, int] | None = None
-        #: Replaced servers finishing their calls (`RESERVE_GRACE_S`).
-        self._retiring: set[asyncio.Task[None]] = set()
         self.registered = False
         #: The unary calls being answered, for `drain`.
         self.calls = Calls()
+        self._socket = UnixServer(
+            plugin_dir / self.socket_name,
+            lambda: plugin_server(self.servicer, self.calls),
+            spec.name,
+        )
 
     @property
     def name(self) -> str:
@@ -392,66 +387,29 @@ class ResourceServer:
 
     @property
     def serving(self) -> bool:
-        return self._server is not None
+        return self._socket.serving
 
     @property
     def socket_path(self) -> Path:
         return self.plugin_dir / self.socket_name
 
     async def serve(self) -> None:
-        """(Re)start the gRPC server on a fresh socket file.
+        """(Re)start the gRPC server on a fresh socket file (`rpc.UnixServer`).
 
-        A server this one replaces finishes its calls in the background (`_retire`), so
+        A server this one replaces finishes its calls in the background, so
         re-registration never waits for them: an Allocate in flight, or a call grpc holds
         until the grace runs out, once cost the kubelet up to a second of this resource.
         """
-        # Built before the old one stops: grpc tears its engine down (poller thread, core)
-        # when its last server or channel goes, and starting it again costs ~1 ms.
-        server = plugin_server(self.servicer, self.calls)
-        old, self._server, self._bound = self._server, None, None
         self.registered = False
         await self.servicer.close()  # the old server's ListAndWatch streams end now
-        if old is not None:
-            self._retire(old)
-        # grpc unlinks the path a server bound when that server stops, by name: a server
-        # bound at the socket's own name and retired in the background would delete the
-        # new socket. So each binds a name of its own and is renamed into place once it
-        # listens; the kubelet never finds the socket bound but not yet listening either.
-        # The name is never longer than a socket name (kubegpu-*.sock): it fits wherever
-        # the socket does.
-        staged = self.plugin_dir / f".kg-{secrets.token_hex(4)}"
-        if server.add_insecure_port(f"unix://{staged}") == 0:
-            raise OSError(f"cannot listen on {self.socket_path}")
-        try:
-            # Bound, not yet listening: only root (the kubelet) may connect, whatever the
-            # umask. The directory can be wiped meanwhile (a kubelet restart).
-            staged.chmod(0o600)
-            bound = staged.stat()  # a rename keeps the inode
-            await server.start()
-            staged.replace(self.socket_path)
-        except BaseException:
-            await server.stop(None)
-            with contextlib.suppress(OSError):
-                staged.unlink()
-            raise
+        await self._socket.serve(retire_grace=RESERVE_GRACE_S)
         # Streams reach the new server only once the kubelet hears of it (Register).
         self.servicer.reopen()
-        self._server, self._bound = server, (bound.st_dev, bound.st_ino)
 
     def socket_lost(self) -> str | None:
         """Why the kubelet can no longer reach this server at its socket path (deleted, or
         the name now holds another file), or None while it can or nothing is served."""
-        if self._bound is None:
-            return None
-        try:
-            st = self.socket_path.lstat()
-        except OSError:
-            return "was deleted"
-        if (st.st_dev, st.st_ino) == self._bound:
-            return None
-        if stat.S_ISSOCK(st.st_mode):
-            return "was replaced by another socket"
-        return "was replaced by a file that is not a socket"
+        return self._socket.lost()
 
     async def register(self, kubelet_socket: Path, timeout: float = 5.0) -> None:
         """One Register call; `RegistrationError` if the kubelet is absent or refuses."""
@@ -486,23 +444,7 @@ class ResourceServer:
             await self.calls.quiet(quiet)
 
     async def stop(self, grace: float = 1.0) -> None:
-        await self._stop_server(grace)
-        with contextlib.suppress(FileNotFoundError):
-            self.socket_path.unlink()
+        if self._socket.serving:
+            await self.servicer.close()
+        await self._socket.stop(grace)
         self.registered = False
-        if self._retiring:
-            # Each failure is logged by the supervisor; stopping goes on regardless.
-            await asyncio.gather(*self._retiring, return_exceptions=True)
-
-    def _retire(self, server: grpc.aio.Server) -> None:
-        """Stop a replaced server in the background, after the calls it has (or the grace)."""
-        task = spawn(f"retire {self.name} server", server.stop(RESERVE_GRACE_S))
-        self._retiring.add(task)
-        task.add_done_callback(self._retiring.discard)
-
-    async def _stop_server(self, grace: float) -> None:
-        if self._server is None:
-            return
-        await self.servicer.close()
-        await self._server.stop(grace)
-        self._server, self._bound = None, None

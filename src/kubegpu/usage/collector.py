@@ -25,6 +25,7 @@ from typing import TypeVar
 from kubegpu.api import POD_RESOURCES_SOCKET
 from kubegpu.devices import ProcessSource, ProcessTable
 from kubegpu.metrics import DeviceHealthRow, UsageSnapshot
+from kubegpu.mode import Mode
 from kubegpu.resources import ResourceSpec, Unit
 from kubegpu.state import NodeState
 from kubegpu.untrusted import escape
@@ -60,7 +61,7 @@ KUBELET_CHECKPOINT = "kubelet_internal_checkpoint"
 @dataclass(frozen=True)
 class UsageSettings:
     #: `plugin` or `dra`, as `serve --mode`.
-    mode: str = "plugin"
+    mode: Mode = Mode.PLUGIN
     #: Where the host's /proc is (`/host/proc` in the chart): NVML reports host PIDs.
     proc_root: Path = Path("/proc")
     #: The kubelet's PodResources socket; None: do not ask.
@@ -157,7 +158,7 @@ class UsageCollector:
         listing = PodResourcesListing()
         if self._pod_resources is not None:
             listing = self._read("pod-resources", sources, self._pod_resources.list, listing)
-        if self.settings.mode == "dra":
+        if self.settings.mode is Mode.DRA:
             view = self._dra()
             if view is None:
                 return ()  # the driver is not up yet: nothing prepared to attribute to

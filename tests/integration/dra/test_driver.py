@@ -6,6 +6,7 @@ from __future__ import annotations
 import asyncio
 import json
 import logging
+import socket
 import threading
 from collections.abc import AsyncIterator, Callable
 from dataclasses import dataclass
@@ -263,6 +264,23 @@ async def test_a_deleted_socket_is_served_again(plugin: Plugin, which: str) -> N
     async with grpc.aio.insecure_channel(f"unix://{plugin.driver.service.path}") as channel:
         plugin.channel = channel
         assert (await plugin.prepare(claim)).claims[claim.uid].error == ""
+    info = await registration_info(plugin.driver.registrar.path)
+    assert info.name == DRIVER
+
+
+@pytest.mark.parametrize("which", ["service", "registrar"])
+async def test_a_socket_replaced_by_another_is_served_again(plugin: Plugin, which: str) -> None:
+    """The servers are known by the inode they bound (`rpc.UnixServer`): a socket someone
+    else put at the name is not ours, and the kubelet would dial it."""
+    server = getattr(plugin.driver, which)
+    served = server.served
+    with socket.socket(socket.AF_UNIX) as stranger:
+        staged = server.path.with_name(".stranger")
+        stranger.bind(str(staged))
+        staged.replace(server.path)
+        theirs = server.path.stat().st_ino
+        await eventually(lambda: server.served > served and server.path.stat().st_ino != theirs)
+    assert plugin.driver.ready() == (True, "ok")
     info = await registration_info(plugin.driver.registrar.path)
     assert info.name == DRIVER
 

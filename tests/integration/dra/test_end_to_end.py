@@ -29,6 +29,8 @@ from kubegpu.devices.simulated import SimulatedBackend
 from kubegpu.dra.claims import CLAIM_CDI_KIND, spec_file_name
 from kubegpu.kube import Kube
 from kubegpu.kubelet import KubeletEmulator
+from kubegpu.mode import Mode
+from tests.fronts import dra_driver
 from tests.rig.dra import DRAKubelet, node_slice_wiper
 from tests.rig.dra.manager import PrepareError
 from tests.rig.dra.scheduler import SchedulerStandIn, UnschedulableError
@@ -108,7 +110,7 @@ def device_classes(kube: FakeKube) -> None:
 
 def settings(root: Path, registry: Path, plugins: Path, config: Path | None) -> DaemonSettings:
     return DaemonSettings(
-        mode="dra",
+        mode=Mode.DRA,
         simulate="h100-8",
         registrar_dir=registry,
         kubelet_plugins_dir=plugins,
@@ -280,8 +282,7 @@ async def test_deleting_the_pods_unprepares_their_claims(world: World) -> None:
     for p in pods:
         await world.delete(p)
     assert world.specs() == []
-    assert world.daemon.dra is not None
-    assert world.daemon.dra.preparer.checkpoint.claims == {}
+    assert dra_driver(world.daemon).preparer.checkpoint.claims == {}
 
 
 async def test_eight_pods_share_two_time_sliced_gpus(socket_dir: Path, time_sliced: Path) -> None:
@@ -392,8 +393,7 @@ async def test_a_plugin_restart_mid_prepare_leaves_nothing_behind(socket_dir: Pa
         assert len(devices["ctr"]) == 1 and len(made.specs()) == 1
         await made.delete(scheduled)
         assert made.specs() == []
-        assert made.daemon.dra is not None
-        assert made.daemon.dra.preparer.checkpoint.claims == {}
+        assert dra_driver(made.daemon).preparer.checkpoint.claims == {}
     finally:
         slow.release.set()
         await serve.close()

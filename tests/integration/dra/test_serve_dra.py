@@ -19,11 +19,14 @@ from kubegpu.api import pluginregistration_pb2 as reg_pb
 from kubegpu.api import pluginregistration_pb2_grpc as reg_grpc
 from kubegpu.cli.options import parse
 from kubegpu.cli.serve import serve
-from kubegpu.daemon import Daemon, DaemonSettings, StartupError
+from kubegpu.daemon import Daemon, DaemonSettings
 from kubegpu.devices.simulated import SimulatedBackend
 from kubegpu.dra.checkpoint import CHECKPOINT_FILE, LEGACY_FILE
 from kubegpu.dra.claims import spec_file_name
+from kubegpu.errors import StartupError
+from kubegpu.mode import Mode
 from kubegpu.plugin.directory import PluginDirectoryError
+from tests.fronts import dra_driver
 from tests.integration.dra.test_driver import put_claim
 from tests.integration.test_serve import Serve, start
 from tests.rig.kube import FakeKube
@@ -40,7 +43,7 @@ NVIDIA_CHECKPOINT = (
 
 def settings(root: Path, plugins: Path | None = None) -> DaemonSettings:
     return DaemonSettings(
-        mode="dra",
+        mode=Mode.DRA,
         simulate="h100-8",
         registrar_dir=root / "registry",
         kubelet_plugins_dir=plugins or root / "plugins",
@@ -84,7 +87,6 @@ async def test_simulated_node_serves_dra_and_no_device_plugin(
     daemon: tuple[Daemon, FakeKube], socket_dir: Path
 ) -> None:
     running, kube = daemon
-    assert running.dra is not None
     assert running.ready() == (True, "ok")
     reg = socket_dir / "registry" / "gpu.nvidia.com-reg.sock"
     async with grpc.aio.insecure_channel(f"unix://{reg}") as channel:
@@ -92,7 +94,7 @@ async def test_simulated_node_serves_dra_and_no_device_plugin(
     assert info.endpoint == str(socket_dir / "plugins" / "gpu.nvidia.com" / "dra.sock")
     assert not (socket_dir / "dp").exists() or not any((socket_dir / "dp").iterdir())
     claim = put_claim(kube, "c", "gpu-5")
-    answer = await running.dra.preparer.prepare([claim])
+    answer = await dra_driver(running).preparer.prepare([claim])
     devices, error = answer[claim.uid]
     assert error == "" and [d.device for d in devices] == ["gpu-5"]
     spec = json.loads((socket_dir / "cdi" / spec_file_name(claim.uid)).read_text())
@@ -106,9 +108,8 @@ async def test_stopping_removes_the_sockets_and_keeps_the_checkpoint(socket_dir:
     stop = asyncio.Event()
     task = asyncio.create_task(running.run(stop))
     await running.started.wait()
-    assert running.dra is not None
     claim = put_claim(kube, "c", "gpu-0")
-    await running.dra.preparer.prepare([claim])
+    await dra_driver(running).preparer.prepare([claim])
     stop.set()
     await task
     assert not (socket_dir / "registry" / "gpu.nvidia.com-reg.sock").exists()
@@ -207,11 +208,10 @@ async def test_a_clean_stop_with_no_claim_prepared_leaves_nothing_for_nvidias_dr
     stop = asyncio.Event()
     task = asyncio.create_task(running.run(stop))
     await running.started.wait()
-    assert running.dra is not None
     assert (data / CHECKPOINT_FILE).exists()
     claim = put_claim(kube, "c", "gpu-0")
-    assert (await running.dra.preparer.prepare([claim]))[claim.uid][1] == ""
-    assert await running.dra.preparer.unprepare([claim]) == {claim.uid: ""}
+    assert (await dra_driver(running).preparer.prepare([claim]))[claim.uid][1] == ""
+    assert await dra_driver(running).preparer.unprepare([claim]) == {claim.uid: ""}
     stop.set()
     await task
     assert sorted(p.name for p in data.iterdir()) == [LEGACY_FILE]
@@ -230,9 +230,8 @@ async def test_a_kubegpu_checkpoint_at_nvidias_name_is_adopted_with_its_claims(
     stop = asyncio.Event()
     task = asyncio.create_task(first.run(stop))
     await first.started.wait()
-    assert first.dra is not None
     claim = put_claim(kube, "c", "gpu-3")
-    await first.dra.preparer.prepare([claim])
+    await dra_driver(first).preparer.prepare([claim])
     stop.set()
     await task
     data = socket_dir / "plugins" / DRIVER
@@ -243,8 +242,7 @@ async def test_a_kubegpu_checkpoint_at_nvidias_name_is_adopted_with_its_claims(
     task = asyncio.create_task(second.run(stop))
     try:
         await second.started.wait()
-        assert second.dra is not None
-        devices, error = (await second.dra.preparer.prepare([claim]))[claim.uid]
+        devices, error = (await dra_driver(second).preparer.prepare([claim]))[claim.uid]
         assert error == "" and [d.device for d in devices] == ["gpu-3"]
         assert not os.path.lexists(data / LEGACY_FILE)
         assert claim.uid in json.loads((data / CHECKPOINT_FILE).read_text())["claims"]

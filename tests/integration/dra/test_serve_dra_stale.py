@@ -12,6 +12,7 @@ from kubegpu.daemon import Daemon
 from kubegpu.dra.stale import StaleResource, fix_command
 from kubegpu.events import KubernetesEventSink, NodeEvents, Reason
 from kubegpu.metrics import Metrics
+from tests.fronts import dra_driver, stale_check
 from tests.integration.dra.test_serve_dra import NODE, settings
 from tests.rig.kube import FakeKube
 from tests.waiting import eventually
@@ -35,12 +36,11 @@ async def test_a_stale_device_plugin_resource_is_reported_once(
     task = asyncio.create_task(running.run(stop))
     try:
         await running.started.wait()
-        check = running.stale
+        check = stale_check(running)
         assert check is not None
         await eventually(lambda: bool(kube.events))
         # More reads: the kubelet registering the driver again, and more.
-        assert running.dra is not None
-        registered = running.dra.registration.on_registered
+        registered = dra_driver(running).registration.on_registered
         assert registered is not None
 
         async def registered_again() -> None:
@@ -84,10 +84,9 @@ async def test_a_clean_node_reports_nothing(socket_dir: Path) -> None:
     task = asyncio.create_task(running.run(stop))
     try:
         await running.started.wait()
-        assert running.stale is not None
-        await eventually(lambda: running.stale is not None and running.stale.checks >= 1)
-        running.stale.poke()  # and once more, to be sure nothing is queued late
-        await eventually(lambda: running.stale is not None and running.stale.checks >= 2)
+        await eventually(lambda: stale_check(running).checks >= 1)
+        stale_check(running).poke()  # and once more, to be sure nothing is queued late
+        await eventually(lambda: stale_check(running).checks >= 2)
         await events.drain()
         assert kube.events == [] and running.ready() == (True, "ok")
         assert f"get node/{NODE}/status" in kube.calls
