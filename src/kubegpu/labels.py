@@ -12,6 +12,9 @@ whichever model its map iteration ends on (full GPUs win over MIG-enabled ones);
 label the most common model among the full GPUs (ties: the lowest GPU index).
 `nvidia.com/gpu.present` is set from the PCI bus, so a node whose driver is broken
 still attracts the DaemonSets that can say what is wrong.
+
+kubegpu's own labels, under `kubegpu.io/`, come only with a config GFD cannot express (GPUs
+sized by memory), so GFD's label set stays exactly GFD's otherwise.
 """
 
 from __future__ import annotations
@@ -25,10 +28,17 @@ from kubegpu.config.v1 import Config, MigStrategy, ReplicatedResource, SharingSt
 from kubegpu.devices.model import Gpu, Inventory, MigDevice, Vendor
 from kubegpu.devices.pci import CONFIG_SPACE_SIZE
 from kubegpu.errors import ConfigError
+from kubegpu.resources import ComputeLimit, MemoryLimit, build_resources, mechanisms, sized
 
 PREFIX = "nvidia.com"
 GPU_RESOURCE = f"{PREFIX}/gpu"
 PRESENT_LABEL = f"{PREFIX}/gpu.present"
+#: What holds a sized claim's limits on this node (the device attributes' values).
+MEMORY_LIMIT_LABEL = "kubegpu.io/gpu.memory-limit"
+COMPUTE_LIMIT_LABEL = "kubegpu.io/gpu.compute-limit"
+# Weakest first: a node label is a promise for every sized GPU on the node.
+_MEMORY_STRENGTH = (MemoryLimit.NONE, MemoryLimit.MPS_PINNED, MemoryLimit.NVML_CGROUP)
+_COMPUTE_STRENGTH = (ComputeLimit.NONE, ComputeLimit.MPS_THREADS)
 
 #: PCI class codes (sysfs `class`) → GFD's `gpu.mode` values.
 PCI_CLASS_MODES = {"0x030000": "graphics", "0x030200": "compute"}
@@ -179,7 +189,7 @@ def gpu_labels(
     pci_classes: Mapping[str, str] | None = None,
     pci_configs: Sequence[bytes] | None = None,
 ) -> dict[str, str]:
-    """All `nvidia.com/*` labels for the node.
+    """All `nvidia.com/*` labels for the node, and `limit_labels`.
 
     `machine_type` None leaves out `gpu.machine`; `timestamp` None leaves out
     `gfd.timestamp` (`--no-timestamp`). `present` is the PCI scan's answer (None: no
@@ -210,11 +220,34 @@ def gpu_labels(
             else:
                 labels.update(_mig_mixed_labels(gpus, config))
         labels[f"{PREFIX}/gpu.mode"] = gpu_mode(gpus, pci_classes)
+        labels.update(limit_labels(inventory, config))
     if pci_configs is not None:
         labels.update(vgpu_labels(pci_configs))
     if timestamp is not None:
         labels[f"{PREFIX}/gfd.timestamp"] = str(timestamp)
     return labels
+
+
+def limit_labels(inventory: Inventory, config: Config) -> dict[str, str]:
+    """`kubegpu.io/gpu.memory-limit` and `gpu.compute-limit`: the mechanisms that hold a
+    sized claim's limits (`kubegpu.resources.mechanisms`, as on the DRA devices), none
+    without a sized GPU. `inventory.memory_limits` is the discovery's probe of the kernel
+    path, as the slices get it. Where GPUs differ (MIG slices have no kernel path) the
+    weakest is labelled, since a pod selecting the node may land on any of them."""
+    strategies = (config.sharing.mps, config.sharing.time_slicing)
+    if not any(e.sizing is not None for s in strategies if s for e in s.resources):
+        return {}
+    found = {
+        mechanisms(resource, device.unit, inventory.memory_limits)
+        for resource in build_resources(inventory, config)
+        if sized(resource)
+        for device in resource.devices
+    }
+    if not found:
+        return {}
+    memory = min((m for m, _ in found), key=_MEMORY_STRENGTH.index)
+    compute = min((c for _, c in found), key=_COMPUTE_STRENGTH.index)
+    return {MEMORY_LIMIT_LABEL: memory.value, COMPUTE_LIMIT_LABEL: compute.value}
 
 
 def _mps_capable(gpus: tuple[Gpu, ...], config: Config) -> bool:

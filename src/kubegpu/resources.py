@@ -436,6 +436,46 @@ def unit_memory_bytes(unit: Unit) -> int:
     return (unit.mig.memory_mib if unit.mig is not None else unit.gpu.memory_mib) << 20
 
 
+# -- memory-sized shared GPUs: how their limits are held ------------------------------
+
+
+class MemoryLimit(StrEnum):
+    """What holds a sized claim's memory limit (`kubegpu.dra.sizing` says what each does),
+    published on the device (DRA) and as a node label (`kubegpu.labels`)."""
+
+    NVML_CGROUP = "nvml-cgroup"
+    MPS_PINNED = "mps-pinned-memory"
+    NONE = "none"
+
+
+class ComputeLimit(StrEnum):
+    """What holds a sized claim's compute share, published as `MemoryLimit` is."""
+
+    MPS_THREADS = "mps-active-threads"
+    NONE = "none"
+
+
+def sized(resource: ResourceSpec) -> bool:
+    """Whether claims on this resource's devices are sized by memory (and limited)."""
+    entry = resource.shared_by
+    return (
+        resource.sharing is not SharingKind.NONE and entry is not None and entry.sizing is not None
+    )
+
+
+def mechanisms(
+    resource: ResourceSpec, unit: Unit, kernel: bool
+) -> tuple[MemoryLimit, ComputeLimit]:
+    """How a claim's memory and compute limits are held on this unit. `kernel`: the node
+    offers per-cgroup memory limits (`Inventory.memory_limits`); MIG slices have none."""
+    mps = resource.sharing is SharingKind.MPS
+    if kernel and unit.mig is None:
+        memory = MemoryLimit.NVML_CGROUP
+    else:
+        memory = MemoryLimit.MPS_PINNED if mps else MemoryLimit.NONE
+    return memory, ComputeLimit.MPS_THREADS if mps else ComputeLimit.NONE
+
+
 def _check_mps(units: Sequence[Unit], entry: ReplicatedResource, key: str) -> None:
     for unit in units:
         if unit.mig is not None:

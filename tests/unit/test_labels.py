@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import dataclasses
 from pathlib import Path
 
 import pytest
@@ -396,3 +397,57 @@ def test_vendor_capability_survives_bad_chains() -> None:
     found = _config_space({0x40: b"\x05\x60\x00", 0x60: b"\x09\x00\x04\x00"}, 0x40)
     assert vendor_capability(found) == b"\x09\x00\x04\x00"
     assert vendor_capability(found[:64]) is None  # what an unprivileged read returns
+
+
+# -- kubegpu's own labels: what holds a sized claim's limits ---------------------------------
+
+
+def _sized(strategy: str, extra: str = "") -> Config:
+    return cfg(
+        f"version: v1\nflags: {{mpsRoot: /run/nvidia/mps{extra}}}\nsharing:\n  {strategy}:\n"
+        "    resources:\n    - {name: gpu, replicas: 4, sizing: {}}\n"
+    )
+
+
+@pytest.mark.parametrize(
+    ("strategy", "kernel", "memory", "compute"),
+    [
+        ("mps", False, "mps-pinned-memory", "mps-active-threads"),
+        ("mps", True, "nvml-cgroup", "mps-active-threads"),
+        ("timeSlicing", False, "none", "none"),
+        ("timeSlicing", True, "nvml-cgroup", "none"),
+    ],
+)
+def test_a_sized_node_labels_the_mechanisms_its_devices_publish(
+    strategy: str, kernel: bool, memory: str, compute: str
+) -> None:
+    from tests.unit.test_dra_slices import bodies
+
+    node = dataclasses.replace(inv(gpu(0), gpu(1)), memory_limits=kernel)
+    config = _sized(strategy)
+    labels = gpu_labels(node, config, machine_type=None, timestamp=None)
+    assert labels["kubegpu.io/gpu.memory-limit"] == memory
+    assert labels["kubegpu.io/gpu.compute-limit"] == compute
+    # The same answer as the DRA devices' attributes (one function decides both).
+    for body in bodies(node, config):
+        assert body["attributes"]["kubegpu.io/memoryLimit"] == {"string": memory}
+        assert body["attributes"]["kubegpu.io/computeLimit"] == {"string": compute}
+
+
+@pytest.mark.parametrize("config", ["version: v1", TIME_SLICING_20])
+def test_an_unsized_node_has_only_gfd_labels(config: str) -> None:
+    node = dataclasses.replace(inv(gpu(0)), memory_limits=True)
+    labels = gpu_labels(node, cfg(config), machine_type=None, timestamp=None)
+    assert labels
+    assert all(key.startswith("nvidia.com/") for key in labels)
+
+
+def test_mig_slices_without_the_kernel_path_make_the_node_label_the_weakest() -> None:
+    node = dataclasses.replace(inv(gpu(0), a100(1, mig(1, 1, "1g.10gb", 9984))), memory_limits=True)
+    config = cfg(
+        "version: v1\nflags: {migStrategy: mixed}\nsharing:\n  timeSlicing:\n    resources:\n"
+        "    - {name: gpu, replicas: 2, sizing: {}}\n"
+        "    - {name: nvidia.com/mig-1g.10gb, replicas: 2, sizing: {}}\n"
+    )
+    labels = gpu_labels(node, config, machine_type=None, timestamp=None)
+    assert labels["kubegpu.io/gpu.memory-limit"] == "none"

@@ -25,11 +25,20 @@ from __future__ import annotations
 import dataclasses
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
-from enum import StrEnum
 from typing import Any, Final
 
 from kubegpu.config.names import parse_quantity
-from kubegpu.resources import ResourceSpec, SharingKind, Unit, unit_memory_bytes
+
+# The mechanisms live with the resources, below the node labels that publish them too.
+from kubegpu.resources import (
+    ComputeLimit,
+    MemoryLimit,
+    ResourceSpec,
+    Unit,
+    mechanisms,
+    sized,
+    unit_memory_bytes,
+)
 
 #: Device attributes naming the mechanisms (kubegpu's own domain, see `kubegpu.dra.slices`).
 MEMORY_LIMIT: Final = "kubegpu.io/memoryLimit"
@@ -38,40 +47,8 @@ COMPUTE_LIMIT: Final = "kubegpu.io/computeLimit"
 _MIB: Final = 1 << 20
 
 
-class MemoryLimit(StrEnum):
-    NVML_CGROUP = "nvml-cgroup"
-    MPS_PINNED = "mps-pinned-memory"
-    NONE = "none"
-
-
-class ComputeLimit(StrEnum):
-    MPS_THREADS = "mps-active-threads"
-    NONE = "none"
-
-
 class SizingError(ValueError):
     """A sized device's allocation result cannot be read as limits."""
-
-
-def sized(resource: ResourceSpec) -> bool:
-    """Whether claims on this resource's devices are sized by memory (and limited)."""
-    entry = resource.shared_by
-    return (
-        resource.sharing is not SharingKind.NONE and entry is not None and entry.sizing is not None
-    )
-
-
-def mechanisms(
-    resource: ResourceSpec, unit: Unit, kernel: bool
-) -> tuple[MemoryLimit, ComputeLimit]:
-    """How a claim's memory and compute limits are held on this unit. `kernel`: the node
-    offers per-cgroup memory limits (`Inventory.memory_limits`); MIG slices have none."""
-    mps = resource.sharing is SharingKind.MPS
-    if kernel and unit.mig is None:
-        memory = MemoryLimit.NVML_CGROUP
-    else:
-        memory = MemoryLimit.MPS_PINNED if mps else MemoryLimit.NONE
-    return memory, ComputeLimit.MPS_THREADS if mps else ComputeLimit.NONE
 
 
 @dataclass(frozen=True)
