@@ -1,7 +1,7 @@
 """DRA prepare and unprepare as the kubelet sees them: over the plugin's unix socket, gRPC
 included, from another process.
 
-    python -m benchmarks.dra [--claims 300]
+    python -m benchmarks.dra [--claims 300] [--sized]
 
 The DRA node (`benchmarks/dra_node.py`: `serve --mode dra`'s daemon on the simulated
 `h100-8` node, with /metrics and /healthz on loopback) runs in a process of its own; this
@@ -14,6 +14,11 @@ claims first, then `claims` timed ones idle, then `claims` more while a third pr
 latencies, the CPU the node's process used per claim (prepare and unprepare together,
 utime+stime), which a loaded machine moves far less.
 
+`bench_sized` does the same on GPUs shared by MPS and sized by memory (`dra_node --sized`):
+each claim prepared cold (its MPS control daemon started and given its limits), prepared
+again with its daemon already running (the kubelet repeats a prepare after a restart), and
+unprepared (its daemon stopped), idle, one claim at a time.
+
 The claims are read from the node's in-memory API (`FakeKube`, in a worker thread as a real
 client's GET would be): the API server's round trip is not in these figures.
 """
@@ -23,6 +28,7 @@ from __future__ import annotations
 import argparse
 import asyncio
 import contextlib
+import itertools
 import json
 import logging
 import os
@@ -44,6 +50,9 @@ from kubegpu.api import dra_pb2, dra_stub
 #: Timed claims per phase (idle, then under load), after WARMUP uncounted ones.
 CLAIMS = 300
 WARMUP = 20
+#: Timed sized claims (each starts and stops an MPS control daemon), after SIZED_WARMUP.
+SIZED_CLAIMS = 100
+SIZED_WARMUP = 5
 Figures = dict[str, Any]
 
 
@@ -105,6 +114,29 @@ class Kubelet:
         if error:
             raise RuntimeError(f"claim {claim.name}: {error}")
         return middle - start, end - middle
+
+    async def sized_cycle(self, n: int) -> tuple[int, int, int]:
+        """Prepare claim `n` cold, prepare it again (its daemon running), unprepare it;
+        each call's latency in ns."""
+        claim = dra_pb2.Claim(namespace=NAMESPACE, name=claim_name(n), uid=claim_uid(n))
+        clock = time.perf_counter_ns
+        times = [clock()]
+        errors = []
+        for _ in range(2):
+            prepared = await self.prepare(
+                dra_pb2.NodePrepareResourcesRequest(claims=[claim]), timeout=harness.DEADLINE_S
+            )
+            times.append(clock())
+            errors.append(prepared.claims[claim.uid].error)
+        released = await self.unprepare(
+            dra_pb2.NodeUnprepareResourcesRequest(claims=[claim]), timeout=harness.DEADLINE_S
+        )
+        times.append(clock())
+        errors.append(released.claims[claim.uid].error)
+        if any(errors):
+            raise RuntimeError(f"claim {claim.name}: {next(e for e in errors if e)}")
+        cold, again, unprepare = (b - a for a, b in itertools.pairwise(times))
+        return cold, again, unprepare
 
 
 def _stats(samples_ns: list[int]) -> dict[str, float]:
@@ -195,14 +227,48 @@ async def bench_dra(claims: int = CLAIMS, warmup: int = WARMUP) -> Figures:
     }
 
 
+async def bench_sized(claims: int = SIZED_CLAIMS, warmup: int = SIZED_WARMUP) -> Figures:
+    """Sized prepare and unprepare, each claim with its own MPS control daemon (module doc)."""
+    node_args = [sys.executable, "-m", "benchmarks.dra_node", "", "--sized"]
+    node_args += ["--claims", str(warmup + claims)]
+    samples: tuple[list[int], list[int], list[int]] = ([], [], [])
+    with harness.temp_dir("kgb-sized-") as work:
+        node_args[3] = str(work)
+        async with _started(node_args, work / "node.log") as node:
+            sock = work / "plugins" / DRIVER / "dra.sock"
+            async with grpc.aio.insecure_channel(f"unix://{sock}") as channel:
+                kubelet = Kubelet(channel)
+                for n in range(warmup):
+                    await kubelet.sized_cycle(n)
+                hz = os.sysconf("SC_CLK_TCK")
+                ticks = harness.cpu_ticks(node.pid)
+                for n in range(warmup, warmup + claims):
+                    for into, took in zip(samples, await kubelet.sized_cycle(n), strict=True):
+                        into.append(took)
+                node_cpu_s = (harness.cpu_ticks(node.pid) - ticks) / hz
+            await _finish(node)
+    cold, again, unprepared = samples
+    return {
+        "dra_sized": {
+            "claims": claims,
+            "prepare_cold_ms": _stats(cold),
+            "prepare_running_ms": _stats(again),
+            "unprepare_ms": _stats(unprepared),
+            "node_cpu_ms_per_claim": round(1000 * node_cpu_s / claims, 2),
+        }
+    }
+
+
 def main() -> int:
     logging.basicConfig(level=logging.ERROR, format="%(levelname)s %(name)s: %(message)s")
     parser = argparse.ArgumentParser(description=(__doc__ or "").splitlines()[0])
     parser.add_argument("--claims", type=int, default=CLAIMS)
+    parser.add_argument("--sized", action="store_true", help="sized claims (bench_sized)")
     args = parser.parse_args()
     prefix = harness.use_bytecode_cache()
     try:
-        figures = asyncio.run(bench_dra(args.claims))
+        run = bench_sized if args.sized else bench_dra
+        figures = asyncio.run(run(args.claims))
     finally:
         shutil.rmtree(prefix, ignore_errors=True)
     print(json.dumps({**harness.machine(), **figures}, separators=(", ", ": ")), flush=True)

@@ -1,6 +1,6 @@
 """The DRA node that benchmarks/dra.py calls over its socket, in a process of its own.
 
-    python -m benchmarks.dra_node WORKDIR --claims N [--metrics-port P] [--health-port Q]
+    python -m benchmarks.dra_node WORKDIR --claims N [--sized] [--metrics-port P] [--health-port Q]
 
 `serve --mode dra`'s daemon (`kubegpu.daemon.Daemon`, every root task of it: the DRA
 kubelet plugin, the ResourceSlice publisher, health, metrics and probes) on the simulated
@@ -8,6 +8,12 @@ kubelet plugin, the ResourceSlice publisher, health, metrics and probes) on the 
 here rather than through the CLI for two things the CLI does not offer: a CDI directory
 under WORKDIR (serve writes to /var/run/cdi) and an in-memory API (`FakeKube`) that already
 holds N allocated claims, `bench/c<n>` of `gpu-<n mod 8>`, UIDs from `claim_uid`.
+
+`--sized`: the GPUs are shared by MPS and sized by memory (`SIZED_CONFIG`), each claim takes
+`SIZED_CLAIM` of its GPU as the scheduler writes it (`consumedCapacity`), and each prepare
+starts the claim's own MPS control daemon with its limits: the repository's stand-in
+binary (tests/fixtures/fake-mps-control, run by this interpreter without `site`), so the
+figures are kubegpu's supervision and its process starts, not the driver's.
 
 Prints `ready` once started; runs until its stdin closes (or SIGTERM), then prints one JSON
 object: the requests the daemon sent its API, by verb and resource.
@@ -19,6 +25,7 @@ import argparse
 import asyncio
 import json
 import logging
+import os
 import signal
 import sys
 import uuid
@@ -34,6 +41,19 @@ NODE = "bench-node"
 NAMESPACE = "bench"
 PRESET = "h100-8"
 GPUS = 8
+REPO = Path(__file__).resolve().parents[1]
+FAKE_MPS = REPO / "tests" / "fixtures" / "fake-mps-control"
+SIZED_CONFIG = """version: v1
+flags: {{mpsRoot: {mps_root}}}
+sharing:
+  mps:
+    resources:
+    - name: nvidia.com/gpu
+      replicas: 4
+      sizing: {{memoryStep: 1Gi}}
+"""
+#: What each sized claim took of its GPU: memory, shares.
+SIZED_CLAIM = ("10Gi", "1")
 _UIDS = uuid.UUID("6f1d2c1e-8a5b-4c43-9d0e-3b6f5a1c2d7e")
 
 
@@ -46,9 +66,18 @@ def claim_uid(n: int) -> str:
     return str(uuid.uuid5(_UIDS, claim_name(n)))
 
 
-def claim(n: int) -> dict[str, Any]:
-    """Claim `n` as the scheduler left it: allocated one GPU of this node's pool."""
-    result = {"request": "gpu", "driver": DRIVER, "pool": NODE, "device": f"gpu-{n % GPUS}"}
+def claim(n: int, sized: bool = False) -> dict[str, Any]:
+    """Claim `n` as the scheduler left it: allocated one GPU of this node's pool (sized:
+    `SIZED_CLAIM` of it)."""
+    result: dict[str, Any] = {
+        "request": "gpu",
+        "driver": DRIVER,
+        "pool": NODE,
+        "device": f"gpu-{n % GPUS}",
+    }
+    if sized:
+        result["shareID"] = str(uuid.uuid5(_UIDS, f"share-{n}"))
+        result["consumedCapacity"] = {"memory": SIZED_CLAIM[0], "shares": SIZED_CLAIM[1]}
     return {
         "metadata": {"namespace": NAMESPACE, "name": claim_name(n), "uid": claim_uid(n)},
         "spec": {},
@@ -60,7 +89,19 @@ async def _serve(args: argparse.Namespace) -> dict[str, int]:
     work = Path(args.workdir)
     kube = FakeKube()
     for n in range(args.claims):
-        kube.put_resource_claim(claim(n))
+        kube.put_resource_claim(claim(n, args.sized))
+    sized: dict[str, Any] = {}
+    if args.sized:
+        config = work / "config.yaml"
+        config.write_text(SIZED_CONFIG.format(mps_root=work / "mps"))
+        sized = {"config_file": config, "mps_control_binary": str(FAKE_MPS)}
+        # The stand-in runs through `#!/usr/bin/env python3`, once per control command:
+        # this interpreter without `site`, not whatever shim `python3` is on PATH.
+        shim = work / "bin" / "python3"
+        shim.parent.mkdir()
+        shim.write_text(f'#!/bin/sh\nexec "{sys.executable}" -S "$@"\n')
+        shim.chmod(0o755)
+        os.environ["PATH"] = os.pathsep.join([str(shim.parent), os.environ.get("PATH", "")])
     settings = DaemonSettings(
         mode=Mode.DRA,
         simulate=PRESET,
@@ -73,6 +114,7 @@ async def _serve(args: argparse.Namespace) -> dict[str, int]:
         metrics_address="127.0.0.1",
         health_port=args.health_port,
         health_address="127.0.0.1",
+        **sized,
     )
     daemon = Daemon(settings, kube=kube)
     stop = asyncio.Event()
@@ -101,6 +143,7 @@ def main() -> int:
     parser = argparse.ArgumentParser(description=(__doc__ or "").splitlines()[0])
     parser.add_argument("workdir")
     parser.add_argument("--claims", type=int, required=True)
+    parser.add_argument("--sized", action="store_true", help="MPS-shared GPUs sized by memory")
     parser.add_argument("--metrics-port", type=int, default=0)
     parser.add_argument("--health-port", type=int, default=0)
     requests = asyncio.run(_serve(parser.parse_args()))

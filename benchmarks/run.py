@@ -16,6 +16,9 @@ Sections (docs/performance.md has the figures and the method):
   in-process, called through PLACEMENT_ENTRY.
 - **dra** (`benchmarks/dra.py`): NodePrepareResources and NodeUnprepareResources over the
   DRA plugin's unix socket, from another process, idle and under /metrics and /healthz load.
+- **sized** (`benchmarks/dra.py`, `bench_sized`): the same calls on MPS-shared GPUs sized by
+  memory: a prepare that starts the claim's MPS control daemon (cold), one with it already
+  running, and the unprepare that stops it.
 - **api** (`benchmarks/api_budget.py`): the requests one node sends the API server, per
   hour and per event, in each mode.
 - **usage** (`benchmarks/usage.py`): a /metrics scrape of an 8-GPU node with 64
@@ -68,6 +71,8 @@ class Plan:
     handovers: int = handover.TRIALS
     #: Timed DRA claims per phase (idle, then under load).
     dra_claims: int = dra.CLAIMS
+    #: Timed sized claims (each starts and stops an MPS control daemon).
+    sized_claims: int = dra.SIZED_CLAIMS
     #: Health events in each storm of the API budget.
     storm: int = api_budget.STORM
 
@@ -83,6 +88,7 @@ QUICK = replace(
     idle_s=5.0,
     handovers=2,
     dra_claims=60,
+    sized_claims=10,
     storm=200,
 )
 #: A section still running after this long is stopped and reported as failed (every wait
@@ -137,6 +143,10 @@ async def bench_handover(plan: Plan) -> Figures:
 
 async def bench_dra(plan: Plan) -> Figures:
     return await dra.bench_dra(plan.dra_claims)
+
+
+async def bench_sized(plan: Plan) -> Figures:
+    return await dra.bench_sized(plan.sized_claims)
 
 
 async def bench_api(plan: Plan) -> Figures:
@@ -355,6 +365,22 @@ def _dra_rows(figures: Figures) -> list[Row]:
     return rows
 
 
+def _sized_rows(figures: Figures) -> list[Row]:
+    """No targets: the cold prepare is mostly the MPS control daemon's start (a process)."""
+    found: Figures = figures.get("dra_sized") or {}
+    rows = []
+    for key, title in (
+        ("prepare_cold_ms", "DRA sized prepare, cold: its MPS daemon started, limits set"),
+        ("prepare_running_ms", "  the same claim again, its MPS daemon running"),
+        ("unprepare_ms", "  sized unprepare: its MPS daemon stopped"),
+    ):
+        f = found.get(key)
+        if f is not None:
+            worst = f"p99 {f['p99']:.2f}, max {f['max']:.2f} ms"
+            rows.append(Row(title, _ms(f["median"]), worst, "", None))
+    return rows
+
+
 #: A storm of health events is coalesced when it costs the API at most this many
 #: ResourceSlice writes, and at most the event recorder's burst in events.
 STORM_WRITES = 10
@@ -405,6 +431,7 @@ def table(figures: Figures) -> str:
         *_watch_rows(figures),
         *_handover_rows(figures),
         *_dra_rows(figures),
+        *_sized_rows(figures),
         *_api_rows(figures),
         *_placement_rows(figures),
         *(Row(*row) for row in usage.report(figures)),
@@ -437,6 +464,11 @@ SECTIONS: tuple[tuple[str, str, Section], ...] = (
         "dra",
         "DRA prepare and unprepare over the socket, from another process (benchmarks/dra.py)",
         bench_dra,
+    ),
+    (
+        "sized",
+        "DRA sized prepare and unprepare, an MPS daemon per claim (benchmarks/dra.py)",
+        bench_sized,
     ),
     ("api", "API requests per node, per hour and per event (benchmarks/api_budget.py)", bench_api),
     (

@@ -83,3 +83,11 @@ async def test_the_api_budget_moves_the_loops_clock_through_a_steady_hour() -> N
         "list resourceslices": int(3600 // RESYNC_S),
         "get node": int(3600 // STALE_CHECK_S),
     }
+
+
+async def test_the_sized_benchmark_prepares_claims_that_each_start_an_mps_daemon() -> None:
+    # bench_sized raises when a prepare or unprepare answers an error, so a sized claim
+    # that could not get its daemon and limits fails here.
+    figures = (await dra.bench_sized(claims=2, warmup=1))["dra_sized"]
+    assert figures["claims"] == 2
+    assert set(figures) >= {"prepare_cold_ms", "prepare_running_ms", "unprepare_ms"}
