@@ -377,3 +377,14 @@ def test_retire_keeps_a_checkpoint_with_claims_or_unrecorded_specs(tmp_path: Pat
     spec(cdi_dir, "u9")  # left by an unprepare that could not remove it
     assert not retire(checkpoint, cdi_dir)
     assert (data / CHECKPOINT_FILE).exists()
+
+
+def test_a_record_keeps_the_pods_its_claim_was_prepared_for(tmp_path: Path) -> None:
+    """What the usage metrics tell neighbour claims apart by; an older kubegpu's record has
+    none, and anything that is not a UID is dropped on reading."""
+    uid, pod = "0a1b2c3d-0000-4000-8000-000000000001", "0a1b2c3d-0000-4000-8000-0000000000aa"
+    record = ClaimRecord(uid, ClaimState.PREPARED, "ns", "c", (), pods=(pod,))
+    assert ClaimRecord.from_json(uid, record.to_json()).pods == (pod,)
+    older = {k: v for k, v in record.to_json().items() if k != "pods"}
+    assert ClaimRecord.from_json(uid, older).pods == ()
+    assert ClaimRecord.from_json(uid, {**older, "pods": ["../x", pod, 7]}).pods == (pod,)

@@ -390,6 +390,46 @@ def test_dra_mode_attributes_to_the_claim_or_the_containers_using_it(socket_dir:
         assert value(metrics, UP, source="dra-checkpoint") == 1
 
 
+def test_dra_claims_sharing_a_gpu_are_told_apart_by_their_recorded_pods(
+    socket_dir: Path,
+) -> None:
+    """Two sized claims on one GPU, the kubelet naming each claim's container: without the
+    pods each claim was prepared for, every process on the GPU went to `unattributed`."""
+    backend = SimulatedBackend(parse_node({"gpus": [{"count": 1}]}, "n", "n"))
+    with make_node(socket_dir, backend, Config()) as node:
+        data_dir = socket_dir / "gpu.nvidia.com"
+        checkpoint = Checkpoint(data_dir)
+        for n, name in ((1, "small"), (2, "large")):
+            uid = f"u{n}"
+            prepared = PreparedDevice(("gpu",), "node-a", "gpu-0", (f"k8s.gpu.nvidia.com/c={uid}",))
+            checkpoint.claims[uid] = ClaimRecord(
+                uid, ClaimState.PREPARED, "ml", name, (prepared,), pods=(pod_uid(n),)
+            )
+            node.kubelet.add_claim(
+                "ml", f"{name}-0", "main", name, "gpu.nvidia.com", "node-a", "gpu-0"
+            )
+        checkpoint.save()
+        backend.start_process(0, 10, 100)
+        backend.start_process(0, 11, 300)
+        node.proc.in_pod(10, pod_uid(1))
+        node.proc.in_pod(11, pod_uid(2))
+        collector = UsageCollector(
+            UsageSettings(
+                mode=Mode.DRA, proc_root=node.proc.root, pod_resources_socket=node.kubelet.socket
+            ),
+            backend=lambda: backend,
+            state=lambda: node.store.state,
+            dra=lambda: dra_view("gpu.nvidia.com", data_dir, "node-a"),
+        )
+        metrics = Metrics()
+        metrics.follow_usage(collector)
+        small = labels("ml", "small-0", "main", gpu="0")
+        large = labels("ml", "large-0", "main", gpu="0")
+        assert value(metrics, USED, dra_claim_name="small", **small) == 100 * MIB
+        assert value(metrics, USED, dra_claim_name="large", **large) == 300 * MIB
+        assert not value(metrics, USED, **labels("", UNATTRIBUTED, "", gpu="0"))  # none left
+
+
 def test_the_cap_on_rows_is_reported(node: Node) -> None:
     shared_gpu(node)
     metrics = Metrics()

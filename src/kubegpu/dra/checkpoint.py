@@ -65,7 +65,7 @@ from kubegpu.dra.claims import PreparedDevice, claim_uid_of, spec_file_name
 from kubegpu.dra.sizing import ClaimLimits
 from kubegpu.errors import KubegpuError
 from kubegpu.files import NotRegularFile, read_regular
-from kubegpu.untrusted import escape
+from kubegpu.untrusted import escape, is_uid
 
 log = logging.getLogger("kubegpu.dra")
 
@@ -107,6 +107,10 @@ class ClaimRecord:
     #: record without the key (an older kubegpu's, or an unsized claim) has none; an older
     #: kubegpu reading a record with it ignores it.
     limits: ClaimLimits | None = None
+    #: The UIDs of the pods it was reserved for when prepared (`status.reservedFor`): the
+    #: GPU usage metrics attribute a process to its claim by its pod. Absent in an older
+    #: kubegpu's record; an older kubegpu ignores it.
+    pods: tuple[str, ...] = ()
 
     def to_json(self) -> dict[str, Any]:
         out: dict[str, Any] = {
@@ -117,6 +121,8 @@ class ClaimRecord:
         }
         if self.limits is not None:
             out["limits"] = self.limits.to_json()
+        if self.pods:
+            out["pods"] = list(self.pods)
         return out
 
     @classmethod
@@ -129,6 +135,7 @@ class ClaimRecord:
             name=str(raw.get("name", "")),
             devices=tuple(PreparedDevice.from_json(d) for d in raw.get("devices", [])),
             limits=ClaimLimits.from_json(limits) if limits is not None else None,
+            pods=tuple(str(p) for p in raw.get("pods", ()) if is_uid(str(p))),
         )
 
 

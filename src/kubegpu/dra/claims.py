@@ -193,7 +193,8 @@ class ClaimPlan:
     spec: dict[str, Any] | None
     #: The limits of a claim on memory-sized devices, to apply before its spec is written.
     limits: ClaimLimits | None = None
-    #: The pods it is reserved for (the kernel memory limit goes on their cgroups).
+    #: The pods it is reserved for: the kernel memory limit goes on their cgroups, and the
+    #: GPU usage metrics tell its users' processes from a neighbour claim's by them.
     pods: tuple[str, ...] = ()
 
 
@@ -283,8 +284,7 @@ def plan_claim(
     }
     if common:
         spec["containerEdits"] = common
-    pods = reserved_pods(claim) if limits is not None else ()
-    return ClaimPlan(uid, tuple(answers), spec, limits, pods)
+    return ClaimPlan(uid, tuple(answers), spec, limits, reserved_pods(claim))
 
 
 def _limits(label: str, picked: list[tuple[Result, DraDevice]], kernel: bool) -> ClaimLimits | None:

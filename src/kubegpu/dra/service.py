@@ -492,6 +492,7 @@ class ClaimPreparer:
                 claim.name,
                 plan.devices,
                 plan.limits,
+                plan.pods,
             )
             answers[claim.uid] = (plan.devices, "")
         try:

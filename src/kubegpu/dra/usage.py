@@ -37,7 +37,7 @@ def prepared_claims(data_dir: Path, pool: str = "") -> tuple[ClaimDevices, ...]:
             if record.limits is None
             else {d.device: d.memory_bytes for d in record.limits.devices}
         )
-        claims.append(ClaimDevices(record.namespace, record.name, devices, sized))
+        claims.append(ClaimDevices(record.namespace, record.name, devices, sized, record.pods))
     return tuple(claims)
 
 

@@ -62,6 +62,14 @@ class ClaimDevices:
     #: A claim sized in memory: the device memory it consumed, by device name, which its
     #: limits hold it to (the checkpoint records them); other claims' limits are the unit's.
     limit_bytes: Mapping[str, int] = field(default_factory=dict)
+    #: The UIDs of the pods the claim is reserved for, as recorded at its prepare.
+    pods: tuple[str, ...] = ()
+
+    @property
+    def pod_uid(self) -> str:
+        """Its one pod's UID; empty when it is shared by several pods (which of them a
+        container is in cannot be said from the claim) or not known."""
+        return self.pods[0] if len(self.pods) == 1 else ""
 
 
 def memory_limit(unit: Unit, spec: ResourceSpec) -> int:
@@ -133,10 +141,12 @@ def dra_allocations(
         for device in claim.devices:
             sized = claim.limit_bytes.get(device)
             containers = users.pop((claim.namespace, claim.name, device), [])
+            uid = claim.pod_uid
             for use in containers:
-                add(Holder(use.namespace, use.pod, use.container, claim.name), device, sized)
+                holder = Holder(use.namespace, use.pod, use.container, claim.name, uid)
+                add(holder, device, sized)
             if not containers:
-                add(Holder(claim.namespace, claim=claim.name), device, sized)
+                add(Holder(claim.namespace, claim=claim.name, pod_uid=uid), device, sized)
     # Claims the kubelet reports that the checkpoint did not (it could not be read).
     for uses in users.values():
         for use in uses:

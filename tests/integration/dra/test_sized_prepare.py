@@ -190,6 +190,8 @@ async def test_a_claim_on_two_sized_gpus_gets_one_daemon_with_each_gpus_limit(
     assert "CUDA_MPS_ACTIVE_THREAD_PERCENTAGE=25" in plugin.spec(claim)["containerEdits"]["env"]
     record = plugin.driver.preparer.checkpoint.claims[claim.uid]
     assert record.limits is not None and record.limits.daemon_dir == str(plugin.daemon_dir(claim))
+    # The pod it was prepared for: the usage metrics tell neighbour claims apart by it.
+    assert record.pods == (POD,)
 
 
 async def test_a_claim_whose_daemon_cannot_start_fails_with_one_line_and_no_spec(
