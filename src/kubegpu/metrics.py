@@ -89,8 +89,8 @@ UNATTRIBUTED = "unattributed"
 
 
 @dataclass(frozen=True)
-class UsageRow:
-    """One container's (or one claim's, or the unattributed) use of one GPU or MIG slice."""
+class DeviceLabels:
+    """A GPU or MIG slice as dcgm-exporter labels it (a slice carries its GPU's labels)."""
 
     gpu: str
     uuid: str
@@ -100,6 +100,25 @@ class UsageRow:
     hostname: str = ""
     gi_profile: str = ""
     gi_id: str = ""
+
+    def device_labels(self) -> tuple[str, ...]:
+        """The values of `DEVICE_LABELS`, in order."""
+        return (
+            self.gpu,
+            self.uuid,
+            self.pci_bus_id,
+            self.device,
+            self.model,
+            self.hostname,
+            self.gi_profile,
+            self.gi_id,
+        )
+
+
+@dataclass(frozen=True)
+class UsageRow(DeviceLabels):
+    """One container's (or one claim's, or the unattributed) use of one GPU or MIG slice."""
+
     namespace: str = ""
     pod: str = ""
     container: str = ""
@@ -114,20 +133,7 @@ class UsageRow:
 
     def labels(self) -> tuple[str, ...]:
         """The values of `USAGE_LABELS`, in order."""
-        return (
-            self.gpu,
-            self.uuid,
-            self.pci_bus_id,
-            self.device,
-            self.model,
-            self.hostname,
-            self.gi_profile,
-            self.gi_id,
-            self.namespace,
-            self.pod,
-            self.container,
-            self.claim,
-        )
+        return (*self.device_labels(), self.namespace, self.pod, self.container, self.claim)
 
 
 @dataclass(frozen=True)
@@ -150,31 +156,14 @@ DEVICE_LABELS = USAGE_LABELS[:8]
 
 
 @dataclass(frozen=True)
-class DeviceHealthRow:
+class DeviceHealthRow(DeviceLabels):
     """One GPU or MIG slice the node has, and whether the health checks pass it."""
 
-    gpu: str
-    uuid: str
-    pci_bus_id: str = ""
-    device: str = ""
-    model: str = ""
-    hostname: str = ""
-    gi_profile: str = ""
-    gi_id: str = ""
     healthy: bool = True
 
     def labels(self) -> tuple[str, ...]:
         """The values of `DEVICE_LABELS`, in order."""
-        return (
-            self.gpu,
-            self.uuid,
-            self.pci_bus_id,
-            self.device,
-            self.model,
-            self.hostname,
-            self.gi_profile,
-            self.gi_id,
-        )
+        return self.device_labels()
 
 
 DeviceSource = Callable[[], Iterable[DeviceHealthRow]]

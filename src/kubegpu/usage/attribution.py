@@ -207,6 +207,19 @@ class _Device:
     gi_id: str = ""
     mig: bool = False
 
+    def labels(self, hostname: str) -> tuple[str, str, str, str, str, str, str, str]:
+        """Its `DeviceLabels` values, in their order, on the node `hostname`."""
+        return (
+            self.gpu,
+            self.uuid,
+            self.pci_bus_id,
+            self.device,
+            self.model,
+            hostname,
+            self.gi_profile,
+            self.gi_id,
+        )
+
 
 def _devices(inventory: Inventory) -> dict[str, _Device]:
     """GPU or MIG UUID -> its labels (a slice carries its parent's, as dcgm-exporter's do)."""
@@ -268,14 +281,7 @@ def usage_rows(
         who = holder or Holder("", UNATTRIBUTED)
         rows.append(
             UsageRow(
-                gpu=device.gpu,
-                uuid=device.uuid,
-                pci_bus_id=device.pci_bus_id,
-                device=device.device,
-                model=device.model,
-                hostname=hostname,
-                gi_profile=device.gi_profile,
-                gi_id=device.gi_id,
+                *device.labels(hostname),
                 namespace=who.namespace,
                 pod=who.pod,
                 container=who.container,
@@ -298,19 +304,8 @@ def device_health(
     rows = []
     for gpu in inventory.with_health(health).gpus:
         for uuid, state in ((gpu.uuid, gpu.health), *((m.uuid, m.health) for m in gpu.mig_devices)):
-            d = devices[uuid]
             rows.append(
-                DeviceHealthRow(
-                    gpu=d.gpu,
-                    uuid=d.uuid,
-                    pci_bus_id=d.pci_bus_id,
-                    device=d.device,
-                    model=d.model,
-                    hostname=hostname,
-                    gi_profile=d.gi_profile,
-                    gi_id=d.gi_id,
-                    healthy=state is Health.HEALTHY,
-                )
+                DeviceHealthRow(*devices[uuid].labels(hostname), healthy=state is Health.HEALTHY)
             )
     return tuple(rows)
 
