@@ -14,6 +14,7 @@ from kubegpu.config import Config, parse_config
 from kubegpu.config.names import parse_quantity
 from kubegpu.dra.checkpoint import Checkpoint, ClaimRecord, ClaimState, CorruptCheckpoint
 from kubegpu.dra.claims import ClaimError, node_devices, plan_claim
+from kubegpu.dra.resourceclaim import parse_claim
 from kubegpu.dra.sizing import (
     ClaimLimits,
     ComputeLimit,
@@ -296,7 +297,7 @@ def claim(consumed: dict[str, str] | None, pods: list[dict[str, str]] | None = N
 def plan(body: Any, config: Config | None = None, **kw: Any) -> Any:
     config = config or sized()
     devices = node_devices("gpu.nvidia.com", build_resources(inventory(gpu(0)), config))
-    return plan_claim("u", body, "gpu.nvidia.com", "node", devices, {}, config, **kw)
+    return plan_claim(parse_claim(body), "gpu.nvidia.com", "node", devices, {}, config, **kw)
 
 
 def test_a_plan_carries_the_limits_and_only_the_pods_uids() -> None:

@@ -1,6 +1,7 @@
 """A ResourceClaim's allocation on this node -> the devices to prepare and their CDI spec.
 
-Pure: plain functions over the claim (a dict as the API returns it) and the node's state.
+Pure: plain functions over the claim (`kubegpu.dra.resourceclaim.Claim`, parsed where it
+is read) and the node's state.
 The device model is the device plugin's (`ResourceSpec` units, whole GPUs and MIG
 slices); a DRA device is the one `kubegpu.dra.slices` publishes under that name (`gpu-0`,
 as NVIDIA's DRA driver names them), and a GPU shared by time-slicing or MPS is one device
@@ -21,12 +22,13 @@ from __future__ import annotations
 import dataclasses
 from collections.abc import Collection, Iterable, Mapping
 from dataclasses import dataclass
-from typing import Any
+from typing import Any, TypedDict
 
 from kubegpu import cdi, mps
 from kubegpu.allocation import ContainerEdits, build_response, merge
 from kubegpu.config import Config, DeviceListStrategy
 from kubegpu.devices import Vendor
+from kubegpu.dra.resourceclaim import Claim, ClaimError, DeviceResult
 from kubegpu.dra.sizing import (
     ClaimLimits,
     DeviceLimit,
@@ -36,9 +38,7 @@ from kubegpu.dra.sizing import (
     sized,
 )
 from kubegpu.dra.slices import AMD_DRIVER, NVIDIA_DRIVER, DraDevice, dra_devices
-from kubegpu.errors import PreconditionError
 from kubegpu.resources import ResourceSpec, SharingKind
-from kubegpu.untrusted import is_uid
 
 #: The CDI vendor and class of the per-claim specs (NVIDIA's DRA driver's).
 CLAIM_CDI_VENDOR = "k8s.gpu.nvidia.com"
@@ -46,25 +46,18 @@ CLAIM_CDI_CLASS = "claim"
 CLAIM_CDI_KIND = f"{CLAIM_CDI_VENDOR}/{CLAIM_CDI_CLASS}"
 
 
-class ClaimError(PreconditionError):
-    """This claim cannot be prepared on this node (not allocated, unknown device...)."""
-
-
 def node_devices(driver: str, specs: Iterable[ResourceSpec]) -> dict[str, DraDevice]:
     """Every device `driver` publishes for these resources, by its name in the slices."""
     return {d.name: d for d in dra_devices(driver, specs)}
 
 
-@dataclass(frozen=True)
-class Result:
-    """One entry of the claim's `status.allocation.devices.results` for our driver."""
+class PreparedDeviceJson(TypedDict):
+    """A `PreparedDevice` as the checkpoint file holds it."""
 
-    request: str
+    requests: list[str]
     pool: str
     device: str
-    #: What the request took of a shared device (`consumedCapacity`), as the API wrote
-    #: it; empty for a device held whole.
-    consumed: Mapping[str, Any] = dataclasses.field(default_factory=dict, compare=False)
+    cdiDeviceIDs: list[str]
 
 
 @dataclass(frozen=True)
@@ -76,7 +69,7 @@ class PreparedDevice:
     device: str
     cdi_ids: tuple[str, ...]
 
-    def to_json(self) -> dict[str, Any]:
+    def to_json(self) -> PreparedDeviceJson:
         return {
             "requests": list(self.requests),
             "pool": self.pool,
@@ -92,68 +85,6 @@ class PreparedDevice:
             device=str(raw["device"]),
             cdi_ids=tuple(str(i) for i in raw["cdiDeviceIDs"]),
         )
-
-
-def _field(obj: object, key: str) -> Any:
-    """`obj[key]` of a JSON object, None when `obj` is no object or lacks it: a claim is
-    read from the API (or a proxy in front of it) and its shape is not taken on trust."""
-    return obj.get(key) if isinstance(obj, Mapping) else None
-
-
-def claim_label(claim: Mapping[str, Any]) -> str:
-    meta = _field(claim, "metadata")
-    return f"{_field(meta, 'namespace') or ''}/{_field(meta, 'name') or ''}"
-
-
-def allocation_results(claim: Mapping[str, Any], driver: str) -> tuple[Result, ...]:
-    """Our driver's results in the claim's allocation; `ClaimError` when unallocated or
-    not shaped as the API server writes it.
-
-    A subrequest (`gpu/large`) is answered under its request (`gpu`), as the kubelet
-    matches containers to requests by the base name.
-    """
-    allocation = _field(_field(claim, "status"), "allocation")
-    if not allocation:
-        raise ClaimError(
-            f"claim {claim_label(claim)} is not allocated; the scheduler allocates it "
-            f"before the pod reaches this node"
-        )
-    results = _field(_field(allocation, "devices"), "results") or []
-    shaped = isinstance(allocation, Mapping) and isinstance(results, list)
-    if not shaped or not all(isinstance(r, Mapping) for r in results):
-        raise ClaimError(
-            f"claim {claim_label(claim)}: its status.allocation is not shaped as the API "
-            f"server writes one (devices.results, a list of results); a proxy in front of "
-            f"the API server, or the server itself, sent a malformed claim"
-        )
-    return tuple(
-        Result(
-            request=str(r.get("request", "")).split("/", 1)[0],
-            pool=str(r.get("pool", "")),
-            device=str(r.get("device", "")),
-            consumed=_consumed(r.get("consumedCapacity")),
-        )
-        for r in results
-        if r.get("driver") == driver
-    )
-
-
-def _consumed(raw: object) -> dict[str, Any]:
-    return {str(k): v for k, v in raw.items()} if isinstance(raw, Mapping) else {}
-
-
-def reserved_pods(claim: Mapping[str, Any]) -> tuple[str, ...]:
-    """The UIDs of the pods the claim is reserved for (`status.reservedFor`), those that
-    are UIDs only: they become cgroup paths."""
-    reserved = _field(_field(claim, "status"), "reservedFor")
-    if not isinstance(reserved, list):
-        return ()
-    uids = (
-        str(_field(r, "uid"))
-        for r in reserved
-        if _field(r, "resource") == "pods" and _field(r, "apiGroup") in (None, "")
-    )
-    return tuple(dict.fromkeys(u for u in uids if is_uid(u)))
 
 
 def spec_file_name(claim_uid: str) -> str:
@@ -199,8 +130,7 @@ class ClaimPlan:
 
 
 def plan_claim(
-    uid: str,
-    claim: Mapping[str, Any],
+    claim: Claim,
     driver: str,
     pool: str,
     devices: Mapping[str, DraDevice],
@@ -218,10 +148,10 @@ def plan_claim(
     `kernel_limits`: the node has per-cgroup memory limits), and its containers reach the
     claim's own MPS daemon: in `daemon_dir`, by default `mps.claim_dir` of the MPS root.
     """
-    results = allocation_results(claim, driver)
-    label = claim_label(claim)
-    picked: list[tuple[Result, DraDevice]] = []
-    for r in results:
+    uid = claim.uid
+    label = claim.label
+    picked: list[tuple[DeviceResult, DraDevice]] = []
+    for r in claim.allocation.of(driver):
         if r.pool != pool:
             raise ClaimError(
                 f"claim {label}: device {r.device} is from pool {r.pool!r}, not this node's "
@@ -284,17 +214,19 @@ def plan_claim(
     }
     if common:
         spec["containerEdits"] = common
-    return ClaimPlan(uid, tuple(answers), spec, limits, reserved_pods(claim))
+    return ClaimPlan(uid, tuple(answers), spec, limits, claim.reserved_for)
 
 
-def _limits(label: str, picked: list[tuple[Result, DraDevice]], kernel: bool) -> ClaimLimits | None:
+def _limits(
+    label: str, picked: list[tuple[DeviceResult, DraDevice]], kernel: bool
+) -> ClaimLimits | None:
     """The claim's limits on the memory-sized devices it got (None without any).
 
     One container reaches one MPS daemon (`/tmp/nvidia-mps`), so a claim's sized devices
     must be held the same way, and a sized device (the claim's own daemon) cannot be
     combined with one MPS-shared by a resource-wide daemon.
     """
-    consumed: dict[str, list[Mapping[str, Any]]] = {}
+    consumed: dict[str, list[Mapping[str, object]]] = {}
     found: dict[str, DraDevice] = {}
     for r, nd in picked:
         if sized(nd.resource):
@@ -397,11 +329,9 @@ __all__ = [
     "ClaimError",
     "ClaimPlan",
     "PreparedDevice",
-    "Result",
-    "allocation_results",
+    "PreparedDeviceJson",
     "claim_uid_of",
     "node_devices",
     "plan_claim",
-    "reserved_pods",
     "spec_file_name",
 ]
