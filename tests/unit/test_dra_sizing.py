@@ -23,6 +23,7 @@ from kubegpu.dra.sizing import (
     SizingError,
     device_limit,
 )
+from kubegpu.dra.slices import Device
 from kubegpu.errors import ConfigError
 from kubegpu.mps import MpsReconciler
 from kubegpu.resources import build_resources
@@ -126,7 +127,7 @@ def test_sizing_that_does_not_fit_the_gpus_is_refused_once_they_are_known(
 # -- slices ----------------------------------------------------------------------------
 
 
-def check_request_policies(device: dict[str, Any]) -> None:
+def check_request_policies(device: Device) -> None:
     """What the API server checks of each capacity's request policy
     (pkg/apis/resource/validation, validateRequestPolicyRange, v1.36): min within the
     capacity, default and max between min and the capacity, min + step within the
