@@ -14,7 +14,7 @@ from kubegpu.config import Config, parse_config
 from kubegpu.config.names import parse_quantity
 from kubegpu.dra.checkpoint import Checkpoint, ClaimRecord, ClaimState, CorruptCheckpoint
 from kubegpu.dra.claims import ClaimError, node_devices, plan_claim
-from kubegpu.dra.resourceclaim import parse_claim
+from kubegpu.dra.resourceclaim import Claim, parse_claim
 from kubegpu.dra.sizing import (
     ClaimLimits,
     ComputeLimit,
@@ -24,6 +24,7 @@ from kubegpu.dra.sizing import (
     device_limit,
 )
 from kubegpu.dra.slices import Device
+from kubegpu.dra.state import recorded_claim
 from kubegpu.errors import ConfigError
 from kubegpu.mps import MpsReconciler
 from kubegpu.resources import build_resources
@@ -295,10 +296,36 @@ def claim(consumed: dict[str, str] | None, pods: list[dict[str, str]] | None = N
     }
 
 
-def plan(body: Any, config: Config | None = None, **kw: Any) -> Any:
+def plan(claim: Any, config: Config | None = None, **kw: Any) -> Any:
+    """The plan of a claim: an API body, or the typed claim a record gives."""
     config = config or sized()
     devices = node_devices("gpu.nvidia.com", build_resources(inventory(gpu(0)), config))
-    return plan_claim(parse_claim(body), "gpu.nvidia.com", "node", devices, {}, config, **kw)
+    typed = claim if isinstance(claim, Claim) else parse_claim(claim)
+    return plan_claim(typed, "gpu.nvidia.com", "node", devices, {}, config, **kw)
+
+
+def test_a_record_plans_the_spec_and_limits_its_claim_did() -> None:
+    """A prepared claim's missing CDI spec is written again at start from its checkpoint
+    record alone: the record's values (two requests sharing one sized device, recorded
+    as their sum) plan the spec and limits the claim itself did."""
+    results = [
+        {"request": r, "driver": "gpu.nvidia.com", "pool": "node", "device": "gpu-0"}
+        | {"consumedCapacity": {"memory": "4Gi", "shares": "1"}}
+        for r in ("a", "b")
+    ]
+    body = {
+        "metadata": {"namespace": "ns", "name": "c", "uid": "u"},
+        "status": {"allocation": {"devices": {"results": results}}},
+    }
+    first = plan(body)
+    assert first.limits is not None and first.spec is not None
+    record = ClaimRecord("u", ClaimState.PREPARED, "ns", "c", first.devices, first.limits)
+    restored = recorded_claim(record, "gpu.nvidia.com")
+    assert restored.uid == "u" and restored.label == "ns/c"
+    again = plan(restored, daemon_dir=first.limits.daemon_dir)
+    assert again.spec == first.spec
+    assert again.limits == first.limits
+    assert again.devices == first.devices
 
 
 def test_a_plan_carries_the_limits_and_only_the_pods_uids() -> None:
