@@ -22,7 +22,7 @@ from __future__ import annotations
 import dataclasses
 from collections.abc import Collection, Iterable, Mapping
 from dataclasses import dataclass
-from typing import Any, TypedDict
+from typing import Any, Required, TypedDict
 
 from kubegpu import cdi, mps
 from kubegpu.allocation import ContainerEdits, build_response, merge
@@ -49,6 +49,38 @@ CLAIM_CDI_KIND = f"{CLAIM_CDI_VENDOR}/{CLAIM_CDI_CLASS}"
 def node_devices(driver: str, specs: Iterable[ResourceSpec]) -> dict[str, DraDevice]:
     """Every device `driver` publishes for these resources, by its name in the slices."""
     return {d.name: d for d in dra_devices(driver, specs)}
+
+
+class CdiDeviceNode(TypedDict, total=False):
+    path: Required[str]
+    hostPath: str
+    permissions: str
+
+
+class CdiMount(TypedDict):
+    hostPath: str
+    containerPath: str
+    options: list[str]
+
+
+class CdiEdits(TypedDict, total=False):
+    env: list[str]
+    deviceNodes: list[CdiDeviceNode]
+    mounts: list[CdiMount]
+
+
+class CdiDevice(TypedDict):
+    name: str
+    containerEdits: CdiEdits
+
+
+class CdiSpec(TypedDict, total=False):
+    """A claim's CDI spec, as `cdi.write_spec` writes it (CDI's JSON spelling)."""
+
+    cdiVersion: Required[str]
+    kind: Required[str]
+    devices: Required[list[CdiDevice]]
+    containerEdits: CdiEdits
 
 
 class PreparedDeviceJson(TypedDict):
@@ -121,7 +153,7 @@ class ClaimPlan:
     uid: str
     devices: tuple[PreparedDevice, ...]
     #: The CDI spec (None when the claim has no device of ours: nothing to write).
-    spec: dict[str, Any] | None
+    spec: CdiSpec | None
     #: The limits of a claim on memory-sized devices, to apply before its spec is written.
     limits: ClaimLimits | None = None
     #: The pods it is reserved for: the kernel memory limit goes on their cgroups, and the
@@ -181,7 +213,7 @@ def plan_claim(
         claim_mps = mps.claim_edits(daemon_dir, limits.thread_percentage)
     by_uuid = {d["name"]: d for d in node_spec.get("devices", [])}
     cdi_config = cdi_strategy_config(config)
-    entries: dict[str, dict[str, Any]] = {}
+    entries: dict[str, CdiDevice] = {}
     edits: ContainerEdits | None = None
     answers = []
     for r, nd in picked:
@@ -207,7 +239,7 @@ def plan_claim(
     nodes = [n for e in entries.values() for n in e["containerEdits"].get("deviceNodes", [])]
     vendor = picked[0][1].resource.vendor
     common = _common_edits(node_spec, edits, {n["path"] for n in nodes}, vendor=vendor)
-    spec: dict[str, Any] = {
+    spec: CdiSpec = {
         "cdiVersion": cdi.CDI_VERSION,
         "kind": CLAIM_CDI_KIND,
         "devices": list(entries.values()),
@@ -261,21 +293,21 @@ def _limits(
 
 def _device_entry(
     uid: str, nd: DraDevice, node_devices: Mapping[str, Mapping[str, Any]], config: Config
-) -> dict[str, Any]:
+) -> CdiDevice:
     """The claim's CDI device for `nd`: its device nodes, as the node spec has them."""
     strategy = config.flags.plugin.device_id_strategy.value
     key = nd.unit.index if strategy == "index" else nd.unit.uuid
     node_entry = node_devices.get(key)
     if node_entry is not None:
-        edits = node_entry["containerEdits"]
+        edits: CdiEdits = node_entry["containerEdits"]
     else:  # AMD: no NVIDIA node spec; its own device nodes
         root = config.flags.dev_root
         edits = {"deviceNodes": [_node(p, root) for p in nd.unit.device_paths]}
     return {"name": f"{uid}-{nd.name}", "containerEdits": edits}
 
 
-def _node(path: str, dev_root: str, permissions: str | None = None) -> dict[str, Any]:
-    entry: dict[str, Any] = {"path": path}
+def _node(path: str, dev_root: str, permissions: str | None = None) -> CdiDeviceNode:
+    entry: CdiDeviceNode = {"path": path}
     if dev_root not in ("", "/"):
         entry["hostPath"] = f"{dev_root.rstrip('/')}/{path.lstrip('/')}"
     if permissions:
@@ -289,7 +321,7 @@ def _common_edits(
     own_nodes: Collection[str],
     *,
     vendor: Vendor,
-) -> dict[str, Any]:
+) -> CdiEdits:
     """The node spec's common edits (NVIDIA) plus the answer's env, mounts and nodes; a
     device node one of the claim's devices already carries is not named twice."""
     base: Mapping[str, Any] = node_spec.get("containerEdits", {}) if vendor is Vendor.NVIDIA else {}
@@ -312,7 +344,7 @@ def _common_edits(
         }
         for m in edits.mounts
     ]
-    out: dict[str, Any] = {}
+    out: CdiEdits = {}
     if env:
         out["env"] = env
     if nodes:
@@ -326,6 +358,7 @@ __all__ = [
     "AMD_DRIVER",
     "CLAIM_CDI_KIND",
     "NVIDIA_DRIVER",
+    "CdiSpec",
     "ClaimError",
     "ClaimPlan",
     "PreparedDevice",
