@@ -408,7 +408,7 @@ def _device(name: str, nodes: list[dict[str, Any]]) -> dict[str, Any]:
 
 
 def write_spec(
-    spec: dict[str, Any],
+    spec: Mapping[str, Any],
     directory: str = DEFAULT_DIRECTORY,
     name: str = DEFAULT_NAME,
     *,
@@ -434,7 +434,7 @@ def write_spec(
     return target
 
 
-def update_spec(spec: dict[str, Any], directory: str, name: str) -> Path | None:
+def update_spec(spec: Mapping[str, Any], directory: str, name: str) -> Path | None:
     """`write_spec` unless the file already holds exactly these bytes; the path if written.
 
     A config reload that changes nothing CDI-related then leaves the files (and the
@@ -449,7 +449,7 @@ def update_spec(spec: dict[str, Any], directory: str, name: str) -> Path | None:
     return write_spec(spec, directory, name)
 
 
-def dump(spec: dict[str, Any], format: str = "json") -> str:
+def dump(spec: Mapping[str, Any], format: str = "json") -> str:
     if format == "yaml":
         return str(yaml.safe_dump(spec, sort_keys=False))
     if format == "json":

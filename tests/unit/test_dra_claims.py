@@ -14,12 +14,12 @@ from kubegpu.devices import Vendor
 from kubegpu.dra.claims import (
     CLAIM_CDI_KIND,
     ClaimError,
-    allocation_results,
     claim_uid_of,
     node_devices,
     plan_claim,
     spec_file_name,
 )
+from kubegpu.dra.resourceclaim import parse_claim
 from kubegpu.nvidia_paths import MPS_CONTAINER_PIPE_DIR
 from kubegpu.resources import build_resources
 from tests.builders import gpu, inventory
@@ -51,8 +51,7 @@ def plan(body: dict[str, Any], config: Config | None = None, *, migs: bool = Fal
     specs = build_resources(inv, config)
     node_spec = cdi.generate_spec(inv)
     return plan_claim(
-        UID,
-        body,
+        parse_claim(body),
         "gpu.nvidia.com",
         "node-a",
         node_devices("gpu.nvidia.com", specs),
@@ -103,7 +102,7 @@ def test_other_drivers_results_are_not_ours() -> None:
     body["status"]["allocation"]["devices"]["results"].append(
         {"request": "nic", "driver": "nic.example.com", "pool": "p", "device": "eth0"}
     )
-    assert [r.device for r in allocation_results(body, "gpu.nvidia.com")] == ["gpu-0"]
+    assert [r.device for r in parse_claim(body).allocation.of("gpu.nvidia.com")] == ["gpu-0"]
 
 
 def test_a_claim_with_no_device_of_ours_writes_no_spec() -> None:
@@ -184,7 +183,9 @@ def test_an_amd_gpu_gets_its_nodes_once_and_rocms_env() -> None:
     devices = node_devices("gpu.amd.com", build_resources(inv, config))
     [name] = devices
     body = claim(("gpu", name), driver="gpu.amd.com")
-    got = plan_claim(UID, body, "gpu.amd.com", "node-a", devices, cdi.generate_spec(inv), config)
+    got = plan_claim(
+        parse_claim(body), "gpu.amd.com", "node-a", devices, cdi.generate_spec(inv), config
+    )
     assert got.spec is not None
     [entry] = got.spec["devices"]
     assert entry["containerEdits"]["deviceNodes"] == [{"path": "/dev/dri/renderD128"}]

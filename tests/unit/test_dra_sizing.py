@@ -14,6 +14,7 @@ from kubegpu.config import Config, parse_config
 from kubegpu.config.names import parse_quantity
 from kubegpu.dra.checkpoint import Checkpoint, ClaimRecord, ClaimState, CorruptCheckpoint
 from kubegpu.dra.claims import ClaimError, node_devices, plan_claim
+from kubegpu.dra.resourceclaim import Claim, parse_claim
 from kubegpu.dra.sizing import (
     ClaimLimits,
     ComputeLimit,
@@ -22,6 +23,8 @@ from kubegpu.dra.sizing import (
     SizingError,
     device_limit,
 )
+from kubegpu.dra.slices import Device
+from kubegpu.dra.state import recorded_claim
 from kubegpu.errors import ConfigError
 from kubegpu.mps import MpsReconciler
 from kubegpu.resources import build_resources
@@ -125,7 +128,7 @@ def test_sizing_that_does_not_fit_the_gpus_is_refused_once_they_are_known(
 # -- slices ----------------------------------------------------------------------------
 
 
-def check_request_policies(device: dict[str, Any]) -> None:
+def check_request_policies(device: Device) -> None:
     """What the API server checks of each capacity's request policy
     (pkg/apis/resource/validation, validateRequestPolicyRange, v1.36): min within the
     capacity, default and max between min and the capacity, min + step within the
@@ -293,10 +296,36 @@ def claim(consumed: dict[str, str] | None, pods: list[dict[str, str]] | None = N
     }
 
 
-def plan(body: Any, config: Config | None = None, **kw: Any) -> Any:
+def plan(claim: Any, config: Config | None = None, **kw: Any) -> Any:
+    """The plan of a claim: an API body, or the typed claim a record gives."""
     config = config or sized()
     devices = node_devices("gpu.nvidia.com", build_resources(inventory(gpu(0)), config))
-    return plan_claim("u", body, "gpu.nvidia.com", "node", devices, {}, config, **kw)
+    typed = claim if isinstance(claim, Claim) else parse_claim(claim)
+    return plan_claim(typed, "gpu.nvidia.com", "node", devices, {}, config, **kw)
+
+
+def test_a_record_plans_the_spec_and_limits_its_claim_did() -> None:
+    """A prepared claim's missing CDI spec is written again at start from its checkpoint
+    record alone: the record's values (two requests sharing one sized device, recorded
+    as their sum) plan the spec and limits the claim itself did."""
+    results = [
+        {"request": r, "driver": "gpu.nvidia.com", "pool": "node", "device": "gpu-0"}
+        | {"consumedCapacity": {"memory": "4Gi", "shares": "1"}}
+        for r in ("a", "b")
+    ]
+    body = {
+        "metadata": {"namespace": "ns", "name": "c", "uid": "u"},
+        "status": {"allocation": {"devices": {"results": results}}},
+    }
+    first = plan(body)
+    assert first.limits is not None and first.spec is not None
+    record = ClaimRecord("u", ClaimState.PREPARED, "ns", "c", first.devices, first.limits)
+    restored = recorded_claim(record, "gpu.nvidia.com")
+    assert restored.uid == "u" and restored.label == "ns/c"
+    again = plan(restored, daemon_dir=first.limits.daemon_dir)
+    assert again.spec == first.spec
+    assert again.limits == first.limits
+    assert again.devices == first.devices
 
 
 def test_a_plan_carries_the_limits_and_only_the_pods_uids() -> None:

@@ -27,7 +27,9 @@ from kubegpu.dra.slices import (
     MAX_DEVICES_WITH_TAINTS,
     MAX_VALUE_LENGTH,
     NVIDIA_DRIVER,
+    Device,
     Fault,
+    Taint,
     architecture,
     binary,
     build_slices,
@@ -56,7 +58,7 @@ def bodies(
     driver: str = NVIDIA_DRIVER,
     faults: dict[str, Fault] | None = None,
     roots: dict[str, str] | None = None,
-) -> list[dict[str, Any]]:
+) -> list[Device]:
     specs = build_resources(inv, config or Config())
     return [
         device_body(d, inv, driver, fault=(faults or {}).get(d.unit.uuid), pcie_roots=roots)
@@ -64,7 +66,7 @@ def bodies(
     ]
 
 
-def slices_of(devices: Sequence[dict[str, Any]], node: str = "node-1") -> list[dict[str, Any]]:
+def slices_of(devices: Sequence[Device], node: str = "node-1") -> list[dict[str, Any]]:
     return build_slices(node, NVIDIA_DRIVER, devices, generation=3)
 
 
@@ -254,7 +256,7 @@ def test_an_xid_on_the_parent_taints_every_mig_slice() -> None:
 
 
 def test_many_devices_split_into_slices_within_the_limits() -> None:
-    devices: list[dict[str, Any]] = [{"name": f"gpu-{i}", "attributes": {}} for i in range(300)]
+    devices: list[Device] = [{"name": f"gpu-{i}", "attributes": {}} for i in range(300)]
     slices = slices_of(devices)
     assert [len(s["spec"]["devices"]) for s in slices] == [128, 128, 44]
     check_api_rules(slices)
@@ -289,7 +291,7 @@ def test_nvlink_domains_follow_the_nvlink_graph() -> None:
 
 
 def test_taint_times_are_kept_for_taints_that_stay() -> None:
-    taint = {"key": "gpu.nvidia.com/xid", "value": "79", "effect": "NoSchedule"}
+    taint: Taint = {"key": "gpu.nvidia.com/xid", "value": "79", "effect": "NoSchedule"}
     stored = [
         {
             "spec": {
@@ -300,8 +302,8 @@ def test_taint_times_are_kept_for_taints_that_stay() -> None:
             }
         }
     ]
-    other = taint | {"value": "48"}
-    devices: list[dict[str, Any]] = [
+    other: Taint = {**taint, "value": "48"}
+    devices: list[Device] = [
         {"name": "gpu-0"},
         {"name": "gpu-1", "taints": [taint]},
         {"name": "gpu-2", "taints": [other]},  # another Xid: a new taint, a new time

@@ -936,7 +936,9 @@ def test_dra_mode_installs_a_class_for_gpu_slices_sized_by_memory(chart: Any) ->
             d.name
             for d in dra_devices("gpu.nvidia.com", build_resources(inventory, config))
             if selector.matches(
-                Device("gpu.nvidia.com", "n", d.name, device_body(d, inventory, "gpu.nvidia.com"))
+                Device(
+                    "gpu.nvidia.com", "n", d.name, dict(device_body(d, inventory, "gpu.nvidia.com"))
+                )
             )
         }
 

@@ -59,10 +59,10 @@ from dataclasses import dataclass, field
 from datetime import UTC, datetime
 from enum import StrEnum
 from pathlib import Path
-from typing import Any
+from typing import Any, Required, TypedDict
 
-from kubegpu.dra.claims import PreparedDevice, claim_uid_of, spec_file_name
-from kubegpu.dra.sizing import ClaimLimits
+from kubegpu.dra.claims import PreparedDevice, PreparedDeviceJson, claim_uid_of, spec_file_name
+from kubegpu.dra.sizing import ClaimLimits, LimitsJson
 from kubegpu.errors import KubegpuError
 from kubegpu.files import NotRegularFile, read_regular
 from kubegpu.untrusted import escape, is_uid
@@ -95,6 +95,17 @@ class ClaimState(StrEnum):
     ADOPTED = "adopted"
 
 
+class RecordJson(TypedDict, total=False):
+    """A `ClaimRecord` as the checkpoint file holds it, under its claim's UID."""
+
+    state: Required[str]
+    namespace: Required[str]
+    name: Required[str]
+    devices: Required[list[PreparedDeviceJson]]
+    limits: LimitsJson
+    pods: list[str]
+
+
 @dataclass(frozen=True)
 class ClaimRecord:
     uid: str
@@ -112,8 +123,8 @@ class ClaimRecord:
     #: kubegpu's record; an older kubegpu ignores it.
     pods: tuple[str, ...] = ()
 
-    def to_json(self) -> dict[str, Any]:
-        out: dict[str, Any] = {
+    def to_json(self) -> RecordJson:
+        out: RecordJson = {
             "state": self.state.value,
             "namespace": self.namespace,
             "name": self.name,
@@ -425,6 +436,7 @@ __all__ = [
     "ClaimState",
     "CorruptCheckpoint",
     "DraCheckpointError",
+    "RecordJson",
     "UnsupportedCheckpoint",
     "claim_specs",
     "recover",

@@ -1,6 +1,7 @@
 """A ResourceClaim's allocation on this node -> the devices to prepare and their CDI spec.
 
-Pure: plain functions over the claim (a dict as the API returns it) and the node's state.
+Pure: plain functions over the claim (`kubegpu.dra.resourceclaim.Claim`, parsed where it
+is read) and the node's state.
 The device model is the device plugin's (`ResourceSpec` units, whole GPUs and MIG
 slices); a DRA device is the one `kubegpu.dra.slices` publishes under that name (`gpu-0`,
 as NVIDIA's DRA driver names them), and a GPU shared by time-slicing or MPS is one device
@@ -21,12 +22,13 @@ from __future__ import annotations
 import dataclasses
 from collections.abc import Collection, Iterable, Mapping
 from dataclasses import dataclass
-from typing import Any
+from typing import Any, Required, TypedDict
 
 from kubegpu import cdi, mps
 from kubegpu.allocation import ContainerEdits, build_response, merge
 from kubegpu.config import Config, DeviceListStrategy
 from kubegpu.devices import Vendor
+from kubegpu.dra.resourceclaim import Claim, ClaimError, DeviceResult
 from kubegpu.dra.sizing import (
     ClaimLimits,
     DeviceLimit,
@@ -36,9 +38,7 @@ from kubegpu.dra.sizing import (
     sized,
 )
 from kubegpu.dra.slices import AMD_DRIVER, NVIDIA_DRIVER, DraDevice, dra_devices
-from kubegpu.errors import PreconditionError
 from kubegpu.resources import ResourceSpec, SharingKind
-from kubegpu.untrusted import is_uid
 
 #: The CDI vendor and class of the per-claim specs (NVIDIA's DRA driver's).
 CLAIM_CDI_VENDOR = "k8s.gpu.nvidia.com"
@@ -46,25 +46,50 @@ CLAIM_CDI_CLASS = "claim"
 CLAIM_CDI_KIND = f"{CLAIM_CDI_VENDOR}/{CLAIM_CDI_CLASS}"
 
 
-class ClaimError(PreconditionError):
-    """This claim cannot be prepared on this node (not allocated, unknown device...)."""
-
-
 def node_devices(driver: str, specs: Iterable[ResourceSpec]) -> dict[str, DraDevice]:
     """Every device `driver` publishes for these resources, by its name in the slices."""
     return {d.name: d for d in dra_devices(driver, specs)}
 
 
-@dataclass(frozen=True)
-class Result:
-    """One entry of the claim's `status.allocation.devices.results` for our driver."""
+class CdiDeviceNode(TypedDict, total=False):
+    path: Required[str]
+    hostPath: str
+    permissions: str
 
-    request: str
+
+class CdiMount(TypedDict):
+    hostPath: str
+    containerPath: str
+    options: list[str]
+
+
+class CdiEdits(TypedDict, total=False):
+    env: list[str]
+    deviceNodes: list[CdiDeviceNode]
+    mounts: list[CdiMount]
+
+
+class CdiDevice(TypedDict):
+    name: str
+    containerEdits: CdiEdits
+
+
+class CdiSpec(TypedDict, total=False):
+    """A claim's CDI spec, as `cdi.write_spec` writes it (CDI's JSON spelling)."""
+
+    cdiVersion: Required[str]
+    kind: Required[str]
+    devices: Required[list[CdiDevice]]
+    containerEdits: CdiEdits
+
+
+class PreparedDeviceJson(TypedDict):
+    """A `PreparedDevice` as the checkpoint file holds it."""
+
+    requests: list[str]
     pool: str
     device: str
-    #: What the request took of a shared device (`consumedCapacity`), as the API wrote
-    #: it; empty for a device held whole.
-    consumed: Mapping[str, Any] = dataclasses.field(default_factory=dict, compare=False)
+    cdiDeviceIDs: list[str]
 
 
 @dataclass(frozen=True)
@@ -76,7 +101,7 @@ class PreparedDevice:
     device: str
     cdi_ids: tuple[str, ...]
 
-    def to_json(self) -> dict[str, Any]:
+    def to_json(self) -> PreparedDeviceJson:
         return {
             "requests": list(self.requests),
             "pool": self.pool,
@@ -92,68 +117,6 @@ class PreparedDevice:
             device=str(raw["device"]),
             cdi_ids=tuple(str(i) for i in raw["cdiDeviceIDs"]),
         )
-
-
-def _field(obj: object, key: str) -> Any:
-    """`obj[key]` of a JSON object, None when `obj` is no object or lacks it: a claim is
-    read from the API (or a proxy in front of it) and its shape is not taken on trust."""
-    return obj.get(key) if isinstance(obj, Mapping) else None
-
-
-def claim_label(claim: Mapping[str, Any]) -> str:
-    meta = _field(claim, "metadata")
-    return f"{_field(meta, 'namespace') or ''}/{_field(meta, 'name') or ''}"
-
-
-def allocation_results(claim: Mapping[str, Any], driver: str) -> tuple[Result, ...]:
-    """Our driver's results in the claim's allocation; `ClaimError` when unallocated or
-    not shaped as the API server writes it.
-
-    A subrequest (`gpu/large`) is answered under its request (`gpu`), as the kubelet
-    matches containers to requests by the base name.
-    """
-    allocation = _field(_field(claim, "status"), "allocation")
-    if not allocation:
-        raise ClaimError(
-            f"claim {claim_label(claim)} is not allocated; the scheduler allocates it "
-            f"before the pod reaches this node"
-        )
-    results = _field(_field(allocation, "devices"), "results") or []
-    shaped = isinstance(allocation, Mapping) and isinstance(results, list)
-    if not shaped or not all(isinstance(r, Mapping) for r in results):
-        raise ClaimError(
-            f"claim {claim_label(claim)}: its status.allocation is not shaped as the API "
-            f"server writes one (devices.results, a list of results); a proxy in front of "
-            f"the API server, or the server itself, sent a malformed claim"
-        )
-    return tuple(
-        Result(
-            request=str(r.get("request", "")).split("/", 1)[0],
-            pool=str(r.get("pool", "")),
-            device=str(r.get("device", "")),
-            consumed=_consumed(r.get("consumedCapacity")),
-        )
-        for r in results
-        if r.get("driver") == driver
-    )
-
-
-def _consumed(raw: object) -> dict[str, Any]:
-    return {str(k): v for k, v in raw.items()} if isinstance(raw, Mapping) else {}
-
-
-def reserved_pods(claim: Mapping[str, Any]) -> tuple[str, ...]:
-    """The UIDs of the pods the claim is reserved for (`status.reservedFor`), those that
-    are UIDs only: they become cgroup paths."""
-    reserved = _field(_field(claim, "status"), "reservedFor")
-    if not isinstance(reserved, list):
-        return ()
-    uids = (
-        str(_field(r, "uid"))
-        for r in reserved
-        if _field(r, "resource") == "pods" and _field(r, "apiGroup") in (None, "")
-    )
-    return tuple(dict.fromkeys(u for u in uids if is_uid(u)))
 
 
 def spec_file_name(claim_uid: str) -> str:
@@ -190,7 +153,7 @@ class ClaimPlan:
     uid: str
     devices: tuple[PreparedDevice, ...]
     #: The CDI spec (None when the claim has no device of ours: nothing to write).
-    spec: dict[str, Any] | None
+    spec: CdiSpec | None
     #: The limits of a claim on memory-sized devices, to apply before its spec is written.
     limits: ClaimLimits | None = None
     #: The pods it is reserved for: the kernel memory limit goes on their cgroups, and the
@@ -199,8 +162,7 @@ class ClaimPlan:
 
 
 def plan_claim(
-    uid: str,
-    claim: Mapping[str, Any],
+    claim: Claim,
     driver: str,
     pool: str,
     devices: Mapping[str, DraDevice],
@@ -218,10 +180,10 @@ def plan_claim(
     `kernel_limits`: the node has per-cgroup memory limits), and its containers reach the
     claim's own MPS daemon: in `daemon_dir`, by default `mps.claim_dir` of the MPS root.
     """
-    results = allocation_results(claim, driver)
-    label = claim_label(claim)
-    picked: list[tuple[Result, DraDevice]] = []
-    for r in results:
+    uid = claim.uid
+    label = claim.label
+    picked: list[tuple[DeviceResult, DraDevice]] = []
+    for r in claim.allocation.of(driver):
         if r.pool != pool:
             raise ClaimError(
                 f"claim {label}: device {r.device} is from pool {r.pool!r}, not this node's "
@@ -251,7 +213,7 @@ def plan_claim(
         claim_mps = mps.claim_edits(daemon_dir, limits.thread_percentage)
     by_uuid = {d["name"]: d for d in node_spec.get("devices", [])}
     cdi_config = cdi_strategy_config(config)
-    entries: dict[str, dict[str, Any]] = {}
+    entries: dict[str, CdiDevice] = {}
     edits: ContainerEdits | None = None
     answers = []
     for r, nd in picked:
@@ -277,24 +239,26 @@ def plan_claim(
     nodes = [n for e in entries.values() for n in e["containerEdits"].get("deviceNodes", [])]
     vendor = picked[0][1].resource.vendor
     common = _common_edits(node_spec, edits, {n["path"] for n in nodes}, vendor=vendor)
-    spec: dict[str, Any] = {
+    spec: CdiSpec = {
         "cdiVersion": cdi.CDI_VERSION,
         "kind": CLAIM_CDI_KIND,
         "devices": list(entries.values()),
     }
     if common:
         spec["containerEdits"] = common
-    return ClaimPlan(uid, tuple(answers), spec, limits, reserved_pods(claim))
+    return ClaimPlan(uid, tuple(answers), spec, limits, claim.reserved_for)
 
 
-def _limits(label: str, picked: list[tuple[Result, DraDevice]], kernel: bool) -> ClaimLimits | None:
+def _limits(
+    label: str, picked: list[tuple[DeviceResult, DraDevice]], kernel: bool
+) -> ClaimLimits | None:
     """The claim's limits on the memory-sized devices it got (None without any).
 
     One container reaches one MPS daemon (`/tmp/nvidia-mps`), so a claim's sized devices
     must be held the same way, and a sized device (the claim's own daemon) cannot be
     combined with one MPS-shared by a resource-wide daemon.
     """
-    consumed: dict[str, list[Mapping[str, Any]]] = {}
+    consumed: dict[str, list[Mapping[str, object]]] = {}
     found: dict[str, DraDevice] = {}
     for r, nd in picked:
         if sized(nd.resource):
@@ -329,21 +293,21 @@ def _limits(label: str, picked: list[tuple[Result, DraDevice]], kernel: bool) ->
 
 def _device_entry(
     uid: str, nd: DraDevice, node_devices: Mapping[str, Mapping[str, Any]], config: Config
-) -> dict[str, Any]:
+) -> CdiDevice:
     """The claim's CDI device for `nd`: its device nodes, as the node spec has them."""
     strategy = config.flags.plugin.device_id_strategy.value
     key = nd.unit.index if strategy == "index" else nd.unit.uuid
     node_entry = node_devices.get(key)
     if node_entry is not None:
-        edits = node_entry["containerEdits"]
+        edits: CdiEdits = node_entry["containerEdits"]
     else:  # AMD: no NVIDIA node spec; its own device nodes
         root = config.flags.dev_root
         edits = {"deviceNodes": [_node(p, root) for p in nd.unit.device_paths]}
     return {"name": f"{uid}-{nd.name}", "containerEdits": edits}
 
 
-def _node(path: str, dev_root: str, permissions: str | None = None) -> dict[str, Any]:
-    entry: dict[str, Any] = {"path": path}
+def _node(path: str, dev_root: str, permissions: str | None = None) -> CdiDeviceNode:
+    entry: CdiDeviceNode = {"path": path}
     if dev_root not in ("", "/"):
         entry["hostPath"] = f"{dev_root.rstrip('/')}/{path.lstrip('/')}"
     if permissions:
@@ -357,7 +321,7 @@ def _common_edits(
     own_nodes: Collection[str],
     *,
     vendor: Vendor,
-) -> dict[str, Any]:
+) -> CdiEdits:
     """The node spec's common edits (NVIDIA) plus the answer's env, mounts and nodes; a
     device node one of the claim's devices already carries is not named twice."""
     base: Mapping[str, Any] = node_spec.get("containerEdits", {}) if vendor is Vendor.NVIDIA else {}
@@ -380,7 +344,7 @@ def _common_edits(
         }
         for m in edits.mounts
     ]
-    out: dict[str, Any] = {}
+    out: CdiEdits = {}
     if env:
         out["env"] = env
     if nodes:
@@ -394,14 +358,13 @@ __all__ = [
     "AMD_DRIVER",
     "CLAIM_CDI_KIND",
     "NVIDIA_DRIVER",
+    "CdiSpec",
     "ClaimError",
     "ClaimPlan",
     "PreparedDevice",
-    "Result",
-    "allocation_results",
+    "PreparedDeviceJson",
     "claim_uid_of",
     "node_devices",
     "plan_claim",
-    "reserved_pods",
     "spec_file_name",
 ]

@@ -1,6 +1,6 @@
 """The DRA kubelet plugin's lifecycle: two gRPC servers on one event loop.
 
-Start: the checkpoint is recovered (`ClaimPreparer.start`), then the DRA service listens
+Start: the checkpoint is recovered (`DeviceState.start`), then the DRA service listens
 on `<plugins dir>/<driver>/dra.sock`, and only then the registration socket appears in
 the registrar directory, so the kubelet never finds a plugin that cannot answer yet (the
 order of k8s.io/dynamic-resource-allocation/kubeletplugin). Run: both sockets are watched
@@ -139,7 +139,7 @@ class DraDriver:
         if self.health is not None:
             self.health.close()
         await self.service.stop()
-        await self.preparer.limiter.close()
+        await self.preparer.state.limiter.close()
         await asyncio.to_thread(self.preparer.stop)
 
     def ready(self) -> tuple[bool, str]:

@@ -28,6 +28,7 @@ from kubegpu.dra.publisher import SlicePublisher
 from kubegpu.dra.service import ClaimPreparer
 from kubegpu.dra.sizing import sized
 from kubegpu.dra.stale import EXTENDED_RESOURCES, StaleResourceCheck
+from kubegpu.dra.state import DeviceState
 from kubegpu.dra.usage import dra_view
 from kubegpu.errors import InitError, StartupError
 from kubegpu.events import NodeEvents
@@ -176,9 +177,8 @@ class DraFront:
         amd = bool(inventory.gpus) and all(g.vendor is Vendor.AMD for g in inventory.gpus)
         name = AMD_DRIVER if amd else NVIDIA_DRIVER
         backend = self._backend()
-        preparer = ClaimPreparer(
+        state = DeviceState(
             self.store,
-            self.kube,
             data_dir=self.plugins_dir / name,
             cdi_dir=self.cdi_dir,
             driver=name,
@@ -188,6 +188,7 @@ class DraFront:
                 memory=backend.memory_limiter() if isinstance(backend, NvmlBackend) else None,
             ),
         )
+        preparer = ClaimPreparer(state, self.kube)
         return DraDriver(
             preparer,
             driver=name,

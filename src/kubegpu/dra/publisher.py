@@ -71,6 +71,7 @@ from typing import Any, Final
 
 from kubegpu.dra.slices import (
     DRIVERS,
+    Device,
     build_slices,
     carry_taint_times,
     device_body,
@@ -344,7 +345,7 @@ class SlicePublisher:
                     log.info("node %s: %s; reading the slices again", self.node, exc)
         return wrote
 
-    def desired_devices(self, driver: str, state: NodeState) -> list[dict[str, Any]]:
+    def desired_devices(self, driver: str, state: NodeState) -> list[Device]:
         """The device bodies `driver` publishes for `state` (health and faults applied)."""
         faults = state.faults
         buses = sorted({g.pci_bus_id for g in state.inventory.gpus})

@@ -1,9 +1,13 @@
 """The DRAPlugin service the kubelet calls: NodePrepareResources, NodeUnprepareResources.
 
-`ClaimPreparer` does the work over the node-state store, the API (to read claims) and the
-checkpoint; `DraServicer` is its gRPC face, served under both service names the kubelet
-may pick (`k8s.io.kubelet.pkg.apis.dra.v1.DRAPlugin`, and `...v1beta1.DRAPlugin` for the
-kubelets of 1.32 and 1.33: the messages are identical).
+`ClaimPreparer` is the helper part, as k8s.io/dynamic-resource-allocation's kubeletplugin
+helper is for Go drivers: it checks the request, reads each claim from the API, checks
+that it is the claim the kubelet asked for and parses it once into typed values
+(`kubegpu.dra.resourceclaim`), hands those to the device state (`kubegpu.dra.state`,
+which plans, commits, releases and keeps the checkpoint), and answers per claim.
+`DraServicer` is its gRPC face, served under both service names the kubelet may pick
+(`k8s.io.kubelet.pkg.apis.dra.v1.DRAPlugin`, and `...v1beta1.DRAPlugin` for the kubelets
+of 1.32 and 1.33: the messages are identical).
 
 Failures of one claim (deleted, replaced by a claim of the same name, not allocated, a
 device this node lacks, a full disk, a UID prepared under another namespace or name) go
@@ -30,43 +34,20 @@ escaped and bounded, whatever the number of claims; each claim's own line is DEB
 from __future__ import annotations
 
 import asyncio
-import contextlib
-import dataclasses
 import logging
 from collections.abc import Callable, Mapping, Sequence
 from concurrent.futures import ThreadPoolExecutor
-from pathlib import Path
 from typing import Any, Protocol, TypeVar
 
 import grpc
 
-from kubegpu import cdi, rpc
+from kubegpu import rpc
 from kubegpu.api import dra_pb2
-from kubegpu.config import Config
-from kubegpu.devices import Gpu, Inventory
-from kubegpu.dra.checkpoint import (
-    Checkpoint,
-    ClaimRecord,
-    ClaimState,
-    recover,
-    remove_spec,
-    retire,
-)
-from kubegpu.dra.claims import (
-    NVIDIA_DRIVER,
-    ClaimError,
-    ClaimPlan,
-    PreparedDevice,
-    node_devices,
-    plan_claim,
-    spec_file_name,
-)
+from kubegpu.dra.claims import ClaimPlan
 from kubegpu.dra.health import HealthServicer, add_health_servicer
-from kubegpu.dra.limits import ClaimLimiter, LimitError
-from kubegpu.dra.sizing import ClaimLimits, MemoryLimit
-from kubegpu.dra.slices import DraDevice
+from kubegpu.dra.resourceclaim import Claim, ClaimError, ClaimRef, body_uid, parse_claim
+from kubegpu.dra.state import Answer, DeviceState, label, misnamed, renamed
 from kubegpu.errors import AllocationError
-from kubegpu.state import NodeState, NodeStore
 from kubegpu.untrusted import escape, object_problem
 
 log = logging.getLogger("kubegpu.dra")
@@ -98,16 +79,17 @@ LOGGED_CLAIMS = 5
 
 
 class ClaimSource(Protocol):
-    """Where claims are read (`kubegpu.kube.Kube`); a blocking call, run in a thread."""
+    """Where claims are read (`kubegpu.kube.Kube`); a blocking call, run in a thread. The
+    claim comes as the API sent it, any JSON: `parse_claim` judges it."""
 
-    def get_resource_claim(self, namespace: str, name: str) -> dict[str, Any]: ...
+    def get_resource_claim(self, namespace: str, name: str) -> object: ...
 
 
-def _checked(claims: Sequence[dra_pb2.Claim]) -> list[dra_pb2.Claim]:
+def _checked(claims: Sequence[dra_pb2.Claim]) -> list[ClaimRef]:
     """The request's claims, each UID once (its first entry; the answer is keyed by UID),
     or `AllocationError` naming the first claim whose namespace, name or UID Kubernetes
     would not allow."""
-    unique: dict[str, dra_pb2.Claim] = {}
+    unique: dict[str, ClaimRef] = {}
     for i, claim in enumerate(claims):
         problem = object_problem(claim.namespace, claim.name, claim.uid)
         if problem is not None:
@@ -115,20 +97,13 @@ def _checked(claims: Sequence[dra_pb2.Claim]) -> list[dra_pb2.Claim]:
                 f"claim {i} of {len(claims)}: its {problem}; send the claim's "
                 f"metadata.namespace, .name and .uid as the API server holds them"
             )
-        unique.setdefault(claim.uid, claim)
+        unique.setdefault(claim.uid, ClaimRef(claim.namespace, claim.name, claim.uid))
     return list(unique.values())
 
 
-def _label(claim: dra_pb2.Claim | ClaimRecord) -> str:
-    """`namespace/name (uid)`, escaped: a record's names come from the checkpoint file."""
-    return escape(f"{claim.namespace}/{claim.name} ({claim.uid})", 160)
-
-
-def _renamed(claim: dra_pb2.Claim, record: ClaimRecord) -> bool:
-    """The request names the recorded UID differently. A record adopted from a spec file
-    knows no names: any is taken."""
-    named = bool(record.namespace or record.name)
-    return named and (record.namespace, record.name) != (claim.namespace, claim.name)
+def _refuse(claim: ClaimRef, reason: str) -> str:
+    """This claim's error line, for the answer (the call's summary logs it)."""
+    return rpc.bounded(f"claim {claim.namespace}/{claim.name} ({claim.uid}): {reason}")
 
 
 def _some(items: Sequence[str]) -> str:
@@ -140,66 +115,30 @@ def _some(items: Sequence[str]) -> str:
 
 
 class ClaimPreparer:
-    """Prepares and unprepares claims of `driver` on this node (see the module doc)."""
+    """The kubelet's side of claim preparation over a `DeviceState` (see the module doc):
+    reads and checks each claim, takes the turn, and answers per claim."""
 
-    def __init__(
-        self,
-        store: NodeStore,
-        claims: ClaimSource,
-        *,
-        data_dir: Path,
-        cdi_dir: Path = Path(cdi.DEFAULT_DIRECTORY),
-        driver: str = NVIDIA_DRIVER,
-        pool: str = "",
-        limiter: ClaimLimiter | None = None,
-    ) -> None:
-        self.store = store
-        #: The limits of claims on memory-sized devices (their MPS daemons, kernel limits).
-        self.limiter = limiter or ClaimLimiter()
+    def __init__(self, state: DeviceState, claims: ClaimSource) -> None:
+        #: The prepared claims: plan, commit, release, checkpoint.
+        self.state = state
         self._claims = claims
-        self.data_dir = data_dir
-        self.cdi_dir = cdi_dir
-        self.driver = driver
-        #: This node's pool (the node name); empty accepts any pool name.
-        self.pool = pool
         self._turn = asyncio.Lock()
         #: API reads, and the turn's writes (commit, release): separate, so that a write
         #: never queues behind reads, nor reads behind anything else in the process.
         self._reads: ThreadPoolExecutor | None = None
         self._writes: ThreadPoolExecutor | None = None
-        self._checkpoint: Checkpoint | None = None
-        #: (inventory, config) -> (devices by name, node CDI spec), rebuilt on a change.
-        self._node: tuple[Inventory, Config, Mapping[str, DraDevice], dict[str, Any]] | None = None
-
-    @property
-    def checkpoint(self) -> Checkpoint:
-        assert self._checkpoint is not None, "ClaimPreparer.start() was not called"
-        return self._checkpoint
 
     def start(self) -> None:
-        """Load the checkpoint, undoing what a stopped process left half done (blocking;
-        before the kubelet can call)."""
+        """Start the worker threads and the device state (blocking; before the kubelet
+        can call)."""
         self.close()
         self._reads = ThreadPoolExecutor(READ_THREADS, thread_name_prefix="dra-read")
         self._writes = ThreadPoolExecutor(1, thread_name_prefix="dra-write")
-        self._checkpoint = recover(self.data_dir, self.cdi_dir)
-        prepared = len(self._checkpoint.claims)
-        if prepared:
-            log.info("%d prepared claim(s) in the checkpoint", prepared)
-        self._restore_specs()
+        self.state.start()
 
     async def resume(self) -> None:
-        """After `start`, on the loop: the MPS daemons of the prepared claims taken over or
-        started again with their recorded limits, those of no recorded claim stopped."""
-        records = {
-            uid: r.limits
-            for uid, r in self.checkpoint.claims.items()
-            if r.state is ClaimState.PREPARED and r.limits is not None
-        }
-        await self.limiter.resume(records, self._gpu, self.store.state.config.flags.mps_root)
-
-    def _gpu(self, uuid: str) -> Gpu:
-        return self.store.state.inventory.gpu(uuid)
+        """After `start`, on the loop: the prepared claims' limits held again."""
+        await self.state.resume()
 
     def close(self, wait: bool = False) -> None:
         """Stop the worker threads: queued reads are dropped and a read under way is not
@@ -213,10 +152,9 @@ class ClaimPreparer:
 
     def stop(self) -> None:
         """After the last call (blocking): the threads, the write under way waited for, then
-        the checkpoint, removed if no claim is prepared."""
+        the device state's checkpoint, removed if no claim is prepared."""
         self.close(wait=True)
-        if self._checkpoint is not None:
-            retire(self._checkpoint, self.cdi_dir)
+        self.state.stop()
 
     async def _run(
         self, pool: ThreadPoolExecutor | None, call: Callable[..., T], *args: object
@@ -224,73 +162,24 @@ class ClaimPreparer:
         assert pool is not None, "ClaimPreparer.start() was not called"
         return await asyncio.get_running_loop().run_in_executor(pool, call, *args)
 
-    def _restore_specs(self) -> None:
-        """Write again the CDI spec of every prepared claim whose spec is gone.
-
-        The kubelet prepares a claim once and keeps it in its own cache across restarts of
-        either side, but the runtime reads the spec each time it creates one of the claim's
-        containers: without it a container that restarts cannot start. The checkpoint
-        holds the claim's allocation (its devices), which is all a spec is built from.
-        """
-        state = self.store.state
-        for uid, record in sorted(self.checkpoint.claims.items()):
-            if record.state is not ClaimState.PREPARED or not record.devices:
-                continue
-            label = f"claim {_label(record)}"
-            problem = object_problem(record.namespace, record.name, uid)
-            if problem is not None:  # the file was edited: its names are not a claim's
-                log.error(
-                    "%s in the checkpoint: its %s; its CDI spec is not written", label, problem
-                )
-                continue
-            if (self.cdi_dir / spec_file_name(uid)).exists():
-                continue
-            try:
-                devices, node_spec = self._node_view(state)
-                limits = record.limits
-                plan = plan_claim(
-                    uid,
-                    _recorded_claim(record, self.driver),
-                    self.driver,
-                    self.pool or "",
-                    devices,
-                    node_spec,
-                    state.config,
-                    kernel_limits=limits is not None and limits.memory is MemoryLimit.NVML_CGROUP,
-                    daemon_dir=limits.daemon_dir if limits is not None else "",
-                )
-                if plan.spec is None:
-                    continue
-                cdi.write_spec(plan.spec, str(self.cdi_dir), spec_file_name(uid))
-            except (ClaimError, OSError) as exc:
-                log.error(
-                    "%s: its CDI spec is missing and cannot be written again (%s); its "
-                    "containers cannot start until the pod is deleted and created again",
-                    label,
-                    exc,
-                )
-                continue
-            log.warning("%s: its CDI spec was missing; written again from the checkpoint", label)
-
     # -- prepare --------------------------------------------------------------------------
 
-    async def prepare(
-        self, claims: Sequence[dra_pb2.Claim]
-    ) -> dict[str, tuple[tuple[PreparedDevice, ...], str]]:
+    async def prepare(self, request: Sequence[dra_pb2.Claim]) -> dict[str, Answer]:
         """Claim UID -> (devices, error) for every claim of the request."""
-        claims = _checked(claims)
-        answers: dict[str, tuple[tuple[PreparedDevice, ...], str]] = {}
-        todo = [c for c in claims if self._prepared(c.uid) is None]
+        claims = _checked(request)
+        state = self.state
+        answers: dict[str, Answer] = {}
+        todo = [c for c in claims if state.prepared(c.uid) is None]
         todo, deferred = todo[:MAX_CLAIMS_READ], todo[MAX_CLAIMS_READ:]
         fetched = await self._read(todo)
         async with self._turn:
-            plans: list[tuple[dra_pb2.Claim, ClaimPlan]] = []
+            plans: list[tuple[ClaimRef, ClaimPlan]] = []
             for claim in claims:
-                done = self._prepared(claim.uid)
+                done = state.prepared(claim.uid)
                 if done is None:
                     continue
-                if _renamed(claim, done):
-                    answers[claim.uid] = ((), self._misnamed(claim, done))
+                if renamed(claim, done):
+                    answers[claim.uid] = ((), _refuse(claim, misnamed(done)))
                 else:
                     answers[claim.uid] = (done.devices, "")
             for claim, got in zip(todo, fetched, strict=True):
@@ -300,95 +189,65 @@ class ClaimPreparer:
                     answers[claim.uid] = ((), got)
                     continue
                 try:
-                    plans.append((claim, self._plan(claim, got)))
+                    plans.append((claim, state.plan(got)))
                 except ClaimError as exc:
-                    answers[claim.uid] = ((), self._refuse(claim, str(exc)))
+                    answers[claim.uid] = ((), _refuse(claim, str(exc)))
             for claim in deferred:
                 if claim.uid not in answers:
                     answers[claim.uid] = ((), self._deferred(claim, len(todo) + len(deferred)))
-            plans = await self._limit(plans, answers)
+            plans, failed = await state.apply_limits(plans)
+            for claim in claims:
+                if claim.uid in failed:
+                    answers[claim.uid] = ((), _refuse(claim, failed[claim.uid]))
             if plans:
-                answers.update(await self._run(self._writes, self._commit, plans))
-            for claim, plan in plans:
-                if plan.limits is not None and answers[claim.uid][1]:
-                    await self.limiter.release(claim.uid, plan.limits)  # not recorded: undone
+                committed = await self._run(self._writes, state.commit, plans)
+                for claim, _ in plans:
+                    devices, reason = committed[claim.uid]
+                    answers[claim.uid] = (devices, _refuse(claim, reason) if reason else "")
+            # The limits of a claim that was not recorded are undone.
+            await state.release_limits(
+                {
+                    claim.uid: plan.limits
+                    for claim, plan in plans
+                    if plan.limits is not None and answers[claim.uid][1]
+                }
+            )
         self._log_prepared(claims, answers, {c.uid for c, _ in plans})
         return {c.uid: answers[c.uid] for c in claims}
 
-    async def _limit(
-        self,
-        plans: Sequence[tuple[dra_pb2.Claim, ClaimPlan]],
-        answers: dict[str, tuple[tuple[PreparedDevice, ...], str]],
-    ) -> list[tuple[dra_pb2.Claim, ClaimPlan]]:
-        """The plans whose limits now hold (applied before the spec that lets a container
-        start is written); a claim whose limits cannot be applied gets its error line."""
-        ready: list[tuple[dra_pb2.Claim, ClaimPlan]] = []
-        for claim, plan in plans:
-            if plan.limits is None:
-                ready.append((claim, plan))
-                continue
-            try:
-                limits = await self.limiter.apply(claim.uid, plan.limits, self._gpu, plan.pods)
-            except LimitError as exc:
-                answers[claim.uid] = (
-                    (),
-                    self._refuse(claim, f"its limits cannot be applied: {exc}"),
-                )
-                continue
-            ready.append((claim, dataclasses.replace(plan, limits=limits)))
-        return ready
-
-    def _prepared(self, uid: str) -> ClaimRecord | None:
-        """The record of a claim whose preparation is complete, with its spec on disk."""
-        record = self.checkpoint.claims.get(uid)
-        if record is None or record.state is not ClaimState.PREPARED:
-            return None
-        if record.devices and not (self.cdi_dir / spec_file_name(uid)).exists():
-            return None  # removed behind our back: prepare it again
-        return record
-
-    async def _read(self, claims: Sequence[dra_pb2.Claim]) -> list[dict[str, Any] | str]:
+    async def _read(self, claims: Sequence[ClaimRef]) -> list[Claim | str]:
         """Each claim from the API (or its error line), `READS_PER_PREPARE` at a time."""
         slots = asyncio.Semaphore(READS_PER_PREPARE)
 
-        async def one(claim: dra_pb2.Claim) -> dict[str, Any] | str:
+        async def one(claim: ClaimRef) -> Claim | str:
             async with slots:
                 return await self._fetch(claim)
 
         return list(await asyncio.gather(*(one(c) for c in claims)))
 
-    async def _fetch(self, claim: dra_pb2.Claim) -> dict[str, Any] | str:
-        """The claim from the API, or this claim's error line."""
+    async def _fetch(self, claim: ClaimRef) -> Claim | str:
+        """The claim from the API, checked and parsed, or this claim's error line."""
         try:
             got = await self._run(
                 self._reads, self._claims.get_resource_claim, claim.namespace, claim.name
             )
         except Exception as exc:  # KubeError, or no credentials: this claim fails
-            return self._refuse(claim, f"cannot read it from the API: {exc}")
-        meta = got.get("metadata") if isinstance(got, Mapping) else None
-        uid = meta.get("uid") if isinstance(meta, Mapping) else None
+            return _refuse(claim, f"cannot read it from the API: {exc}")
+        uid = body_uid(got)
         if uid != claim.uid:
-            return self._refuse(
+            return _refuse(
                 claim,
                 f"the API holds another claim of that name (UID {uid}, the kubelet asked for "
                 f"{claim.uid}): the claim was deleted and created again; the pod that used "
                 f"the old one cannot start",
             )
-        return got
+        try:
+            return parse_claim(got)
+        except ClaimError as exc:
+            return _refuse(claim, str(exc))
 
-    def _refuse(self, claim: dra_pb2.Claim, reason: str) -> str:
-        """This claim's error line, for the answer (the call's summary logs it)."""
-        return rpc.bounded(f"claim {claim.namespace}/{claim.name} ({claim.uid}): {reason}")
-
-    def _misnamed(self, claim: dra_pb2.Claim, record: ClaimRecord) -> str:
-        return self._refuse(
-            claim,
-            f"this UID was prepared as claim {record.namespace}/{record.name}; the kubelet "
-            f"names a claim as the API holds it: left as it is",
-        )
-
-    def _deferred(self, claim: dra_pb2.Claim, unprepared: int) -> str:
-        return self._refuse(
+    def _deferred(self, claim: ClaimRef, unprepared: int) -> str:
+        return _refuse(
             claim,
             f"not prepared in this call: one call reads at most {MAX_CLAIMS_READ} claims from "
             f"the API and this one has {unprepared} not prepared yet; the kubelet's next call "
@@ -397,8 +256,8 @@ class ClaimPreparer:
 
     def _log_prepared(
         self,
-        claims: Sequence[dra_pb2.Claim],
-        answers: Mapping[str, tuple[tuple[PreparedDevice, ...], str]],
+        claims: Sequence[ClaimRef],
+        answers: Mapping[str, Answer],
         planned: set[str],
     ) -> None:
         """One line for the claims this call prepared, one for those it could not."""
@@ -411,7 +270,7 @@ class ClaimPreparer:
                 log.debug("NodePrepareResources: %s", error)
             elif claim.uid in planned:
                 named = ", ".join(d.device for d in devices) or "no device of ours"
-                done.append(f"{_label(claim)}: {escape(named, 200)}")
+                done.append(f"{label(claim)}: {escape(named, 200)}")
                 log.debug("prepared claim %s", done[-1])
         if done:
             log.info("NodePrepareResources: prepared %d claim(s): %s", len(done), _some(done))
@@ -424,101 +283,16 @@ class ClaimPreparer:
                 _some(failed),
             )
 
-    def _unsaved(self, exc: OSError) -> str:
-        return (
-            f"cannot write the checkpoint in {self.data_dir} ({exc.strerror or exc}); "
-            f"the plugin's data directory must be writable, with room to write"
-        )
-
-    def _plan(self, claim: dra_pb2.Claim, body: Mapping[str, Any]) -> ClaimPlan:
-        state = self.store.state
-        devices, node_spec = self._node_view(state)
-        return plan_claim(
-            claim.uid,
-            body,
-            self.driver,
-            self.pool or "",
-            devices,
-            node_spec,
-            state.config,
-            kernel_limits=state.inventory.memory_limits,
-        )
-
-    def _node_view(self, state: NodeState) -> tuple[Mapping[str, DraDevice], dict[str, Any]]:
-        cached = self._node
-        if cached is not None and cached[0] is state.inventory and cached[1] is state.config:
-            return cached[2], cached[3]
-        flags = state.config.flags
-        devices = node_devices(self.driver, state.specs)
-        node_spec = cdi.generate_spec(
-            state.inventory,
-            driver_root=flags.nvidia_driver_root,
-            container_driver_root=flags.plugin.container_driver_root,
-            device_id_strategy=flags.plugin.device_id_strategy.value,
-            dev_root=flags.nvidia_dev_root,
-        )
-        self._node = (state.inventory, state.config, devices, node_spec)
-        return devices, node_spec
-
-    def _commit(
-        self, plans: Sequence[tuple[dra_pb2.Claim, ClaimPlan]]
-    ) -> dict[str, tuple[tuple[PreparedDevice, ...], str]]:
-        """Write the CDI specs, then record them in one checkpoint write (blocking; holds
-        the turn). A crash in between leaves specs without records, which the next start
-        removes (`checkpoint.recover`)."""
-        checkpoint = self.checkpoint
-        answers: dict[str, tuple[tuple[PreparedDevice, ...], str]] = {}
-        for claim, plan in plans:
-            try:
-                if plan.spec is not None:
-                    cdi.write_spec(plan.spec, str(self.cdi_dir), spec_file_name(claim.uid))
-            except OSError as exc:
-                with contextlib.suppress(OSError):  # a spec of an earlier attempt, if any
-                    remove_spec(self.cdi_dir, claim.uid)
-                checkpoint.claims.pop(claim.uid, None)
-                answers[claim.uid] = (
-                    (),
-                    self._refuse(
-                        claim,
-                        f"cannot write its CDI spec to {self.cdi_dir} ({exc.strerror or exc}); "
-                        f"mount the CDI directory read-write, with room to write",
-                    ),
-                )
-                continue
-            checkpoint.claims[claim.uid] = ClaimRecord(
-                claim.uid,
-                ClaimState.PREPARED,
-                claim.namespace,
-                claim.name,
-                plan.devices,
-                plan.limits,
-                plan.pods,
-            )
-            answers[claim.uid] = (plan.devices, "")
-        try:
-            checkpoint.save()
-        except OSError as exc:
-            # Unrecorded specs would be removed at the next start under a running pod:
-            # take them back now and let the kubelet ask again.
-            for claim, _ in plans:
-                if answers[claim.uid][1]:
-                    continue
-                checkpoint.claims.pop(claim.uid, None)
-                with contextlib.suppress(OSError):
-                    remove_spec(self.cdi_dir, claim.uid)
-                answers[claim.uid] = ((), self._refuse(claim, self._unsaved(exc)))
-        return answers
-
     # -- unprepare ------------------------------------------------------------------------
 
-    async def unprepare(self, claims: Sequence[dra_pb2.Claim]) -> dict[str, str]:
+    async def unprepare(self, request: Sequence[dra_pb2.Claim]) -> dict[str, str]:
         """Claim UID -> error ("" when done); an unknown claim is done already."""
-        claims = _checked(claims)
+        claims = _checked(request)
         async with self._turn:
-            answers, released, limited = await self._run(self._writes, self._release, claims)
-            for uid, limits in limited.items():
-                await self.limiter.release(uid, limits)
-        done = [_label(c) for c in claims if c.uid in released]
+            reasons, released, limited = await self._run(self._writes, self.state.release, claims)
+            await self.state.release_limits(limited)
+        answers = {c.uid: _refuse(c, reasons[c.uid]) if reasons[c.uid] else "" for c in claims}
+        done = [label(c) for c in claims if c.uid in released]
         failed = [answers[c.uid] for c in claims if answers[c.uid]]
         for line in done:
             log.debug("unprepared claim %s", line)
@@ -534,76 +308,6 @@ class ClaimPreparer:
                 _some(failed),
             )
         return answers
-
-    def _release(
-        self, claims: Sequence[dra_pb2.Claim]
-    ) -> tuple[dict[str, str], set[str], dict[str, ClaimLimits]]:
-        """(claim UID -> error, the UIDs whose record or spec was removed, the limits of
-        the records dropped, to release next) (blocking; holds the turn).
-
-        A claim recorded under another namespace or name is left alone: the kubelet names
-        a claim as the API holds it, so such a request is not about that claim. Drop the
-        records first, then the specs: a crash in between leaves a spec that no record
-        accounts for, which the next start removes.
-        """
-        checkpoint = self.checkpoint
-        answers: dict[str, str] = {}
-        releasing: list[dra_pb2.Claim] = []
-        for claim in claims:
-            record = checkpoint.claims.get(claim.uid)
-            if record is not None and _renamed(claim, record):
-                answers[claim.uid] = self._misnamed(claim, record)
-            else:
-                releasing.append(claim)
-        dropped = [checkpoint.claims.pop(c.uid, None) for c in releasing]
-        if any(r is not None for r in dropped):
-            try:
-                checkpoint.save()
-            except OSError as exc:
-                for record in dropped:
-                    if record is not None:
-                        checkpoint.claims[record.uid] = record
-                line = self._unsaved(exc)
-                answers.update((c.uid, self._refuse(c, line)) for c in releasing)
-                return {c.uid: answers[c.uid] for c in claims}, set(), {}
-        limited = {r.uid: r.limits for r in dropped if r is not None and r.limits is not None}
-        released: set[str] = set()
-        for claim, record in zip(releasing, dropped, strict=True):
-            try:
-                removed = remove_spec(self.cdi_dir, claim.uid)
-            except OSError as exc:
-                answers[claim.uid] = self._refuse(
-                    claim, f"cannot remove its CDI spec from {self.cdi_dir} ({exc.strerror or exc})"
-                )
-                continue
-            answers[claim.uid] = ""
-            if record is not None or removed:
-                released.add(claim.uid)
-        return {c.uid: answers[c.uid] for c in claims}, released, limited
-
-
-def _recorded_claim(record: ClaimRecord, driver: str) -> dict[str, Any]:
-    """The claim as the API held it when it was prepared, as far as a CDI spec needs it:
-    its name and its allocation results of `driver` (with what a sized claim consumed),
-    from the checkpoint's record."""
-    limits = record.limits
-    results: list[dict[str, Any]] = []
-    for device in record.devices:
-        for request in device.requests:
-            result: dict[str, Any] = {
-                "request": request,
-                "driver": driver,
-                "pool": device.pool,
-                "device": device.device,
-            }
-            consumed = limits.consumed(device.device) if limits is not None else {}
-            if consumed and not any(r["device"] == device.device for r in results):
-                result["consumedCapacity"] = consumed  # once: the record holds the sum
-            results.append(result)
-    return {
-        "metadata": {"namespace": record.namespace, "name": record.name, "uid": record.uid},
-        "status": {"allocation": {"devices": {"results": results}}},
-    }
 
 
 def _status(exc: Exception, rpc_name: str) -> tuple[grpc.StatusCode, str]:

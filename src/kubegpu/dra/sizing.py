@@ -25,7 +25,7 @@ from __future__ import annotations
 import dataclasses
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
-from typing import Any, Final
+from typing import Any, Final, Required, TypedDict
 
 from kubegpu.config.names import parse_quantity
 
@@ -45,6 +45,26 @@ MEMORY_LIMIT: Final = "kubegpu.io/memoryLimit"
 COMPUTE_LIMIT: Final = "kubegpu.io/computeLimit"
 
 _MIB: Final = 1 << 20
+
+
+class DeviceLimitJson(TypedDict):
+    """A `DeviceLimit` as the checkpoint file holds it."""
+
+    device: str
+    uuid: str
+    memoryBytes: int
+    shares: int
+    totalShares: int
+
+
+class LimitsJson(TypedDict, total=False):
+    """`ClaimLimits` as the checkpoint file holds them."""
+
+    memory: Required[str]
+    compute: Required[str]
+    devices: Required[list[DeviceLimitJson]]
+    daemonDir: str
+    cgroups: list[str]
 
 
 class SizingError(ValueError):
@@ -71,7 +91,7 @@ class DeviceLimit:
         """Its shares of the SMs, as MPS's active thread percentage (at least 1)."""
         return max(1, self.shares * 100 // self.total_shares)
 
-    def to_json(self) -> dict[str, Any]:
+    def to_json(self) -> DeviceLimitJson:
         return {
             "device": self.device,
             "uuid": self.gpu_uuid,
@@ -123,8 +143,8 @@ class ClaimLimits:
     def with_applied(self, *, daemon_dir: str = "", cgroups: Sequence[str] = ()) -> ClaimLimits:
         return dataclasses.replace(self, daemon_dir=daemon_dir, cgroups=tuple(cgroups))
 
-    def to_json(self) -> dict[str, Any]:
-        out: dict[str, Any] = {
+    def to_json(self) -> LimitsJson:
+        out: LimitsJson = {
             "memory": self.memory.value,
             "compute": self.compute.value,
             "devices": [d.to_json() for d in self.devices],
@@ -161,7 +181,7 @@ def device_limit(
     device: str,
     resource: ResourceSpec,
     unit: Unit,
-    consumed: Sequence[Mapping[str, Any]],
+    consumed: Sequence[Mapping[str, object]],
 ) -> DeviceLimit:
     """What a claim holds of a sized device, from its results' `consumedCapacity` (one per
     request that got the device; they add up).
@@ -191,7 +211,7 @@ def device_limit(
     return DeviceLimit(device, unit.gpu.uuid, memory, shares, total)
 
 
-def _amount(consumed: Mapping[str, Any], name: str, device: str) -> int:
+def _amount(consumed: Mapping[str, object], name: str, device: str) -> int:
     value = consumed.get(name)
     if value is None:
         raise SizingError(f"device {device}'s consumedCapacity has no {name}")
@@ -210,6 +230,8 @@ __all__ = [
     "ClaimLimits",
     "ComputeLimit",
     "DeviceLimit",
+    "DeviceLimitJson",
+    "LimitsJson",
     "MemoryLimit",
     "SizingError",
     "device_limit",

@@ -34,7 +34,7 @@ from __future__ import annotations
 import re
 from collections.abc import Iterable, Mapping, Sequence
 from dataclasses import dataclass
-from typing import Any, Final
+from typing import Any, Final, Required, TypedDict
 
 from kubegpu.config import ClaimSizing
 from kubegpu.devices import Fault, Gpu, Health, Inventory, LinkKind, Vendor
@@ -80,6 +80,55 @@ _NVLIB_BRANDS: Final = {
     "GeForce RTX": "GeForceRTX",
     "Titan RTX": "TitanRTX",
 }
+
+
+# -- what a published device is ---------------------------------------------------------
+# A device of a ResourceSlice as kubegpu builds it, in the API's spelling (`spec.devices[]`
+# of resource.k8s.io/v1): typed dictionaries, because the body goes to the API and is
+# compared with the stored slices as JSON, key for key.
+
+
+#: One attribute: exactly one of its typed values.
+class Attribute(TypedDict, total=False):
+    string: str
+    int: int
+    bool: bool
+    version: str
+
+
+class ValidRange(TypedDict, total=False):
+    min: Required[str]
+    max: str
+    step: str
+
+
+class RequestPolicy(TypedDict):
+    """What a request that names no amount takes, and what amounts it may ask for."""
+
+    default: str
+    validRange: ValidRange
+
+
+class Capacity(TypedDict, total=False):
+    value: Required[str]
+    #: Only on a device several claims share (`allowMultipleAllocations`).
+    requestPolicy: RequestPolicy
+
+
+class Taint(TypedDict, total=False):
+    key: Required[str]
+    value: str
+    effect: Required[str]
+    #: Stamped by the API server; carried from the stored slice (`carry_taint_times`).
+    timeAdded: str
+
+
+class Device(TypedDict, total=False):
+    name: Required[str]
+    attributes: dict[str, Attribute]
+    capacity: dict[str, Capacity]
+    allowMultipleAllocations: bool
+    taints: list[Taint]
 
 
 @dataclass(frozen=True)
@@ -152,7 +201,7 @@ def device_body(
     *,
     fault: Fault | None = None,
     pcie_roots: Mapping[str, str] | None = None,
-) -> dict[str, Any]:
+) -> Device:
     """One `spec.devices[]` entry: name, attributes, capacity, sharing, health taint.
 
     `pcie_roots` maps a PCI bus ID to its root complex (`pci0000:16`, read from sysfs by
@@ -173,7 +222,7 @@ def device_body(
     domain = nvlink_domain(gpu, inventory)
     if domain is not None:
         attributes[f"{KUBEGPU}nvlinkDomain"] = {"int": domain}
-    body: dict[str, Any] = {"name": device.name, "attributes": attributes}
+    body: Device = {"name": device.name, "attributes": attributes}
     if device.shares > 1:
         attributes[f"{KUBEGPU}sharing"] = {"string": device.resource.sharing.value}
         entry = device.resource.shared_by
@@ -193,9 +242,9 @@ def device_body(
     return body
 
 
-def _nvidia(unit: Unit, inventory: Inventory) -> tuple[dict[str, Any], dict[str, Any]]:
+def _nvidia(unit: Unit, inventory: Inventory) -> tuple[dict[str, Attribute], dict[str, Capacity]]:
     gpu = unit.gpu
-    attributes: dict[str, Any] = {
+    attributes: dict[str, Attribute] = {
         "type": {"string": "gpu" if unit.mig is None else "mig"},
         "uuid": {"string": unit.uuid},
     }
@@ -222,7 +271,7 @@ def _nvidia(unit: Unit, inventory: Inventory) -> tuple[dict[str, Any], dict[str,
         return attributes, {"memory": {"value": binary(gpu.memory_mib * _MIB)}}
     mig = unit.mig
     counts = mig.attributes
-    capacity = {
+    capacity: dict[str, Capacity] = {
         "multiprocessors": {
             "value": binary(mig.multiprocessors or counts.get("multiprocessors", 0))
         },
@@ -236,7 +285,7 @@ def _nvidia(unit: Unit, inventory: Inventory) -> tuple[dict[str, Any], dict[str,
     return attributes, capacity
 
 
-def _amd(unit: Unit, inventory: Inventory) -> tuple[dict[str, Any], dict[str, Any]]:
+def _amd(unit: Unit, inventory: Inventory) -> tuple[dict[str, Attribute], dict[str, Capacity]]:
     gpu = unit.gpu
     amd = gpu.amd
     # ROCm publishes a GPU in SPX mode (or one that cannot be partitioned) whole, and every
@@ -244,7 +293,7 @@ def _amd(unit: Unit, inventory: Inventory) -> tuple[dict[str, Any], dict[str, An
     partitioned = amd is not None and amd.compute_partition not in ("", "spx")
     parent = "parent" if partitioned else ""
     card = _dev_number(gpu.device_paths, "/dev/dri/card")
-    attributes: dict[str, Any] = {
+    attributes: dict[str, Attribute] = {
         "type": {"string": "amdgpu-partition" if partitioned else "amdgpu"},
         ("parentPciAddr" if partitioned else "pciAddr"): {"string": gpu.pci_bus_id},
         "renderIndex": {"int": gpu.minor},
@@ -271,7 +320,7 @@ def _amd(unit: Unit, inventory: Inventory) -> tuple[dict[str, Any], dict[str, An
     if gpu.numa_node is not None:
         attributes[f"{STANDARD}numaNode"] = {"int": gpu.numa_node}
     memory = amd.vram_bytes if amd is not None and amd.vram_bytes else gpu.memory_mib * _MIB
-    capacity: dict[str, Any] = {"memory": {"value": binary(memory)}}
+    capacity: dict[str, Capacity] = {"memory": {"value": binary(memory)}}
     if amd is not None and amd.simd_count:
         if amd.simd_per_cu:  # KFD says how many SIMDs make a compute unit, or we do not know
             capacity["computeUnits"] = {"value": binary(amd.simd_count // amd.simd_per_cu)}
@@ -280,11 +329,11 @@ def _amd(unit: Unit, inventory: Inventory) -> tuple[dict[str, Any], dict[str, An
 
 
 def _shared(
-    capacity: Mapping[str, Any],
+    capacity: Mapping[str, Capacity],
     shares: int,
     sizing: ClaimSizing | None = None,
     memory_bytes: int = 0,
-) -> dict[str, Any]:
+) -> dict[str, Capacity]:
     """The capacity of a device `shares` claims may hold at once (time-slicing, MPS).
 
     `replicas: N` of the config becomes a `shares` capacity of N of which a request takes
@@ -303,10 +352,10 @@ def _shared(
     capacity (checked with the config, `resources`), default and max whole steps from
     min, default <= max.
     """
-    out: dict[str, Any] = {}
+    out: dict[str, Capacity] = {}
     for name, entry in capacity.items():
         value = entry["value"]
-        policy: dict[str, Any] = {"default": "0", "validRange": {"min": "0", "max": value}}
+        policy: RequestPolicy = {"default": "0", "validRange": {"min": "0", "max": value}}
         if name == "memory":
             policy["validRange"]["step"] = "1Mi"  # whole MiB, as NVIDIA asks for
             if sizing is not None:
@@ -332,7 +381,7 @@ def _shared(
     return out
 
 
-def health_taint(driver: str, fault: Fault) -> dict[str, Any]:
+def health_taint(driver: str, fault: Fault) -> Taint:
     """The taint an unhealthy device carries, named as NVIDIA's driver names its own.
 
     NVIDIA's: `gpu.nvidia.com/xid` with the Xid as value, `gpu.nvidia.com/gpu-lost` for a
@@ -354,7 +403,7 @@ def health_taint(driver: str, fault: Fault) -> dict[str, Any]:
 def build_slices(
     node: str,
     driver: str,
-    devices: Sequence[Mapping[str, Any]],
+    devices: Sequence[Device],
     *,
     generation: int,
 ) -> list[dict[str, Any]]:
@@ -395,8 +444,8 @@ def slice_prefix(node: str, driver: str) -> str:
 
 
 def carry_taint_times(
-    devices: Sequence[Mapping[str, Any]], stored: Iterable[Mapping[str, Any]]
-) -> list[dict[str, Any]]:
+    devices: Sequence[Device], stored: Iterable[Mapping[str, Any]]
+) -> list[Device]:
     """`devices` with each taint's `timeAdded` as the stored slices have it.
 
     The API server stamps a taint sent without a time with the time of the write; a taint
@@ -411,10 +460,10 @@ def carry_taint_times(
                     times[_taint_key(device["name"], taint)] = taint["timeAdded"]
     out = []
     for device in devices:
-        copy = dict(device)
+        copy = device.copy()
         if "taints" in device:
             copy["taints"] = [
-                {**taint, **_time(times.get(_taint_key(device["name"], taint)))}
+                _timed(taint, times.get(_taint_key(device["name"], taint)))
                 for taint in device["taints"]
             ]
         out.append(copy)
@@ -425,8 +474,11 @@ def _taint_key(device: str, taint: Mapping[str, Any]) -> tuple[str, str, str, st
     return (device, taint["key"], taint.get("value", ""), taint["effect"])
 
 
-def _time(stamp: str | None) -> dict[str, str]:
-    return {"timeAdded": stamp} if stamp else {}
+def _timed(taint: Taint, stamp: str | None) -> Taint:
+    copy = taint.copy()
+    if stamp:
+        copy["timeAdded"] = stamp
+    return copy
 
 
 # -- values -----------------------------------------------------------------------------
@@ -508,8 +560,13 @@ def _fit(text: str) -> str:
 __all__ = [
     "AMD_DRIVER",
     "NVIDIA_DRIVER",
+    "Attribute",
+    "Capacity",
+    "Device",
     "DraDevice",
     "Fault",
+    "RequestPolicy",
+    "Taint",
     "build_slices",
     "carry_taint_times",
     "device_body",

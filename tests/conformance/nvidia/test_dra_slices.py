@@ -15,7 +15,7 @@ from typing import Any
 from kubegpu.config import Config, parse_config
 from kubegpu.devices import Health
 from kubegpu.devices.simulated import SimulatedBackend
-from kubegpu.dra.slices import NVIDIA_DRIVER, Fault, device_body, dra_devices
+from kubegpu.dra.slices import NVIDIA_DRIVER, Device, Fault, device_body, dra_devices
 from kubegpu.resources import build_resources
 from tests.builders import gpu, inventory
 from tests.conformance.origin import Origin
@@ -101,7 +101,7 @@ def kinds(attributes: dict[str, Any]) -> dict[str, str]:
     return {name: next(iter(value)) for name, value in attributes.items()}
 
 
-def published(config: Config | None = None) -> list[dict[str, Any]]:
+def published(config: Config | None = None) -> list[Device]:
     inv = SimulatedBackend.load("h100-mig").discover()
     specs = build_resources(inv, config or Config())
     return [device_body(d, inv, NVIDIA_DRIVER) for d in dra_devices(NVIDIA_DRIVER, specs)]

@@ -14,7 +14,7 @@ import pytest
 
 from kubegpu.config import Config
 from kubegpu.devices.amd import AmdBackend
-from kubegpu.dra.slices import AMD_DRIVER, build_slices, device_body, dra_devices
+from kubegpu.dra.slices import AMD_DRIVER, Device, build_slices, device_body, dra_devices
 from kubegpu.resources import build_resources
 from tests.conformance.origin import Origin
 from tests.conformance.rocm.sysfs import build_node
@@ -60,7 +60,7 @@ def kinds(attributes: dict[str, Any]) -> dict[str, str]:
     return {name: next(iter(value)) for name, value in attributes.items()}
 
 
-def published(root: Path) -> list[dict[str, Any]]:
+def published(root: Path) -> list[Device]:
     inv = AmdBackend(str(root)).discover()
     devices = dra_devices(AMD_DRIVER, build_resources(inv, Config()))
     return [device_body(d, inv, AMD_DRIVER) for d in devices]

@@ -35,6 +35,7 @@ from kubegpu.dra.service import (
     ClaimPreparer,
     ClaimSource,
 )
+from kubegpu.dra.state import DeviceState
 from kubegpu.kube import KubeClient, KubeError
 from kubegpu.state import NodeStore
 from tests.builders import gpu, inventory
@@ -107,7 +108,8 @@ def put_claim(kube: FakeKube, name: str, *devices: str) -> dra_pb2.Claim:
 
 def make_driver(root: Path, store: NodeStore, kube: ClaimSource) -> DraDriver:
     preparer = ClaimPreparer(
-        store, kube, data_dir=root / "plugins" / DRIVER, cdi_dir=root / "cdi", pool=NODE
+        DeviceState(store, data_dir=root / "plugins" / DRIVER, cdi_dir=root / "cdi", pool=NODE),
+        kube,
     )
     return DraDriver(
         preparer, driver=DRIVER, registrar_dir=root / "registry", plugins_dir=root / "plugins"
@@ -205,7 +207,7 @@ async def test_unprepare_removes_the_spec_and_an_unknown_claim_is_fine(plugin: P
     answer = await plugin.unprepare(claim)
     assert answer.claims[claim.uid].error == ""
     assert not spec.exists()
-    assert claim.uid not in plugin.driver.preparer.checkpoint.claims
+    assert claim.uid not in plugin.driver.preparer.state.checkpoint.claims
     again = await plugin.unprepare(claim, dra_pb2.Claim(namespace="ns", name="x", uid=UNKNOWN_UID))
     assert {u: c.error for u, c in again.claims.items()} == {claim.uid: "", UNKNOWN_UID: ""}
 
@@ -251,7 +253,7 @@ async def test_a_spec_that_cannot_be_written_fails_only_that_claim(plugin: Plugi
     claim = plugin.put_claim("one", "gpu-0")
     answer = (await plugin.prepare(claim)).claims[claim.uid]
     assert "cannot write its CDI spec" in answer.error
-    assert claim.uid not in plugin.driver.preparer.checkpoint.claims
+    assert claim.uid not in plugin.driver.preparer.state.checkpoint.claims
 
 
 @pytest.mark.parametrize("which", ["service", "registrar"])
@@ -315,7 +317,10 @@ async def test_checkpoint_writes_beside_the_socket_do_not_wake_the_socket_watch(
     kube = FakeKube()
     counting = CountingInotify()
     preparer = ClaimPreparer(
-        store, kube, data_dir=socket_dir / "plugins" / DRIVER, cdi_dir=socket_dir / "cdi", pool=NODE
+        DeviceState(
+            store, data_dir=socket_dir / "plugins" / DRIVER, cdi_dir=socket_dir / "cdi", pool=NODE
+        ),
+        kube,
     )
     driver = DraDriver(
         preparer,
@@ -388,7 +393,7 @@ async def test_a_restart_mid_prepare_leaves_nothing_behind(socket_dir: Path) -> 
     task = await running(driver)
     try:
         assert list(cdi_dir.iterdir()) == []
-        assert driver.preparer.checkpoint.claims == {}
+        assert driver.preparer.state.checkpoint.claims == {}
         answer = await driver.preparer.prepare([claim])
         assert answer[claim.uid][1] == ""
         assert [p.name for p in cdi_dir.iterdir()] == [spec_file_name(claim.uid)]
@@ -402,7 +407,7 @@ async def test_a_checkpoint_that_cannot_be_written_fails_the_claims_and_keeps_no
 ) -> None:
     claim = plugin.put_claim("one", "gpu-0")
     # A directory where the checkpoint file goes: renaming the new file over it fails.
-    blocker = plugin.driver.preparer.data_dir / CHECKPOINT_FILE
+    blocker = plugin.driver.preparer.state.data_dir / CHECKPOINT_FILE
     blocker.unlink(missing_ok=True)
     blocker.mkdir()
     answer = (await plugin.prepare(claim)).claims[claim.uid]
@@ -416,7 +421,7 @@ async def test_a_checkpoint_that_cannot_be_written_fails_the_claims_and_keeps_no
     refused = (await plugin.unprepare(claim)).claims[claim.uid]
     assert "cannot write the checkpoint" in refused.error
     assert plugin.specs() == [spec_file_name(claim.uid)]  # kept for the kubelet's retry
-    assert claim.uid in plugin.driver.preparer.checkpoint.claims
+    assert claim.uid in plugin.driver.preparer.state.checkpoint.claims
     blocker.rmdir()
     assert (await plugin.unprepare(claim)).claims[claim.uid].error == ""
     assert plugin.specs() == []
@@ -424,7 +429,7 @@ async def test_a_checkpoint_that_cannot_be_written_fails_the_claims_and_keeps_no
 
 async def test_concurrent_prepares_of_one_claim_write_once(plugin: Plugin) -> None:
     claim = plugin.put_claim("one", "gpu-0")
-    writes: Callable[[], int] = lambda: plugin.driver.preparer.checkpoint.writes  # noqa: E731
+    writes: Callable[[], int] = lambda: plugin.driver.preparer.state.checkpoint.writes  # noqa: E731
     before = writes()
     answers = await asyncio.gather(*(plugin.prepare(claim) for _ in range(5)))
     assert all(a == answers[0] for a in answers)
@@ -470,7 +475,7 @@ async def test_after_a_corrupt_checkpoint_the_kubelets_calls_still_clean_up(
     task = await running(driver)
     try:
         assert spec.exists()
-        assert driver.preparer.checkpoint.claims[claim.uid].state is ClaimState.ADOPTED
+        assert driver.preparer.state.checkpoint.claims[claim.uid].state is ClaimState.ADOPTED
         answer = await driver.preparer.prepare([claim])
         assert answer[claim.uid][1] == ""
         assert json.loads(spec.read_text())["devices"][0]["name"] == f"{claim.uid}-gpu-0"
@@ -499,7 +504,7 @@ async def test_a_restart_writes_a_prepared_claims_missing_spec_again(socket_dir:
     task = await running(again)
     try:
         assert spec.read_text() == written
-        assert again.preparer.checkpoint.claims[claim.uid].devices == answer[claim.uid][0]
+        assert again.preparer.state.checkpoint.claims[claim.uid].devices == answer[claim.uid][0]
     finally:
         await stop(again, task)
 
@@ -521,7 +526,7 @@ async def test_a_lost_checkpoint_keeps_the_prepared_claims_specs(socket_dir: Pat
     task = await running(again)
     try:
         assert spec.exists()
-        assert again.preparer.checkpoint.claims[claim.uid].state is ClaimState.ADOPTED
+        assert again.preparer.state.checkpoint.claims[claim.uid].state is ClaimState.ADOPTED
         assert await again.preparer.unprepare([claim]) == {claim.uid: ""}
         assert not spec.exists()
     finally:
@@ -550,7 +555,7 @@ async def test_a_line_break_in_a_name_forges_no_log_line_and_releases_nothing(
     )
     assert "namespace 'ns\\n2026" in (error.details() or "")
     assert plugin.specs() == [spec_file_name(claim.uid)]
-    assert claim.uid in plugin.driver.preparer.checkpoint.claims
+    assert claim.uid in plugin.driver.preparer.state.checkpoint.claims
     assert all("\n" not in r.getMessage() for r in caplog.records)
 
 
@@ -628,7 +633,7 @@ async def test_a_uid_named_unlike_its_record_is_neither_released_nor_answered(
         answer = (await plugin.prepare(impostor)).claims[claim.uid]
         assert "this UID was prepared as claim ns/one" in answer.error
         assert list(answer.devices) == []
-    assert claim.uid in plugin.driver.preparer.checkpoint.claims
+    assert claim.uid in plugin.driver.preparer.state.checkpoint.claims
     assert (await plugin.unprepare(claim)).claims[claim.uid].error == ""
     assert plugin.specs() == []
 

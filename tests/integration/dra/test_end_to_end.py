@@ -282,7 +282,7 @@ async def test_deleting_the_pods_unprepares_their_claims(world: World) -> None:
     for p in pods:
         await world.delete(p)
     assert world.specs() == []
-    assert dra_driver(world.daemon).preparer.checkpoint.claims == {}
+    assert dra_driver(world.daemon).preparer.state.checkpoint.claims == {}
 
 
 async def test_eight_pods_share_two_time_sliced_gpus(socket_dir: Path, time_sliced: Path) -> None:
@@ -393,7 +393,7 @@ async def test_a_plugin_restart_mid_prepare_leaves_nothing_behind(socket_dir: Pa
         assert len(devices["ctr"]) == 1 and len(made.specs()) == 1
         await made.delete(scheduled)
         assert made.specs() == []
-        assert dra_driver(made.daemon).preparer.checkpoint.claims == {}
+        assert dra_driver(made.daemon).preparer.state.checkpoint.claims == {}
     finally:
         slow.release.set()
         await serve.close()

@@ -33,6 +33,7 @@ from kubegpu.dra.checkpoint import CHECKPOINT_FILE
 from kubegpu.dra.claims import claim_uid_of
 from kubegpu.dra.driver import DraDriver
 from kubegpu.dra.service import SERVICES, ClaimPreparer
+from kubegpu.dra.state import DeviceState
 from kubegpu.state import NodeStore
 from kubegpu.untrusted import is_uid
 from tests.builders import gpu, inventory
@@ -102,7 +103,8 @@ def served() -> Iterator[Served]:
     store = NodeStore()
     store.update(inventory=inventory(gpu(0), gpu(1)), config=Config())
     preparer = ClaimPreparer(
-        store, kube, data_dir=root / "plugins" / DRIVER, cdi_dir=root / "cdi", pool=NODE
+        DeviceState(store, data_dir=root / "plugins" / DRIVER, cdi_dir=root / "cdi", pool=NODE),
+        kube,
     )
     driver = DraDriver(
         preparer, driver=DRIVER, registrar_dir=root / "registry", plugins_dir=root / "plugins"

@@ -207,7 +207,7 @@ async def test_two_30gi_claims_share_a_gpu_and_the_third_goes_to_another(
     assert world.specs() == []
     assert not any(pid_alive(pid) for pid in pids)
     assert list((node.mps / CLAIMS_DIR).iterdir()) == []
-    assert dra_driver(world.daemon).preparer.checkpoint.claims == {}
+    assert dra_driver(world.daemon).preparer.state.checkpoint.claims == {}
 
 
 async def test_an_unsized_claim_takes_the_default_and_cannot_take_the_whole_gpu(
@@ -261,6 +261,6 @@ async def test_a_restart_keeps_the_recorded_daemons_and_stops_a_stray_one(node: 
         # The recorded one is taken over, its limits set again, and still served.
         assert node.daemon_pid(kept) == kept_pid and pid_alive(kept_pid)
         assert node.commands(kept)[-2:] == node.commands(kept)[:2]
-        assert kept in dra_driver(world.daemon).preparer.limiter.daemons
+        assert kept in dra_driver(world.daemon).preparer.state.limiter.daemons
     finally:
         await node.close()

@@ -28,6 +28,7 @@ from kubegpu.dra.claims import spec_file_name
 from kubegpu.dra.driver import DraDriver
 from kubegpu.dra.limits import ClaimLimiter
 from kubegpu.dra.service import ClaimPreparer
+from kubegpu.dra.state import DeviceState
 from kubegpu.errors import DeviceError
 from kubegpu.mps import CLAIMS_DIR
 from kubegpu.state import NodeStore
@@ -142,12 +143,14 @@ async def start(
 ) -> Plugin:
     limiter = ClaimLimiter(control_binary=FAKE_MPS, memory=memory, daemon_options=FAST)
     preparer = ClaimPreparer(
-        store,
+        DeviceState(
+            store,
+            data_dir=root / "plugins" / DRIVER,
+            cdi_dir=root / "cdi",
+            pool=NODE,
+            limiter=limiter,
+        ),
         kube,
-        data_dir=root / "plugins" / DRIVER,
-        cdi_dir=root / "cdi",
-        pool=NODE,
-        limiter=limiter,
     )
     driver = DraDriver(
         preparer, driver=DRIVER, registrar_dir=root / "registry", plugins_dir=root / "plugins"
@@ -188,7 +191,7 @@ async def test_a_claim_on_two_sized_gpus_gets_one_daemon_with_each_gpus_limit(
         "set_default_active_thread_percentage 25",
     ]
     assert "CUDA_MPS_ACTIVE_THREAD_PERCENTAGE=25" in plugin.spec(claim)["containerEdits"]["env"]
-    record = plugin.driver.preparer.checkpoint.claims[claim.uid]
+    record = plugin.driver.preparer.state.checkpoint.claims[claim.uid]
     assert record.limits is not None and record.limits.daemon_dir == str(plugin.daemon_dir(claim))
     # The pod it was prepared for: the usage metrics tell neighbour claims apart by it.
     assert record.pods == (POD,)
@@ -204,7 +207,7 @@ async def test_a_claim_whose_daemon_cannot_start_fails_with_one_line_and_no_spec
     assert "MPS control daemon did not start" in error and "\n" not in error
     # No container can start without its limits: no spec, no record, no daemon directory.
     assert not (plugin.cdi_dir / spec_file_name(claim.uid)).exists()
-    assert claim.uid not in plugin.driver.preparer.checkpoint.claims
+    assert claim.uid not in plugin.driver.preparer.state.checkpoint.claims
     assert not plugin.daemon_dir(claim).exists()
     # The kubelet's retry succeeds once the daemon can start.
     monkeypatch.delenv("FAKE_MPS_FAIL_START")
@@ -292,7 +295,7 @@ async def test_the_kernel_path_limits_the_pods_cgroup_and_unprepare_clears_it(
         claim = put_claim(made.kube, "c", ("gpu-0", "16Gi", "1"))
         assert await made.prepare(claim) == ""
         assert memory.limits == {(gpu(0).uuid, cgroup): 16 << 30}
-        record = made.driver.preparer.checkpoint.claims[claim.uid]
+        record = made.driver.preparer.state.checkpoint.claims[claim.uid]
         assert record.limits is not None and record.limits.cgroups == (cgroup,)
         assert made.daemon_dir(claim).exists() is (strategy == "mps")
         assert await made.driver.preparer.unprepare([claim]) == {claim.uid: ""}
