@@ -227,3 +227,25 @@ def test_models_are_hashable_frozen_values() -> None:
     with pytest.raises(AttributeError):
         HealthFlags().disabled = True  # type: ignore[misc]
     assert msgspec.structs.replace(HealthFlags(), disabled=True).disabled is True
+
+
+@pytest.mark.parametrize(
+    "build",
+    [
+        lambda: v1.PluginFlags(device_list_strategy=()),
+        lambda: v1.GfdFlags(sleep_interval="5x"),
+        lambda: ReplicatedResource(name="a/b/c", replicas=2),
+        lambda: ReplicatedResource(name="gpu", replicas=1),
+        lambda: ReplicatedResource(name="gpu", replicas=2, devices=()),
+        lambda: v1.Imex(channel_ids=(1,)),
+        lambda: Config(version="v2"),
+        lambda: Config(
+            sharing=v1.Sharing(
+                mps=v1.SharingStrategy(resources=(ReplicatedResource(name="gpu", replicas=2),))
+            )
+        ),
+    ],
+)
+def test_a_model_built_in_code_obeys_the_rules_a_files_model_does(build: Any) -> None:
+    with pytest.raises(ValueError):
+        build()

@@ -10,8 +10,9 @@ new one, and `msgspec.structs.replace` derives one from another. msgspec is alre
 by every process that talks to Kubernetes (lightkube is built on it) and costs a fraction
 of the memory and import time of a validator that builds its models. File keys are
 NVIDIA's camelCase spellings (`file_key`); Python code constructs models by field name
-(`Flags(mig_strategy=MigStrategy.MIXED)`), and every rule on values runs in
-`__post_init__`, so a model built in code obeys the same rules as one read from a file.
+(`Flags(mig_strategy=MigStrategy.MIXED)`). kubegpu's rules on values run in
+`__post_init__`, so a model built in code obeys them as one read from a file does; types,
+enums and bounds are msgspec's, checked as the loader converts a file.
 
 A file's mapping reaches a `Config` in two steps, both driven by the loader:
 `read_file_keys` applies what msgspec's types do not say (unknown keys, `key: null` as
@@ -256,8 +257,10 @@ def _xid_overrides(value: Any) -> Any:
     for key, outcome in value.items():
         xid = _lax_int(key)
         if not isinstance(xid, int) or xid < 0:
-            raise Invalid("is not an Xid number", "use Xids like 48 or 79 as keys", at=f".{key}")
-        if outcome not in {m.value for m in XidOutcome}:
+            raise Invalid(
+                "is not an Xid number", "use Xids like 48 or 79 as keys", at=f".{key}", got=key
+            )
+        if not isinstance(outcome, str) or outcome not in {m.value for m in XidOutcome}:
             raise Invalid(
                 "unknown value", f"use one of: {_one_of(XidOutcome)}", at=f".{key}", got=outcome
             )
@@ -402,6 +405,9 @@ class PluginFlags(_Model, frozen=True):
     #: kubegpu extension (ROCm's plugin flag): how AMD devices are named.
     amd_resource_naming_strategy: AmdNamingStrategy = AmdNamingStrategy.SINGLE
 
+    def __post_init__(self) -> None:
+        _checked("deviceListStrategy", _strategies, self.device_list_strategy)
+
 
 def _sleep_interval(value: Any) -> Any:
     """NVIDIA's `Duration`: a Go duration string, `infinite`, or a number of nanoseconds.
@@ -436,6 +442,9 @@ class GfdFlags(_Model, frozen=True):
     output_file: str = "/etc/kubernetes/node-feature-discovery/features.d/gfd"
     machine_type_file: str = "/sys/class/dmi/id/product_name"
     use_node_feature_api: bool = False
+
+    def __post_init__(self) -> None:
+        _checked("sleepInterval", _sleep_interval, self.sleep_interval)
 
 
 _Xid = Annotated[int, Meta(ge=0)]
