@@ -29,6 +29,8 @@ import time
 from collections.abc import Callable, Mapping
 from dataclasses import dataclass
 
+import msgspec
+
 from kubegpu.config.v1 import HealthFlags
 from kubegpu.devices.model import DeviceBackend, Fault, Health, HealthEvent, HealthEventKind
 from kubegpu.devices.stop import Stop
@@ -288,7 +290,7 @@ def health_flags_from_env(env: Mapping[str, str], base: HealthFlags) -> HealthFl
         critical += [x for x in sorted(CATALOG) if catalog_outcome(x) is XidOutcome.IGNORE]
         enable = [t for t in enable if t != "all"]
     critical += [x for x in _xid_list(ENV_ENABLE, enable) if x not in critical]
-    return dataclasses.replace(
+    return msgspec.structs.replace(
         base, disabled=disabled, ignored_xids=tuple(ignored), critical_xids=tuple(critical)
     )
 

@@ -2,7 +2,6 @@
 
 from __future__ import annotations
 
-import dataclasses
 import json
 import os
 import tempfile
@@ -104,7 +103,7 @@ def test_python_code_may_build_models_by_field_name() -> None:
     config = Config(flags=Flags(mig_strategy=MigStrategy.MIXED))
     assert config.flags.mig_strategy is MigStrategy.MIXED
     assert config == parse_config("flags: {migStrategy: mixed}")
-    with pytest.raises(dataclasses.FrozenInstanceError):
+    with pytest.raises(AttributeError):
         config.flags.mig_strategy = MigStrategy.NONE  # type: ignore[misc]
 
 
@@ -126,7 +125,7 @@ def test_unknown_key_suggests_nearest() -> None:
 def test_unknown_key_deep_in_a_list_keeps_the_index() -> None:
     assert error(ts("{name: gpu, replica: 4}")) == (
         "cm.yaml: sharing.timeSlicing.resources[0].replica: unknown key 'replica'; "
-        "did you mean 'replicas'? [1 more error(s) after this one]"
+        "did you mean 'replicas'?"
     )
 
 
@@ -156,8 +155,13 @@ def test_wrong_type_for_a_section() -> None:
     )
 
 
-def test_extra_errors_are_counted_on_the_same_line() -> None:
-    assert error("flags: {a: 1, b: 2}").endswith("[1 more error(s) after this one]")
+def test_of_several_errors_the_line_names_the_first() -> None:
+    # The validator stops at the first error, so the line claims no count of the rest.
+    assert error("flags: {a: 1, b: 2}") == (
+        "cm.yaml: flags.a: unknown key 'a'; valid keys here: migStrategy, failOnInitError, "
+        "nvidiaDriverRoot, nvidiaDevRoot, mpsRoot, gdsEnabled, mofedEnabled, gdrcopyEnabled, "
+        "deviceDiscoveryStrategy, plugin, gfd, health"
+    )
 
 
 # -- sharing ---------------------------------------------------------------------------------

@@ -15,8 +15,7 @@ import yaml
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
-from kubegpu.config import Config, MigStrategy, parse_config, yamlsafe
-from kubegpu.config.v1 import CONFIG_ADAPTER
+from kubegpu.config import Config, MigStrategy, loader, parse_config, yamlsafe
 from kubegpu.errors import ConfigError
 
 SHARED = "version: v1\nsharing:\n  timeSlicing:\n    resources:\n    - name: nvidia.com/gpu\n"
@@ -190,7 +189,7 @@ def test_unexpected_library_errors_still_become_config_errors(
     def boom(*args: Any, **kwargs: Any) -> Any:
         raise RuntimeError("surprise\nsecond line")
 
-    monkeypatch.setattr(CONFIG_ADAPTER, "validate_python", boom)
+    monkeypatch.setattr(loader, "read_file_keys", boom)
     with pytest.raises(ConfigError) as info:
         parse_config("version: v1\n", "cm.yaml")
     assert str(info.value).startswith("cm.yaml: cannot read this config (RuntimeError: surprise")

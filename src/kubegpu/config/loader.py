@@ -17,21 +17,29 @@ from __future__ import annotations
 
 import contextlib
 import copy
-import dataclasses
 import difflib
 import json
+import re
 import types
 import typing
 from collections.abc import Iterator, Mapping, Sequence
+from enum import Enum
 from pathlib import Path
 from typing import Any, Final
 
-import pydantic
-from pydantic.fields import FieldInfo
+import msgspec
+from msgspec.structs import FieldInfo
 
 from kubegpu import files
 from kubegpu.config import yamlsafe
-from kubegpu.config.v1 import CONFIG_ADAPTER, SUPPORTED_VERSIONS, VERSION, Config
+from kubegpu.config.v1 import (
+    SUPPORTED_VERSIONS,
+    VERSION,
+    Config,
+    Invalid,
+    UnknownKey,
+    read_file_keys,
+)
 from kubegpu.errors import ConfigError
 from kubegpu.gosyntax import GO_FALSE, GO_TRUE
 
@@ -115,13 +123,16 @@ def build_config(
                 f"this kubegpu reads version {', '.join(SUPPORTED_VERSIONS)}"
             )
         merged = apply_overrides(raw, overrides)
+        read: Mapping[str, Any] = merged
         try:
-            # by_name=False: files use NVIDIA's camelCase keys only, so `mig_strategy` is a typo.
-            return CONFIG_ADAPTER.validate_python(merged, by_name=False)
-        except pydantic.ValidationError as exc:
-            path = _error_path(_first(exc.errors()))
+            read = read_file_keys(merged)
+            # strict: NVIDIA's keys take the types Go's JSON decoder takes (no "true" for a
+            # bool, no 2.0 for an int); the readers have already taken kubegpu's lax forms.
+            return msgspec.convert(read, Config, strict=True)
+        except (UnknownKey, Invalid, msgspec.ValidationError) as exc:
+            path, text = describe_error(exc, read)
             blamed = override_source if _overridden(path, overrides) else source
-            raise ConfigError(f"{blamed}: {_one_line(format_validation_error(exc))}") from exc
+            raise ConfigError(f"{blamed}: {_one_line(_joined(path, text))}") from exc
 
 
 @contextlib.contextmanager
@@ -183,98 +194,140 @@ def _set(node: dict[str, Any], dotted: str, leaf: str, value: Any) -> None:
 
 def config_to_json(config: Config) -> str:
     """The effective config as one compact JSON line with the file's camelCase keys."""
-    raw = CONFIG_ADAPTER.dump_python(config, by_alias=True, exclude_none=True)
-    return json.dumps(raw, separators=(",", ":"), ensure_ascii=False)
+    return json.dumps(config_to_raw(config), separators=(",", ":"), ensure_ascii=False)
 
 
 def config_to_raw(config: Config, *, nulls: bool = False) -> dict[str, Any]:
     """The file's mapping for `config` (camelCase keys, JSON types); unset (None) keys are
     left out unless `nulls`."""
-    raw: dict[str, Any] = CONFIG_ADAPTER.dump_python(
-        config, mode="json", by_alias=True, exclude_none=not nulls
-    )
+    raw: dict[str, Any] = _plain(msgspec.to_builtins(config, str_keys=True), nulls)
     return raw
 
 
-# -- pydantic's errors as one line: the only place that knows pydantic's error types ----------
+def _plain(value: Any, nulls: bool) -> Any:
+    """msgspec's builtins as JSON's types: lists for its tuples, and nulls kept or not."""
+    if isinstance(value, dict):
+        return {k: _plain(v, nulls) for k, v in value.items() if nulls or v is not None}
+    if isinstance(value, list | tuple):
+        return [_plain(v, nulls) for v in value]
+    return value
 
 
-def format_validation_error(exc: pydantic.ValidationError) -> str:
-    """The first error as `key.path: what (got value); what to do`, on one line."""
-    errors = exc.errors()
-    first = _first(errors)
-    path = _error_path(first)
-    text = f"{path}: {_describe(first, path)}" if path else _describe(first, path)
-    if len(errors) > 1:
-        text += f" [{len(errors) - 1} more error(s) after this one]"
-    return text.replace("\n", " ")
+# -- errors as one line: the only place that words the schema's and msgspec's errors ---------
+#
+# msgspec raises one `ValidationError` (the first error) whose only content is its text,
+# `<message> - at `$.key.path``: it exposes no structured error (no kind, no path parts,
+# no input), so the few message forms it has are matched here, the path is read from
+# the text and the value shown is looked up in the mapping it was given.
+
+_AT = re.compile(r"(?P<message>.*) - at (?:`[^`]*` in )?`\$(?P<path>[^`]*)`", re.DOTALL)
+_FIELD = re.compile(r"Object (?P<kind>contains unknown|missing required) field `(?P<key>[^`]*)`")
+_EXPECTED = re.compile(
+    r"Expected `(?P<type>[^`]*)`(?:, got `[^`]*`| (?P<op>[<>]=?) (?P<limit>\S+))"
+)
+#: How a type error is worded, by msgspec's name of the type expected.
+_KINDS: Final = {
+    "int": "must be a whole number (got {}); write e.g. 4",
+    "bool": "must be true or false (got {}); write true or false",
+    "float": "must be a number (got {}); write e.g. 1.5",
+    "str": "must be a string (got {}); quote the value",
+    "object": "must be a mapping of keys (got {}); write 'key: value' lines under it",
+    "array": "must be a list (got {}); write a YAML list, e.g. [a, b]",
+}
 
 
-_UNKNOWN_KEY: Final = ("extra_forbidden", "unexpected_keyword_argument")
+def describe_error(
+    exc: UnknownKey | Invalid | msgspec.ValidationError, read: Mapping[str, Any]
+) -> tuple[str, str]:
+    """An error's key path and what to say there, `what (got value); what to do`; `read`
+    is the mapping msgspec was given, where the value shown is found."""
+    if isinstance(exc, UnknownKey):
+        return exc.path, _unknown_key(exc.key, exc.valid)
+    if isinstance(exc, Invalid):  # a reader's: its path is from the top
+        return exc.at, _invalid(exc)
+    match = _AT.fullmatch(str(exc))
+    message, path = (match["message"], match["path"].removeprefix(".")) if match else (str(exc), "")
+    cause = exc.__cause__
+    if isinstance(cause, Invalid):  # a model's rule: its path is below the model's
+        return _sub_path(path, cause.at), _invalid(cause)
+    got = _show(_value_at(read, path))
+    if isinstance(cause, ValueError):
+        return path, f"value error, {cause} (got {got}); see docs/configuration.md"
+    field = _FIELD.fullmatch(message)
+    if field is None:
+        return path, _describe(message, path, got)
+    key = field["key"]
+    if field["kind"] == "missing required":
+        return _sub_path(path, key), f"required key is missing; add '{key}'"
+    return _sub_path(path, key), _unknown_key(key, _keys_at(path))
 
 
-def _first(errors: Sequence[Any]) -> Any:
-    """The error to show: an unknown key first, as a typo also makes a key look missing."""
-    return next((e for e in errors if e["type"] in _UNKNOWN_KEY), errors[0])
+def _joined(path: str, text: str) -> str:
+    return f"{path}: {text}" if path else text
 
 
-def _error_path(err: Mapping[str, Any]) -> str:
-    """`flags.plugin.deviceListStrategy[0]`: the key path an operator edits."""
-    text = ""
-    for part in err["loc"]:
-        if isinstance(part, int):
-            text += f"[{part}]"
-        elif part.startswith(("function-", "literal[", "tuple[", "int")) or "[" in part:
-            continue  # pydantic's union/validator tags are not keys
-        else:
-            text += f".{part}" if text else part
-    at = (err.get("ctx") or {}).get("at", "")
-    if at:
-        text += at if at.startswith("[") or not text else f".{at}"
-    return text
+def _sub_path(path: str, at: str) -> str:
+    if not at:
+        return path
+    return f"{path}{at}" if at.startswith("[") or not path else f"{path}.{at}"
 
 
-def _describe(err: Mapping[str, Any], path: str) -> str:
-    kind = err["type"]
-    ctx = err.get("ctx") or {}
-    got = err.get("input")
-    if kind == "kubegpu":
-        shown = f" (got {_show(ctx['got'])})" if "got" in ctx else ""
-        return f"{ctx['message']}{shown}; {ctx['hint']}"
-    if kind in _UNKNOWN_KEY:
-        return _unknown_key(err["loc"])
-    if kind in ("missing", "missing_argument"):
-        return f"required key is missing; add '{path.rsplit('.', 1)[-1]}'"
-    if kind == "enum":
-        choices = ", ".join(v.strip("'") for v in str(ctx.get("expected", "")).split("'")[1::2])
-        return f"unknown value (got {_show(got)}); use one of: {choices}"
-    if kind == "finite_number":  # only whole-number keys refuse NaN and infinity
-        return f"input should be a finite number (got {_show(got)}); write e.g. 4"
-    if kind.startswith("int_"):
-        return f"must be a whole number (got {_show(got)}); write e.g. 4"
-    if kind.startswith("bool_"):
-        return f"must be true or false (got {_show(got)}); write true or false"
-    if kind.startswith("float_"):
-        return f"must be a number (got {_show(got)}); write e.g. 1.5"
-    if kind.startswith("string_"):
-        return f"must be a string (got {_show(got)}); quote the value"
-    if kind in ("dataclass_type", "dataclass_args_type", "model_type", "dict_type"):
-        return f"must be a mapping of keys (got {_show(got)}); write 'key: value' lines under it"
-    if kind in ("tuple_type", "list_type"):
-        return f"must be a list (got {_show(got)}); write a YAML list, e.g. [a, b]"
-    bounds = {"greater_than_equal": ">=", "greater_than": ">"}
-    if kind in bounds:
-        limit = next(iter(ctx.values()))
-        return (
-            f"must be {bounds[kind]} {limit} (got {_show(got)}); use a value {bounds[kind]} {limit}"
-        )
-    msg = str(err["msg"])
-    return f"{msg[:1].lower()}{msg[1:]} (got {_show(got)}); see docs/configuration.md"
+def _invalid(exc: Invalid) -> str:
+    shown = f" (got {_show(exc.got)})" if exc.has_got else ""
+    return f"{exc.message}{shown}; {exc.hint}"
 
 
-def _unknown_key(loc: Sequence[Any]) -> str:
-    key = str(loc[-1])
-    valid = _keys_at(loc[:-1])
+def _describe(message: str, path: str, got: str) -> str:
+    expected = _EXPECTED.match(message)
+    if expected is not None:
+        kind = expected["type"].removesuffix(" | null")
+        if expected["op"]:
+            op, limit = expected["op"], expected["limit"]
+            return f"must be {op} {limit} (got {got}); use a value {op} {limit}"
+        if kind in _KINDS:
+            return _KINDS[kind].format(got)
+    annotation = _annotation_at(path)
+    if message.startswith("Invalid enum value"):
+        if isinstance(annotation, type) and issubclass(annotation, Enum):
+            return (
+                f"unknown value (got {got}); use one of: {', '.join(m.value for m in annotation)}"
+            )
+        if typing.get_origin(annotation) is typing.Literal:
+            choices = [repr(c) for c in typing.get_args(annotation)]
+            listed = (
+                f"{', '.join(choices[:-1])} or {choices[-1]}" if len(choices) > 1 else choices[0]
+            )
+            return f"input should be {listed} (got {got}); see docs/configuration.md"
+    if message == "Number out of range":
+        kind = {int: "int", float: "float"}.get(annotation, "")
+        if kind:
+            return _KINDS[kind].format(got)
+    return f"{message[:1].lower()}{message[1:]} (got {got}); see docs/configuration.md"
+
+
+def _value_at(read: Mapping[str, Any], path: str) -> Any:
+    """The value at `flags.plugin.deviceListStrategy[0]` in `read` (None when absent)."""
+    node: Any = read
+    for key, index in re.findall(r"([^.\[\]]+)|\[(\d+)\]", path):
+        try:
+            node = node[int(index)] if index else node[key]
+        except (KeyError, IndexError, TypeError):
+            return None
+    return node
+
+
+def _annotation_at(path: str) -> Any:
+    """The type of the field (or list item) at a key path, or None."""
+    parts = re.sub(r"\[\d+\]", "", path).split(".")
+    annotation = _leaf_annotation(parts)
+    item = _item_of(annotation) if path.endswith("]") else None
+    found = annotation if item is None else item
+    if typing.get_origin(found) is typing.Annotated:
+        return typing.get_args(found)[0]
+    return found
+
+
+def _unknown_key(key: str, valid: Sequence[str]) -> str:
     by_lower = {v.lower().replace("_", ""): v for v in valid}
     guess = by_lower.get(key.lower().replace("_", ""))
     if guess is None:
@@ -290,22 +343,21 @@ def _unknown_key(loc: Sequence[Any]) -> str:
 
 def _fields(model: type) -> dict[str, FieldInfo]:
     """A model's fields by their file key (`deviceIDStrategy`)."""
-    fields: dict[str, FieldInfo] = model.__pydantic_fields__  # type: ignore[attr-defined]
-    return {info.alias or name: info for name, info in fields.items()}
+    return {info.encode_name: info for info in msgspec.structs.fields(model)}
 
 
-def _keys_at(loc: Sequence[Any]) -> list[str]:
-    """The file keys valid in the mapping at `loc` (every model has keys)."""
+def _keys_at(path: str) -> list[str]:
+    """The file keys valid in the mapping at a key path (every model has keys)."""
     model: type = Config
-    for part in loc:
-        if isinstance(part, str):
-            model = _model_in(_fields(model)[part].annotation) or model
+    for part in re.sub(r"\[\d+\]", "", path).split("."):
+        if part and part in _fields(model):
+            model = _model_in(_fields(model)[part].type) or model
     return list(_fields(model))
 
 
 def _model_in(annotation: Any) -> type | None:
     """The model inside `X`, `X | None` or `tuple[X, ...]`."""
-    if dataclasses.is_dataclass(annotation) and isinstance(annotation, type):
+    if isinstance(annotation, type) and issubclass(annotation, msgspec.Struct):
         return annotation
     for arg in typing.get_args(annotation):
         found = _model_in(arg)
@@ -324,16 +376,16 @@ def _leaf_annotation(parts: Sequence[str]) -> Any:
         field = _fields(model).get(part)
         if field is None:
             return None
-        model = _model_in(field.annotation)
+        model = _model_in(field.type)
     return None if field is None else _scalar(field)
 
 
 def _scalar(field: FieldInfo) -> Any:
     """A field's type without `| None` (a flag sets a value, never a null)."""
-    args = [a for a in typing.get_args(field.annotation) if a is not type(None)]
-    if typing.get_origin(field.annotation) in (typing.Union, types.UnionType) and len(args) == 1:
+    args = [a for a in typing.get_args(field.type) if a is not type(None)]
+    if typing.get_origin(field.type) in (typing.Union, types.UnionType) and len(args) == 1:
         return args[0]
-    return field.annotation
+    return field.type
 
 
 def _item_of(annotation: Any) -> Any:

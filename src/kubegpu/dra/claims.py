@@ -24,6 +24,8 @@ from collections.abc import Collection, Iterable, Mapping
 from dataclasses import dataclass
 from typing import Any, Required, TypedDict
 
+import msgspec
+
 from kubegpu import cdi, mps
 from kubegpu.allocation import ContainerEdits, build_response, merge
 from kubegpu.config import Config, DeviceListStrategy
@@ -142,8 +144,10 @@ def cdi_strategy_config(config: Config) -> Config:
     plugin = config.flags.plugin
     if plugin.device_list_strategy == (DeviceListStrategy.CDI_CRI,):
         return config
-    plugin = dataclasses.replace(plugin, device_list_strategy=(DeviceListStrategy.CDI_CRI,))
-    return dataclasses.replace(config, flags=dataclasses.replace(config.flags, plugin=plugin))
+    plugin = msgspec.structs.replace(plugin, device_list_strategy=(DeviceListStrategy.CDI_CRI,))
+    return msgspec.structs.replace(
+        config, flags=msgspec.structs.replace(config.flags, plugin=plugin)
+    )
 
 
 @dataclass(frozen=True)
