@@ -8,6 +8,10 @@ Sections (docs/performance.md has the figures and the method):
   node, fresh `kubegpu serve` processes each: start → registered, RSS after
   registration, the first pod's admission through the kubelet emulator (cold) and the
   next pods (warm).
+- **fresh-dra** (`benchmarks/startup.py`, `bench_fresh_dra`): the same start in DRA mode,
+  fresh `kubegpu serve --mode dra` processes on the 8×H100 and the 64-GPU node, each
+  registering with a fresh DRA kubelet: start → registered and RSS after registration,
+  against the same targets.
 - **watch** (`benchmarks/watch.py`): kubelet restart or the plugin socket deleted →
   re-registered, config edit → new ListAndWatch list at the kubelet, idle CPU of `serve`.
 - **handover** (`benchmarks/handover.py`): `serve` handing over to `serve --handover` under
@@ -130,6 +134,10 @@ async def bench_fresh(plan: Plan) -> Figures:
     return {"nodes": await startup.bench_fresh_processes(trials=plan.trials, warm=plan.warm)}
 
 
+async def bench_fresh_dra(plan: Plan) -> Figures:
+    return {"dra_nodes": await startup.bench_fresh_dra(trials=plan.trials)}
+
+
 async def bench_watch(plan: Plan) -> Figures:
     figures = await watch.bench_reregister(plan.restarts)
     figures.update(await watch.bench_socket_deleted(plan.restarts))
@@ -216,36 +224,10 @@ def _node_rows(figures: Figures) -> list[Row]:
             ),
         ]
     if nodes:
-        starts = {n: f["start_to_registered_s"] for n, f in nodes.items()}
-        rss = {n: f["rss_mib"] for n, f in nodes.items()}
-        cpu = {n: f["cpu_to_registered_s"] for n, f in nodes.items()}
+        rows += _start_rows(nodes, "")
         after = {n: f["rss_after_pods_mib"] for n, f in nodes.items()}
-        slowest = max(starts, key=lambda n: starts[n]["median"])
-        busiest = max(cpu, key=lambda n: cpu[n]["median"])
-        biggest = max(rss, key=lambda n: rss[n]["max"])
         grown = max(after, key=lambda n: after[n]["max"])
-        rows += [
-            Row(
-                f"start → registered (slowest median: {slowest})",
-                f"{starts[slowest]['median']:.3f} s",
-                f"{max(s['max'] for s in starts.values()):.3f} s",
-                f"≤ {START_S:g} s",
-                starts[slowest]["median"] <= START_S,
-            ),
-            Row(
-                f"RSS after registration (largest: {biggest})",
-                f"{rss[biggest]['median']:.1f} MiB",
-                f"{rss[biggest]['max']:.1f} MiB",
-                f"≤ {RSS_MIB:g} MiB",
-                rss[biggest]["max"] <= RSS_MIB,
-            ),
-            Row(
-                f"  CPU used to registered (most: {busiest})",
-                f"{cpu[busiest]['median']:.2f} s",
-                f"{cpu[busiest]['max']:.2f} s",
-                "",
-                None,
-            ),
+        rows.append(
             Row(
                 f"  RSS after {nodes[grown]['warm_pods'] // nodes[grown]['processes'] + 1}"
                 f" pods (largest: {grown})",
@@ -253,9 +235,46 @@ def _node_rows(figures: Figures) -> list[Row]:
                 f"{after[grown]['max']:.1f} MiB",
                 "",
                 None,
-            ),
-        ]
+            )
+        )
+    dra_nodes: dict[str, Figures] = figures.get("dra_nodes", {})
+    if dra_nodes:
+        rows += _start_rows(dra_nodes, "DRA: ")
     return rows
+
+
+def _start_rows(nodes: Mapping[str, Figures], mode: str) -> list[Row]:
+    """Start → registered, RSS after registration and the CPU to get there, of one mode's
+    fresh processes (`mode`: the prefix naming it, empty for the device plugin)."""
+    starts = {n: f["start_to_registered_s"] for n, f in nodes.items()}
+    rss = {n: f["rss_mib"] for n, f in nodes.items()}
+    cpu = {n: f["cpu_to_registered_s"] for n, f in nodes.items()}
+    slowest = max(starts, key=lambda n: starts[n]["median"])
+    busiest = max(cpu, key=lambda n: cpu[n]["median"])
+    biggest = max(rss, key=lambda n: rss[n]["max"])
+    return [
+        Row(
+            f"{mode}start → registered (slowest median: {slowest})",
+            f"{starts[slowest]['median']:.3f} s",
+            f"{max(s['max'] for s in starts.values()):.3f} s",
+            f"≤ {START_S:g} s",
+            starts[slowest]["median"] <= START_S,
+        ),
+        Row(
+            f"{mode}RSS after registration (largest: {biggest})",
+            f"{rss[biggest]['median']:.1f} MiB",
+            f"{rss[biggest]['max']:.1f} MiB",
+            f"≤ {RSS_MIB:g} MiB",
+            rss[biggest]["max"] <= RSS_MIB,
+        ),
+        Row(
+            f"  CPU used to registered (most: {busiest})",
+            f"{cpu[busiest]['median']:.2f} s",
+            f"{cpu[busiest]['max']:.2f} s",
+            "",
+            None,
+        ),
+    ]
 
 
 def _watch_rows(figures: Figures) -> list[Row]:
@@ -452,6 +471,11 @@ SECTIONS: tuple[tuple[str, str, Section], ...] = (
         "fresh",
         "fresh serve processes, every preset and 64 GPUs (benchmarks/startup.py)",
         bench_fresh,
+    ),
+    (
+        "fresh-dra",
+        "fresh serve --mode dra processes, 8 and 64 GPUs (benchmarks/startup.py)",
+        bench_fresh_dra,
     ),
     ("watch", "kubelet restarts, config changes, idle CPU (benchmarks/watch.py)", bench_watch),
     (

@@ -28,6 +28,24 @@ take the nodes in turn, so every node sees the same CPU weather. Per process:
 One uncounted warm-up process runs first: it writes the bytecode cache a node's image has
 (`harness.use_bytecode_cache`) and warms this process's emulator, as a kubelet is long
 running. The last line printed when run alone is one JSON object with every figure.
+
+`--mode dra` (`bench_fresh_dra`): fresh `kubegpu serve --mode dra --simulate <node>`
+processes instead, each registering with a fresh DRA kubelet (the test rig's
+`tests.rig.dra.DRAKubelet`: the kubelet's plugin watcher and DRA plugin manager over a real
+`plugins_registry` directory), on `DRA_NODES`, one uncounted warm-up first. Per process:
+
+- **start → registered**: spawn → the kubelet's plugin watcher has finished a successful
+  registration of the driver (dialled the registration socket, GetInfo answered, the DRA
+  plugin manager holds the driver, NotifyRegistrationStatus(registered) delivered): from
+  then on the kubelet routes NodePrepareResources to it. Stamped by the first waiter the
+  kubelet's change wakes, with the CPU `serve` used to get there beside it;
+- **RSS**: `VmRSS` of `serve` right then.
+
+No claim is prepared (benchmarks/dra.py times prepare and unprepare). The API server is
+unreachable (a kubeconfig that names a port nothing listens on): start-up and registration
+never wait on it, the client library is loaded all the same (the daemon imports it), and
+the ResourceSlice publisher retries in the background, so these figures leave out only what
+a node's first published slices hold in memory.
 """
 
 from __future__ import annotations
@@ -50,7 +68,10 @@ import yaml
 import kubegpu.devices
 from benchmarks import harness
 from benchmarks.harness import RESOURCE
+from kubegpu.devices.simulated import SimulatedBackend
 from kubegpu.kubelet import KubeletEmulator
+from tests.rig.dra import DRAKubelet
+from tests.rig.kube import FakeKube
 
 PRESETS = Path(kubegpu.devices.__file__).parent / "presets"
 BIG = "gpus-64"
@@ -63,6 +84,10 @@ POD_GPUS = 2
 KEEP_FREE = 2
 
 Figures = dict[str, Any]
+#: DRA mode: the 8×H100 node, and the 64-GPU one.
+DRA_NODES = (WARM_UP, BIG)
+#: The driver a simulated NVIDIA node registers.
+DRA_DRIVER = "gpu.nvidia.com"
 
 
 def presets() -> list[str]:
@@ -188,6 +213,129 @@ def summary(runs: Runs) -> Figures:
     }
 
 
+@dataclass
+class DraRuns:
+    """Every DRA trial's figures for one node."""
+
+    start_s: list[float] = field(default_factory=list)
+    start_cpu_s: list[float] = field(default_factory=list)
+    rss_mib: list[float] = field(default_factory=list)
+
+
+def _unreachable_kubeconfig(path: Path) -> Path:
+    """A kubeconfig whose API server does not listen (nothing answers on port 1)."""
+    cluster = {"server": "https://127.0.0.1:1"}
+    config = {
+        "apiVersion": "v1",
+        "kind": "Config",
+        "clusters": [{"name": "c", "cluster": cluster}],
+        "users": [{"name": "u", "user": {"token": "t"}}],
+        "contexts": [{"name": "x", "context": {"cluster": "c", "user": "u"}}],
+        "current-context": "x",
+    }
+    path.write_text(json.dumps(config))
+    return path
+
+
+async def _registered(kubelet: DRAKubelet, child: harness.Child) -> float:
+    """The perf_counter at which the kubelet's plugin watcher has registered the driver
+    (see the module's docstring); fails fast, with the log's tail, if `serve` exits."""
+    at: list[float] = []
+
+    def done() -> bool:
+        if not at and any(a.ok and a.name == DRA_DRIVER for a in kubelet.attempts):
+            at.append(time.perf_counter())
+        return bool(at)
+
+    waiting = asyncio.ensure_future(kubelet.wait_for(done, timeout=harness.DEADLINE_S))
+    exited = asyncio.ensure_future(child.proc.wait())
+    try:
+        await asyncio.wait({waiting, exited}, return_when=asyncio.FIRST_COMPLETED)
+    finally:
+        exited.cancel()
+    if not waiting.done():
+        waiting.cancel()
+        raise RuntimeError(
+            f"kubegpu serve --mode dra exited ({child.proc.returncode}) before registering:"
+            f"\n{child.tail()}"
+        )
+    try:
+        waiting.result()
+    except TimeoutError as exc:
+        raise RuntimeError(f"{exc}\n--- kubegpu serve log:\n{child.tail()}") from None
+    return at[0]
+
+
+async def one_dra_process(work: Path, node: str, name: str, runs: DraRuns) -> None:
+    """A fresh `serve --mode dra` + DRA kubelet: start → registered, RSS."""
+    root = work / f"k-{name}"
+    hz = os.sysconf("SC_CLK_TCK")
+    args = [
+        *harness.kubegpu_command(),
+        "serve",
+        "--mode",
+        "dra",
+        "--simulate",
+        node,
+        "--node-name",
+        "n1",
+        "--kubelet-registrar-directory-path",
+        str(root / "plugins_registry"),
+        "--kubelet-plugins-directory-path",
+        str(root / "plugins"),
+        "--device-plugin-path",
+        str(root / "dp"),
+    ]
+    env = {**os.environ, "KUBECONFIG": str(work / "kubeconfig")}
+    for variable in ("KUBERNETES_SERVICE_HOST", "KUBERNETES_SERVICE_PORT", "CONFIG_FILE"):
+        env.pop(variable, None)
+    async with (
+        DRAKubelet(root, FakeKube()) as kubelet,
+        harness.child(args, work / f"{name}.log", env=env) as plugin,
+    ):
+        at = await _registered(kubelet, plugin)
+        runs.start_s.append(at - plugin.spawned)
+        runs.start_cpu_s.append(harness.cpu_ticks(plugin.pid) / hz)
+        runs.rss_mib.append(harness.proc_status(plugin.pid)["VmRSS"])
+
+
+def dra_summary(runs: DraRuns) -> Figures:
+    return {
+        "processes": len(runs.start_s),
+        "start_to_registered_s": _med_max(runs.start_s, 3),
+        "cpu_to_registered_s": _med_max(runs.start_cpu_s, 2),
+        "rss_mib": _med_max(runs.rss_mib, 1),
+    }
+
+
+async def bench_fresh_dra(nodes: list[str] | None = None, trials: int = TRIALS) -> Figures:
+    """Per node, `trials` fresh `serve --mode dra` processes; figures by node."""
+    names = nodes if nodes is not None else list(DRA_NODES)
+    with harness.temp_dir("kgbd-") as work:
+        _unreachable_kubeconfig(work / "kubeconfig")
+        sources = _node_sources(work, names)
+        gpus = {n: _gpus(sources[n]) for n in names}
+        await one_dra_process(work, WARM_UP, "warm-up", DraRuns())
+        runs = {n: DraRuns() for n in names}
+        for trial in range(trials):
+            for n in names:
+                await one_dra_process(work, sources[n], f"{n}-{trial}", runs[n])
+    return {n: {"gpus": gpus[n], **dra_summary(r)} for n, r in runs.items()}
+
+
+def _node_sources(work: Path, names: list[str]) -> dict[str, str]:
+    """What `--simulate` is given for each node: the preset, or the big node's file."""
+    sources = {n: n for n in names}
+    if BIG in sources:
+        (work / f"{BIG}.yaml").write_text(yaml.safe_dump(big_node()))
+        sources[BIG] = str(work / f"{BIG}.yaml")
+    return sources
+
+
+def _gpus(source: str) -> int:
+    return len(SimulatedBackend.load(source).discover().gpus)
+
+
 async def bench_fresh_processes(
     nodes: list[str] | None = None, trials: int = TRIALS, warm: int = WARM
 ) -> Figures:
@@ -198,10 +346,7 @@ async def bench_fresh_processes(
     gc.collect()
     gc.freeze()
     with harness.temp_dir("kgbs-") as work:
-        sources = {n: n for n in names}
-        if BIG in sources:
-            (work / f"{BIG}.yaml").write_text(yaml.safe_dump(big_node()))
-            sources[BIG] = str(work / f"{BIG}.yaml")
+        sources = _node_sources(work, names)
         # h100-8 asks GetPreferredAllocation (so placement's bytecode is written too);
         # a node of one or two GPUs may not.
         await one_process(work, WARM_UP, "warm-up", warm, Runs())
@@ -217,13 +362,28 @@ def main() -> int:
     parser = argparse.ArgumentParser(description=(__doc__ or "").splitlines()[0])
     parser.add_argument("--trials", type=int, default=TRIALS)
     parser.add_argument("--warm", type=int, default=WARM)
+    parser.add_argument(
+        "--mode", choices=["plugin", "dra"], default="plugin", help="serve's mode (--mode)"
+    )
     parser.add_argument("nodes", nargs="*", help=f"presets or {BIG} (default: all)")
     args = parser.parse_args()
     prefix = harness.use_bytecode_cache()
     try:
-        figures = asyncio.run(bench_fresh_processes(args.nodes or None, args.trials, args.warm))
+        if args.mode == "dra":
+            figures = asyncio.run(bench_fresh_dra(args.nodes or None, args.trials))
+        else:
+            figures = asyncio.run(bench_fresh_processes(args.nodes or None, args.trials, args.warm))
     finally:
         shutil.rmtree(prefix, ignore_errors=True)
+    if args.mode == "dra":
+        for node, f in figures.items():
+            print(
+                f"{node:14} {f['gpus']:>3} GPUs  start {f['start_to_registered_s']}  "
+                f"RSS {f['rss_mib']}",
+                file=sys.stderr,
+            )
+        print(json.dumps(figures), flush=True)
+        return 0
     for node, f in figures.items():
         print(
             f"{node:14} {f['gpus']:>3} GPUs  start {f['start_to_registered_s']}  "

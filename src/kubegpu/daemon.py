@@ -9,7 +9,11 @@ and the front, metrics and Node events follow it as subscribers.
 The daemon starts the shared core and then exactly one `Front`, chosen by the mode in
 one place (`FRONTS`): `kubegpu.plugin.front.PluginFront` (the device plugin API) or
 `kubegpu.dra.front.DraFront` (a DRA kubelet plugin). Each is assembled in its own
-package; the daemon knows only the protocol. Each room runs its own
+package; the daemon knows only the contract (`kubegpu.front`: the `Front` protocol, and
+the `Core` and `DaemonSettings` every front's class is called with). `FRONTS` names each
+front's class rather than importing it, and `front_factory` imports the one the mode
+chooses when the daemon is built, so a `serve` loads its own mode and nothing of the
+other's (neither its package nor the libraries only it uses). Each room runs its own
 loop over the store and the daemon only starts, supervises and stops it: the MPS control
 daemons (`mps.MpsReconciler`), the CDI spec files (`cdi.CdiWriter`) and, with
 `--with-labels`, the node labels (`labeller.follow_store`). Who uses what on the GPUs
@@ -22,39 +26,32 @@ import asyncio
 import contextlib
 import logging
 import os
+import pkgutil
 import socket
-from collections.abc import AsyncIterator, Callable, Coroutine, Mapping, Sequence
-from dataclasses import dataclass, field
-from pathlib import Path
-from typing import Any, Protocol
+from collections.abc import AsyncIterator, Callable, Mapping
+from typing import Final
 
 from kubegpu import labeller
-from kubegpu.api import DEVICE_PLUGIN_PATH, POD_RESOURCES_SOCKET
-from kubegpu.cdi import DEFAULT_DIRECTORY as DEFAULT_CDI_DIRECTORY
 from kubegpu.cdi import CdiWriter
 from kubegpu.config import Config, Flags
 from kubegpu.config import driver_files_root as config_driver_files_root
 from kubegpu.config.show import log_config
-from kubegpu.config.source import POLL_INTERVAL, ConfigSource, ConfigUpdate, NamedConfigs
+from kubegpu.config.source import ConfigSource, ConfigUpdate
 from kubegpu.devices import DeviceBackend, Health, Inventory, NullBackend, open_backend
-from kubegpu.dra.driver import PLUGINS_DIRECTORY, REGISTRAR_DIRECTORY
-from kubegpu.dra.front import DraFront
 from kubegpu.errors import ConfigError, InitError, PreconditionError, StartupError
 from kubegpu.events import NodeEvents, Reason
+from kubegpu.front import Core, DaemonSettings, Front, FrontFactory
 from kubegpu.health import HealthMonitor, health_flags_from_env
 from kubegpu.httpserver import HttpServer
 from kubegpu.kube import Kube, KubeClient
 from kubegpu.metrics import Metrics
 from kubegpu.mode import Mode
 from kubegpu.mps import MpsReconciler
-from kubegpu.nvidia_paths import MPS_CONTROL_BINARY
-from kubegpu.plugin.directory import PluginDirectory
-from kubegpu.plugin.front import PluginFront
 from kubegpu.resources import ResourceSpec
-from kubegpu.state import NodeState, NodeStore
+from kubegpu.state import NodeStore
 from kubegpu.supervisor import Supervisor, until_stopped
-from kubegpu.usage import DEFAULT_MAX_ROWS, UsageCollector, UsageSettings
-from kubegpu.usage.collector import KUBELET_CHECKPOINT, DraView
+from kubegpu.usage import UsageCollector, UsageSettings
+from kubegpu.usage.collector import KUBELET_CHECKPOINT
 
 log = logging.getLogger("kubegpu.daemon")
 
@@ -72,123 +69,19 @@ def driver_files_root(flags: Flags) -> str:
     return config_driver_files_root(flags.nvidia_driver_root, flags.plugin.container_driver_root)
 
 
-@dataclass(frozen=True)
-class DaemonSettings:
-    """What `serve` was asked to do; built from flags and env vars by the CLI."""
-
-    plugin_dir: Path = Path(DEVICE_PLUGIN_PATH)
-    #: The device plugin API (the default) or a DRA kubelet plugin.
-    mode: Mode = Mode.PLUGIN
-    #: DRA: where the kubelet's plugin watcher looks for registration sockets.
-    registrar_dir: Path = Path(REGISTRAR_DIRECTORY)
-    #: DRA: the kubelet's plugins directory; ours is `<it>/<driver>` (dra.sock, checkpoint).
-    kubelet_plugins_dir: Path = Path(PLUGINS_DIRECTORY)
-    #: This node's name: the DRA pool the scheduler allocates from.
-    node_name: str = ""
-    backend: str = "auto"
-    simulate: str | None = None
-    config_file: Path | None = None
-    #: Flag and env values as dotted config paths; they beat the config file.
-    overrides: Mapping[str, Any] = field(default_factory=dict)
-    named: NamedConfigs | None = None
-    #: NVIDIA's DP_DISABLE_HEALTHCHECKS / DP_ENABLE_HEALTHCHECKS, as read at the edge.
-    health_env: Mapping[str, str] = field(default_factory=dict)
-    metrics_address: str = "127.0.0.1"
-    metrics_port: int = 0
-    health_address: str = "0.0.0.0"
-    health_port: int = 0
-    config_poll_interval: float = POLL_INTERVAL
-    #: Where CDI specs go when a CDI device-list strategy is on.
-    cdi_dir: Path = Path(DEFAULT_CDI_DIRECTORY)
-    mps_control_binary: str = MPS_CONTROL_BINARY
-    #: Also write GPU Feature Discovery labels (NFD features.d file), as `kubegpu labels`.
-    with_labels: bool = False
-    #: Start beside a `serve` already on the plugin directory and take over from it.
-    handover: bool = False
-    #: The host's /proc (process cgroups) and the kubelet's PodResources socket, to tell
-    #: which container uses what on the GPUs; the cap on per-container rows per scrape.
-    proc_root: Path = Path("/proc")
-    pod_resources_socket: Path | None = Path(POD_RESOURCES_SOCKET)
-    usage_max_rows: int = DEFAULT_MAX_ROWS
-
-
-class Front(Protocol):
-    """What the daemon asks of the mode's front, over the shared core it started.
-
-    In order: `open` (instant, first: the front's place on the node, its directories),
-    `start` with the first state (after the CDI specs and the MPS daemons), the
-    `root_tasks` the supervisor runs, and at shutdown `stop` (withdraw from the kubelet,
-    answer the calls on their way) and, last of all, `close` (let the directories go).
-    `check` refuses a config the front cannot serve; `per_claim` and `usage_view` are
-    what the MPS daemons and the per-container metrics need to know of it.
-    """
-
-    def open(self) -> None: ...
-
-    async def start(self, state: NodeState) -> None: ...
-
-    def root_tasks(self, since: int) -> Sequence[tuple[str, Coroutine[Any, Any, None]]]: ...
-
-    def ready(self) -> tuple[bool, str]: ...
-
-    async def stop(self) -> None: ...
-
-    def close(self) -> None: ...
-
-    def check(self, config: Config) -> None: ...
-
-    def per_claim(self, spec: ResourceSpec) -> bool: ...
-
-    def usage_view(self) -> DraView | None: ...
-
-
-@dataclass(frozen=True)
-class Core:
-    """The shared core a front is built over: what it follows, writes to, reports through."""
-
-    store: NodeStore
-    kube: Kube
-    metrics: Metrics
-    events: NodeEvents
-    #: The GPU backend, once start-up has opened it.
-    backend: Callable[[], DeviceBackend]
-    #: Device plugin mode: told each resource registered, and how long it took.
-    on_registered: Callable[[str, float], None] | None
-
-
-def _plugin_front(s: DaemonSettings, core: Core) -> Front:
-    return PluginFront(
-        core.store,
-        plugin_dir=s.plugin_dir,
-        handover=s.handover,
-        metrics=core.metrics,
-        on_registered=core.on_registered,
-        cdi_dir=s.cdi_dir,
-    )
-
-
-def _dra_front(s: DaemonSettings, core: Core) -> Front:
-    return DraFront(
-        core.store,
-        core.kube,
-        backend=core.backend,
-        lock=PluginDirectory,
-        events=core.events,
-        metrics=core.metrics,
-        node_name=s.node_name,
-        registrar_dir=s.registrar_dir,
-        plugins_dir=s.kubelet_plugins_dir,
-        cdi_dir=s.cdi_dir,
-        mps_control_binary=s.mps_control_binary,
-        simulated=s.simulate is not None,
-    )
-
-
-#: The one choice the mode makes: which front the daemon starts over the core.
-FRONTS: Mapping[Mode, Callable[[DaemonSettings, Core], Front]] = {
-    Mode.PLUGIN: _plugin_front,
-    Mode.DRA: _dra_front,
+#: The one choice the mode makes: the front the daemon starts over the core, as
+#: `module:class`. Named, not imported: a `serve` loads its own mode's front and nothing of
+#: the other (`front_factory`), as the CLI loads only the command that runs.
+FRONTS: Final[Mapping[Mode, str]] = {
+    Mode.PLUGIN: "kubegpu.plugin.front:PluginFront",
+    Mode.DRA: "kubegpu.dra.front:DraFront",
 }
+
+
+def front_factory(mode: Mode) -> FrontFactory:
+    """The class of `mode`'s front, imported now (the standard library's name resolver)."""
+    factory: FrontFactory = pkgutil.resolve_name(FRONTS[mode])
+    return factory
 
 
 class Daemon:
@@ -215,7 +108,7 @@ class Daemon:
             self.store, self.kube, self.metrics, self.events, lambda: self.backend, on_registered
         )
         #: The mode's front: the one place the mode is chosen.
-        self.front: Front = FRONTS[settings.mode](settings, core)
+        self.front: Front = front_factory(settings.mode)(settings, core)
         self.source = ConfigSource(
             config_file=settings.config_file,
             overrides=settings.overrides,
@@ -488,3 +381,14 @@ class Daemon:
         """SIGHUP: re-read the config now."""
         log.info("SIGHUP: re-reading the config")
         self.source.poke()
+
+
+__all__ = [
+    "FRONTS",
+    "Core",
+    "Daemon",
+    "DaemonSettings",
+    "Front",
+    "driver_files_root",
+    "front_factory",
+]

@@ -21,8 +21,10 @@
     ├── StartupError         the node cannot host `serve` as asked: port in use, address
     │                        not this host's, socket path too long; exit 1 (kubegpu.daemon and
     │                        its fronts, kubegpu.plugin.front and kubegpu.dra.front)
-    ├── PluginDirectoryError the device-plugin directory is taken: another serve, a handover
-    │                        under way, both socket slots served; exit 1
+    ├── DirectoryLockError   a directory `serve` owns is locked by another serve; exit 1
+    │   │                    (kubegpu.dirlock: a DRA driver's directory)
+    │   └── PluginDirectoryError the device-plugin directory is taken: another serve, a
+    │                        handover under way, both socket slots served
     │                        (kubegpu.plugin.directory)
     ├── DraCheckpointError   the DRA checkpoint's path holds no regular file, or its
     │                        directory cannot be written; exit 1 (kubegpu.dra.checkpoint)
@@ -76,3 +78,8 @@ class RegistrationError(KubegpuError):
 class StartupError(KubegpuError):
     """This node cannot host the daemon as asked: the plugin directory is taken, a port is
     in use, an address is not this host's (exit 1: the environment, not the flags)."""
+
+
+class DirectoryLockError(KubegpuError):
+    """A directory this `serve` must own is locked by another process, or cannot be locked
+    (exit 1: the node, not the flags)."""

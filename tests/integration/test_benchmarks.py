@@ -13,9 +13,9 @@ from pathlib import Path
 
 import pytest
 
-from benchmarks import api_budget, dra, harness, watch
+from benchmarks import api_budget, dra, harness, startup, watch
 from benchmarks.clock import LoopClock
-from benchmarks.run import STORM_WRITES
+from benchmarks.run import STORM_WRITES, table
 from kubegpu.dra.publisher import RESYNC_S
 from kubegpu.dra.stale import INTERVAL_S as STALE_CHECK_S
 from kubegpu.kubelet import KubeletEmulator
@@ -49,6 +49,21 @@ async def test_waiting_for_registration_outlasts_a_slow_start(socket_dir: Path) 
                     await waiting
     finally:
         await kubelet.stop()
+
+
+async def test_the_dra_start_benchmark_times_fresh_processes_to_the_kubelets_registration() -> None:
+    """`serve --mode dra` as a node runs it, registered by the DRA kubelet's plugin
+    watcher; its figures reach the table beside the device plugin's targets."""
+    nodes = await startup.bench_fresh_dra(["a10g-4"], trials=1)
+    figures = nodes["a10g-4"]
+    assert (figures["gpus"], figures["processes"]) == (4, 1)
+    assert figures["start_to_registered_s"]["median"] > 0
+    assert figures["rss_mib"]["median"] > 0
+    rows = table({"dra_nodes": nodes}).splitlines()
+    assert [row.split("(")[0].strip() for row in rows if row.startswith("DRA: ")] == [
+        "DRA: start → registered",
+        "DRA: RSS after registration",
+    ]
 
 
 async def test_the_dra_benchmark_calls_the_node_over_its_socket_from_another_process() -> None:

@@ -1,7 +1,8 @@
 """What a fresh `kubegpu` process loads, and `serve` as a node runs it.
 
 Each command loads what it needs and nothing else: `--version` and `--help` no command at
-all, and no command another one. `serve` starts, registers and allocates with no
+all, and no command another one; `serve` its own mode's front and nothing of the other's
+(`daemon.FRONTS`). `serve` starts, registers and allocates with no
 Kubernetes API in reach (the API is only needed for Node events and the named-config
 label, and neither may hold up serving), then stops cleanly on SIGTERM.
 """
@@ -15,10 +16,13 @@ import signal
 import subprocess
 import sys
 from pathlib import Path
+from typing import Any
 
 import pytest
 
 from kubegpu.cli import COMMANDS
+from tests.rig.dra import DRAKubelet
+from tests.rig.kube import FakeKube
 from tests.waiting import WAIT, Kubelet
 
 GPU = "nvidia.com/gpu"
@@ -186,6 +190,88 @@ async def test_serve_registers_and_allocates_without_a_reachable_kubernetes_api(
         await kubelet.stop()
     assert proc.returncode == 0, err.decode()
     assert "Traceback" not in err.decode()
+
+
+#: `serve` through the console script's own entry (`kubegpu.cli.main`), then every module the
+#: process loaded while it ran, printed once SIGTERM has ended it: all it loaded to register
+#: and serve, read from outside, with nothing added to the product to tell it.
+SERVE_THEN_MODULES = (
+    "import sys\n"
+    "from kubegpu.cli import main\n"
+    "code = main(sys.argv[1:])\n"
+    "print(' '.join(sorted(sys.modules)), flush=True)\n"
+    "sys.exit(code)\n"
+)
+#: What a `serve` of each mode has no use for: the other mode's front and all below it.
+OTHER_MODE = {"plugin": ("kubegpu.dra",), "dra": ("kubegpu.plugin",)}
+
+
+async def _modules_of_serve(args: list[str], registered: asyncio.Future[None]) -> set[str]:
+    """Run `kubegpu <args>` until `registered` is done, then SIGTERM it: what it loaded."""
+    proc = await asyncio.create_subprocess_exec(
+        sys.executable,
+        "-c",
+        SERVE_THEN_MODULES,
+        *args,
+        env=_env(KUBECONFIG="/nonexistent/kubeconfig"),
+        stdout=asyncio.subprocess.PIPE,
+        stderr=asyncio.subprocess.PIPE,
+    )
+    try:
+        exited = asyncio.ensure_future(proc.wait())
+        either: set[asyncio.Future[Any]] = {registered, exited}
+        await asyncio.wait(either, return_when=asyncio.FIRST_COMPLETED)
+        exited.cancel()
+        registered.result()  # the error, if serve exited first or the wait timed out
+    finally:
+        if proc.returncode is None:
+            proc.send_signal(signal.SIGTERM)
+        out, err = await asyncio.wait_for(proc.communicate(), WAIT)
+    assert proc.returncode == 0, err.decode()
+    return set(out.decode().splitlines()[-1].split())
+
+
+async def test_a_device_plugin_serve_loads_nothing_of_dra(socket_dir: Path) -> None:
+    kubelet = Kubelet(socket_dir / "dp", grace_period=0.5)
+    await kubelet.start()
+    try:
+        args = ["serve", "--simulate", "h100-8", "--device-plugin-path", str(kubelet.plugin_dir)]
+        registered = asyncio.ensure_future(
+            kubelet.wait_for_resource(GPU, capacity=8, allocatable=8)
+        )
+        loaded = await _modules_of_serve(args, registered)
+    finally:
+        await kubelet.stop()
+    assert "kubegpu.plugin.front" in loaded
+    assert _within(loaded, OTHER_MODE["plugin"]) == []
+
+
+async def test_a_dra_serve_loads_nothing_of_the_device_plugin(socket_dir: Path) -> None:
+    """Registered with the kubelet's plugin watcher (GetInfo, NotifyRegistrationStatus)."""
+    dra = DRAKubelet(socket_dir / "kubelet", FakeKube(), retry_initial=0.05)
+    await dra.start()
+    try:
+        args = [
+            "serve",
+            "--mode",
+            "dra",
+            "--simulate",
+            "h100-8",
+            "--node-name",
+            "n1",
+            "--kubelet-registrar-directory-path",
+            str(dra.registry_dir),
+            "--kubelet-plugins-directory-path",
+            str(dra.plugins_dir),
+            "--device-plugin-path",
+            str(socket_dir / "dp"),
+        ]
+        registered = asyncio.ensure_future(dra.wait_for_driver("gpu.nvidia.com", timeout=WAIT))
+        loaded = await _modules_of_serve(args, registered)
+    finally:
+        await dra.stop()
+    assert "kubegpu.dra.front" in loaded
+    assert _within(loaded, OTHER_MODE["dra"]) == []
 
 
 def test_events_still_answers_to_the_old_name_of_kube_errors() -> None:

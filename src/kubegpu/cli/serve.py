@@ -61,11 +61,16 @@ from kubegpu.config import (
 )
 from kubegpu.config.source import named_configs
 from kubegpu.daemon import Daemon, DaemonSettings
-from kubegpu.dra.driver import PLUGINS_DIRECTORY, REGISTRAR_DIRECTORY
 from kubegpu.errors import ConfigError, KubegpuError
 from kubegpu.events import NodeEvents
 from kubegpu.health import health_flags_from_env
-from kubegpu.kubelet_paths import DEVICE_PLUGIN_PATH, KUBELET_SOCKET, POD_RESOURCES_SOCKET
+from kubegpu.kubelet_paths import (
+    DEVICE_PLUGIN_PATH,
+    KUBELET_SOCKET,
+    PLUGINS_DIRECTORY,
+    POD_RESOURCES_SOCKET,
+    REGISTRAR_DIRECTORY,
+)
 from kubegpu.mode import Mode
 from kubegpu.rpc import MAX_SOCKET_PATH
 from kubegpu.usage import DEFAULT_MAX_ROWS

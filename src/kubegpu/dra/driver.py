@@ -25,6 +25,7 @@ from kubegpu.dra.registration import (
     registration_socket_name,
 )
 from kubegpu.dra.service import ClaimPreparer, DraServicer, dra_server
+from kubegpu.kubelet_paths import PLUGINS_DIRECTORY, REGISTRAR_DIRECTORY
 from kubegpu.rpc import UnixServer
 from kubegpu.watch import Backoff, PathWatch
 from kubegpu.watch.paths import InotifyFactory, default_inotify
@@ -33,9 +34,6 @@ log = logging.getLogger("kubegpu.dra")
 
 #: The DRA service's socket in the plugin data directory (the kubeletplugin helper's).
 SERVICE_SOCKET = "dra.sock"
-#: Defaults of the kubelet's directories, as NVIDIA's DRA driver's flags have them.
-REGISTRAR_DIRECTORY = "/var/lib/kubelet/plugins_registry"
-PLUGINS_DIRECTORY = "/var/lib/kubelet/plugins"
 #: First and longest wait before serving a socket again after a failed attempt.
 RETRY_FIRST_S = 0.01
 RETRY_MAX_S = 5.0
@@ -162,4 +160,4 @@ async def _serve(server: UnixServer) -> None:
     await server.serve()
 
 
-__all__ = ["PLUGINS_DIRECTORY", "REGISTRAR_DIRECTORY", "SERVICE_SOCKET", "DraDriver"]
+__all__ = ["SERVICE_SOCKET", "DraDriver"]

@@ -12,16 +12,18 @@ again, as a starting kubelet has just deleted the node's slices.
 
 from __future__ import annotations
 
+import contextlib
 import logging
-from collections.abc import Callable, Coroutine, Sequence
+from collections.abc import Coroutine, Sequence
 from pathlib import Path
-from typing import Any, Protocol
+from typing import Any
 
 from kubegpu.config import Config
-from kubegpu.devices import DeviceBackend, Inventory, Vendor, pci
+from kubegpu.devices import Inventory, Vendor, pci
 from kubegpu.devices.nvml import NvmlBackend
+from kubegpu.dirlock import HANDOVER_DIR, DirectoryLock
 from kubegpu.dra.claims import AMD_DRIVER, NVIDIA_DRIVER
-from kubegpu.dra.driver import PLUGINS_DIRECTORY, REGISTRAR_DIRECTORY, DraDriver
+from kubegpu.dra.driver import DraDriver
 from kubegpu.dra.health import HealthServicer
 from kubegpu.dra.limits import ClaimLimiter
 from kubegpu.dra.publisher import SlicePublisher
@@ -31,13 +33,11 @@ from kubegpu.dra.stale import EXTENDED_RESOURCES, StaleResourceCheck
 from kubegpu.dra.state import DeviceState
 from kubegpu.dra.usage import dra_view
 from kubegpu.errors import InitError, StartupError
-from kubegpu.events import NodeEvents
 from kubegpu.files import unusable_dir
-from kubegpu.kube import Kube
-from kubegpu.metrics import Metrics
+from kubegpu.front import Core, DaemonSettings
 from kubegpu.resources import ResourceSpec
 from kubegpu.rpc import socket_path_too_long
-from kubegpu.state import NodeState, NodeStore
+from kubegpu.state import NodeState
 from kubegpu.supervisor import spawn
 from kubegpu.usage.collector import DraView
 
@@ -48,51 +48,21 @@ PLUGINS_FLAG = "--kubelet-plugins-directory-path"
 REGISTRAR_FLAG = "--kubelet-registrar-directory-path"
 
 
-class DirectoryLock(Protocol):
-    """An exclusive lock on a directory held by this process (`PluginDirectory`)."""
-
-    def acquire(self) -> object: ...
-
-    def release(self) -> None: ...
-
-
-class LockFactory(Protocol):
-    """Makes the lock of a directory, named in its errors as `what`, moved by `flag`."""
-
-    def __call__(self, path: Path, *, what: str, flag: str) -> DirectoryLock: ...
-
-
 class DraFront:
     """DRA mode: one `DraDriver` for the node's vendor, its slices and its checks."""
 
-    def __init__(
-        self,
-        store: NodeStore,
-        kube: Kube,
-        *,
-        backend: Callable[[], DeviceBackend],
-        lock: LockFactory,
-        events: NodeEvents,
-        metrics: Metrics,
-        node_name: str,
-        registrar_dir: Path = Path(REGISTRAR_DIRECTORY),
-        plugins_dir: Path = Path(PLUGINS_DIRECTORY),
-        cdi_dir: Path,
-        mps_control_binary: str,
-        simulated: bool = False,
-    ) -> None:
-        self.store = store
-        self.kube = kube
-        self._backend = backend
-        self._lock = lock
-        self._events = events
-        self._metrics = metrics
-        self.node_name = node_name
-        self.registrar_dir = registrar_dir
-        self.plugins_dir = plugins_dir
-        self.cdi_dir = cdi_dir
-        self.mps_control_binary = mps_control_binary
-        self.simulated = simulated
+    def __init__(self, settings: DaemonSettings, core: Core) -> None:
+        self.store = core.store
+        self.kube = core.kube
+        self._backend = core.backend
+        self._events = core.events
+        self._metrics = core.metrics
+        self.node_name = settings.node_name
+        self.registrar_dir = settings.registrar_dir
+        self.plugins_dir = settings.kubelet_plugins_dir
+        self.cdi_dir = settings.cdi_dir
+        self.mps_control_binary = settings.mps_control_binary
+        self.simulated = settings.simulate is not None
         #: The driver, once start-up knows the node's vendor.
         self.driver: DraDriver | None = None
         #: Device-plugin resources the Node's status still shows (once started).
@@ -100,7 +70,7 @@ class DraFront:
         self.publisher: SlicePublisher | None = None
         self._directory: DirectoryLock | None = None
 
-    # -- the front's protocol (kubegpu.daemon.Front) ---------------------------------------
+    # -- the front's protocol (kubegpu.front.Front) ----------------------------------------
 
     def open(self) -> None:
         """The registrar directory must be usable; the driver's own directory is taken
@@ -239,9 +209,12 @@ class DraFront:
         written beside it, so a deployment may mount that one directory alone."""
         what = "DRA driver directory"
         _usable(driver.data_dir, what, f"{driver.data_dir} from the host", PLUGINS_FLAG)
-        directory = self._lock(driver.data_dir, what=what, flag=PLUGINS_FLAG)
+        directory = DirectoryLock(driver.data_dir, what=what, flag=PLUGINS_FLAG)
         directory.acquire()
         self._directory = directory
+        # An earlier kubegpu locked it as a device-plugin directory, which made this one.
+        with contextlib.suppress(OSError):
+            (driver.data_dir / HANDOVER_DIR).rmdir()
 
 
 def _usable(path: Path, what: str, mount: str, flag: str) -> None:

@@ -10,8 +10,8 @@ when its stream ends without touching the devices: the node's allocatable never 
 A 1.36 kubelet disconnects the successor instead when the old stream ends; the
 successor registers again at once (`PluginManager`, a stream the kubelet ended).
 
-The roles are kernel locks (`flock`), so a process that dies, even by SIGKILL, leaves
-nothing held:
+The roles are kernel locks (`flock`, `kubegpu.dirlock`), so a process that dies, even by
+SIGKILL, leaves nothing held:
 
 - *owner*: an exclusive lock on the plugin directory itself. Exactly one process owns
   registration; a second one without `--handover` is refused, as before.
@@ -44,7 +44,6 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
-import errno
 import fcntl
 import functools
 import logging
@@ -55,14 +54,14 @@ import threading
 from enum import StrEnum
 from pathlib import Path
 
-from kubegpu.errors import KubegpuError
+from kubegpu.dirlock import HANDOVER_DIR, try_lock
+from kubegpu.errors import DirectoryLockError
 from kubegpu.plugin.registration import listening
 
 log = logging.getLogger("kubegpu.plugin")
 
-#: The directory whose lock is the successor slot and which holds the takeover request.
-HANDOVER_DIR = "kubegpu-handover"
-#: Its mode: only the `serve` processes, all of one user, use it (`_make_handover_dir`).
+#: `HANDOVER_DIR`'s mode: only the `serve` processes, all of one user, use it
+#: (`_make_handover_dir`).
 HANDOVER_DIR_MODE = 0o700
 #: The successor's request to the owner: yield registration to me.
 TAKEOVER_FILE = "takeover"
@@ -72,7 +71,7 @@ SLOTS = 2
 _OURS = re.compile(r"^kubegpu-[^+]+(?:\+(\d+))?\.sock$")
 
 
-class PluginDirectoryError(KubegpuError):
+class PluginDirectoryError(DirectoryLockError):
     """The device-plugin directory is taken: by a `serve` (without `--handover`), by a
     handover already under way, or every socket slot is served (exit 1)."""
 
@@ -104,23 +103,8 @@ DEVICE_PLUGINS = "device-plugin directory"
 class PluginDirectory:
     """This process's role in one device-plugin directory, and the socket slot it serves."""
 
-    def __init__(
-        self,
-        path: Path,
-        *,
-        handover: bool = False,
-        what: str = DEVICE_PLUGINS,
-        flag: str = "--device-plugin-path",
-    ) -> None:
+    def __init__(self, path: Path, *, handover: bool = False) -> None:
         self.path = path
-        #: How messages name the directory and the flag that moves it (DRA mode locks the
-        #: driver's own directory in the kubelet's plugins directory).
-        self.what = what
-        self.flag = flag
-        # Only the device plugin's sockets have slots a successor can serve beside ours.
-        self._handover_hint = (
-            ", or start it with --handover to take over from it" if what == DEVICE_PLUGINS else ""
-        )
         #: Whether this process may start as a successor beside a serving one.
         self.handover = handover
         self.role: Role | None = None
@@ -141,16 +125,14 @@ class PluginDirectory:
 
     def acquire(self) -> Role:
         """Take this process's role; `PluginDirectoryError` when it has none to take."""
-        if self.what != DEVICE_PLUGINS:
-            return self._acquire_alone()
         self._make_handover_dir()
-        self._successor_fd = _lock(self.handover_dir)
+        self._successor_fd = try_lock(self.handover_dir, what=DEVICE_PLUGINS)
         if self._successor_fd is None:
             raise PluginDirectoryError(
-                f"{self.what} {self.path}: a handover is under way (a kubegpu "
+                f"{DEVICE_PLUGINS} {self.path}: a handover is under way (a kubegpu "
                 f"serve is taking over from the one serving); start this one once it is done"
             )
-        self._owner_fd = _lock(self.path)
+        self._owner_fd = try_lock(self.path, what=DEVICE_PLUGINS)
         if self._owner_fd is not None:
             self.role = Role.OWNER
             # Nobody owns the directory: a request left by a successor that died is void.
@@ -163,26 +145,12 @@ class PluginDirectory:
         if not self.handover:
             self.release()
             raise PluginDirectoryError(
-                f"{self.what} {self.path} is in use by another kubegpu serve; "
-                f"stop it first, give this one another {self.flag}{self._handover_hint}"
+                f"{DEVICE_PLUGINS} {self.path} is in use by another kubegpu serve; "
+                f"stop it first, give this one another --device-plugin-path, or start it "
+                f"with --handover to take over from it"
             )
         self.role = Role.SUCCESSOR
         self.slot = self._free_slot()
-        return self.role
-
-    def _acquire_alone(self) -> Role:
-        """A directory with no handover (a DRA driver's own): the owner lock alone, and
-        nothing written in it, so a stop leaves in it only what the driver keeps there. An
-        empty `kubegpu-handover/` an earlier kubegpu made there goes."""
-        self._owner_fd = _lock(self.path)
-        if self._owner_fd is None:
-            raise PluginDirectoryError(
-                f"{self.what} {self.path} is in use by another kubegpu serve; "
-                f"stop it first, give this one another {self.flag}"
-            )
-        with contextlib.suppress(OSError):
-            self.handover_dir.rmdir()
-        self.role = Role.OWNER
         return self.role
 
     def _make_handover_dir(self) -> None:
@@ -218,7 +186,7 @@ class PluginDirectory:
                 return slot
         self.release()
         raise PluginDirectoryError(
-            f"{self.what} {self.path}: kubegpu sockets of {SLOTS} processes are "
+            f"{DEVICE_PLUGINS} {self.path}: kubegpu sockets of {SLOTS} processes are "
             f"served there already; start this one once one of them has stopped"
         )
 
@@ -245,7 +213,7 @@ class PluginDirectory:
         if self.role is Role.OWNER:
             return True
         # The directory may be gone for a moment (the kubelet re-creating it): not yet.
-        self._owner_fd = _lock(self.path, missing_ok=True)
+        self._owner_fd = try_lock(self.path, what=DEVICE_PLUGINS, missing_ok=True)
         if self._owner_fd is None:
             return False
         self.role = Role.OWNER
@@ -261,7 +229,7 @@ class PluginDirectory:
         registering, so it is deleted instead."""
         if self.role is not Role.OWNER or not self.takeover_file.exists():
             return False
-        probe = _lock(self.handover_dir, missing_ok=True)
+        probe = try_lock(self.handover_dir, what=DEVICE_PLUGINS, missing_ok=True)
         if probe is None:
             return True
         os.close(probe)
@@ -304,27 +272,6 @@ class PluginDirectory:
         fd, self._successor_fd = self._successor_fd, None
         if fd is not None:
             os.close(fd)
-
-
-def _lock(path: Path, *, missing_ok: bool = False) -> int | None:
-    """An exclusive `flock` on the directory `path`: its descriptor, or None if taken (or,
-    with `missing_ok`, if the directory does not exist)."""
-    try:
-        fd = os.open(path, os.O_RDONLY | os.O_DIRECTORY | os.O_CLOEXEC)
-    except FileNotFoundError:
-        if missing_ok:
-            return None
-        raise
-    try:
-        fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
-    except OSError as exc:
-        os.close(fd)
-        if exc.errno in (errno.EWOULDBLOCK, errno.EAGAIN):
-            return None
-        raise PluginDirectoryError(
-            f"device-plugin directory {path}: cannot lock it ({exc})"
-        ) from exc
-    return fd
 
 
 async def _wait_lock(path: Path) -> int:

@@ -9,23 +9,20 @@ successor on its own socket slot), the servers and their registrations
 from __future__ import annotations
 
 import logging
-from collections.abc import Callable, Coroutine, Sequence
-from pathlib import Path
+from collections.abc import Coroutine, Sequence
 from typing import Any
 
 from kubegpu.allocation import select_imex_channels
-from kubegpu.api import DEVICE_PLUGIN_PATH
-from kubegpu.cdi import DEFAULT_DIRECTORY as DEFAULT_CDI_DIRECTORY
 from kubegpu.config import Config
 from kubegpu.errors import InitError, StartupError
 from kubegpu.files import unusable_dir
-from kubegpu.metrics import Metrics
+from kubegpu.front import Core, DaemonSettings
 from kubegpu.plugin.directory import PluginDirectory, Role
 from kubegpu.plugin.handover import follow as follow_handover
 from kubegpu.plugin.manager import PluginManager
 from kubegpu.resources import ResourceSpec
 from kubegpu.rpc import socket_path_too_long
-from kubegpu.state import NodeState, NodeStore
+from kubegpu.state import NodeState
 
 log = logging.getLogger("kubegpu.plugin")
 
@@ -33,29 +30,20 @@ log = logging.getLogger("kubegpu.plugin")
 class PluginFront:
     """Device plugin mode: one server and registration per resource name."""
 
-    def __init__(
-        self,
-        store: NodeStore,
-        *,
-        plugin_dir: Path = Path(DEVICE_PLUGIN_PATH),
-        handover: bool = False,
-        metrics: Metrics | None = None,
-        on_registered: Callable[[str, float], None] | None = None,
-        cdi_dir: Path = Path(DEFAULT_CDI_DIRECTORY),
-    ) -> None:
-        self.store = store
-        self.plugin_dir = plugin_dir
+    def __init__(self, settings: DaemonSettings, core: Core) -> None:
+        self.store = core.store
+        self.plugin_dir = settings.plugin_dir
         #: This process's role in the plugin directory and the socket slot it serves.
-        self.directory = PluginDirectory(plugin_dir, handover=handover)
+        self.directory = PluginDirectory(settings.plugin_dir, handover=settings.handover)
         self.manager = PluginManager(
-            plugin_dir,
-            metrics=metrics,
-            on_registered=on_registered,
-            cdi_dir=cdi_dir,
+            settings.plugin_dir,
+            metrics=core.metrics,
+            on_registered=core.on_registered,
+            cdi_dir=settings.cdi_dir,
             socket_name=self.directory.socket_name,
         )
 
-    # -- the front's protocol (kubegpu.daemon.Front) ---------------------------------------
+    # -- the front's protocol (kubegpu.front.Front) ----------------------------------------
 
     def open(self) -> None:
         """Take this process's role in the plugin directory (instant, before anything that

@@ -23,9 +23,8 @@ from kubegpu.daemon import Daemon, DaemonSettings
 from kubegpu.devices.simulated import SimulatedBackend
 from kubegpu.dra.checkpoint import CHECKPOINT_FILE, LEGACY_FILE
 from kubegpu.dra.claims import spec_file_name
-from kubegpu.errors import StartupError
+from kubegpu.errors import DirectoryLockError, StartupError
 from kubegpu.mode import Mode
-from kubegpu.plugin.directory import PluginDirectoryError
 from tests.fronts import dra_driver
 from tests.integration.dra.test_driver import put_claim
 from tests.integration.test_serve import Serve, start
@@ -123,7 +122,7 @@ async def test_two_dra_daemons_cannot_share_the_plugins_directory(
 ) -> None:
     second = Daemon(settings(socket_dir), kube=FakeKube())
     with pytest.raises(
-        PluginDirectoryError,
+        DirectoryLockError,
         match=r"DRA driver directory .*/gpu\.nvidia\.com is in use by another kubegpu serve; "
         r"stop it first, give this one another --kubelet-plugins-directory-path$",
     ):
