@@ -19,7 +19,6 @@ never reused for another claim, so a runtime's cached spec can never name the wr
 
 from __future__ import annotations
 
-import dataclasses
 from collections.abc import Collection, Iterable, Mapping
 from dataclasses import dataclass
 from typing import Any, Required, TypedDict
