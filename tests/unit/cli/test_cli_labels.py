@@ -18,7 +18,7 @@ from kubegpu.kube.client import default_client
 from tests.builders import NODE
 from tests.rig.kube import FakeKube
 
-FIXTURES = Path(__file__).parent.parent / "fixtures"
+FIXTURES = Path(__file__).parents[2] / "fixtures"
 
 
 # --- CLI -----------------------------------------------------------------------------

@@ -11,7 +11,7 @@ import pytest
 from kubegpu.cli import main
 from kubegpu.cli.config import schema_text
 
-CHART_COPY = Path(__file__).resolve().parents[2] / "deployments/helm/kubegpu/config.schema.json"
+CHART_COPY = Path(__file__).resolve().parents[3] / "deployments/helm/kubegpu/config.schema.json"
 
 
 def test_the_command_prints_the_schema(capsys: pytest.CaptureFixture[str]) -> None:
