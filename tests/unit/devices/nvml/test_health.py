@@ -15,7 +15,7 @@ from kubegpu.devices.nvml import (
 )
 from kubegpu.devices.stop import Stop
 from kubegpu.testing import FakeNvml
-from tests.unit.nvml.conftest import open_backend as _open
+from tests.unit.devices.nvml.conftest import open_backend as _open
 from tests.waiting import WAIT
 
 # -- probe ----------------------------------------------------------------------------------

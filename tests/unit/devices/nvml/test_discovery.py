@@ -13,7 +13,7 @@ from kubegpu.devices.nvml import (
     NvmlBackend,
 )
 from kubegpu.testing import FakeNvml
-from tests.unit.nvml.conftest import open_backend as _open
+from tests.unit.devices.nvml.conftest import open_backend as _open
 
 # -- discover -------------------------------------------------------------------------------
 

@@ -7,7 +7,7 @@ import pynvml
 from kubegpu.devices import ProcessKind
 from kubegpu.devices.nvml import processes as nvml_processes
 from kubegpu.testing import FakeNvml
-from tests.unit.nvml.conftest import open_backend
+from tests.unit.devices.nvml.conftest import open_backend
 
 MIB = 1024 * 1024
 

@@ -30,7 +30,7 @@ from kubegpu.placement import amd_pair_weight
 from kubegpu.resources import build_resources
 from tests.waiting import WAIT
 
-FIXTURES = Path(__file__).parent.parent / "fixtures"
+FIXTURES = Path(__file__).parents[2] / "fixtures"
 MI250 = FIXTURES / "amd-mi250"
 RADEON = FIXTURES / "amd-radeon"
 

@@ -17,7 +17,7 @@ from pathlib import Path
 
 import pytest
 
-SRC = Path(__file__).resolve().parents[2] / "src" / "kubegpu"
+SRC = Path(__file__).resolve().parents[3] / "src" / "kubegpu"
 DEVICES = SRC / "devices"
 
 # `/sys/...`, `sys/<dir>` at the start of a relative path, or `sys` alone (a join part).

@@ -12,7 +12,7 @@ import pytest
 
 from kubegpu.devices.pci import CONFIG_SPACE_SIZE, PciBus, pcie_roots, read_bus
 
-FIXTURES = Path(__file__).parent.parent / "fixtures"
+FIXTURES = Path(__file__).parents[2] / "fixtures"
 
 
 def test_presence_reads_vendor_files() -> None:

@@ -23,7 +23,7 @@ from kubegpu.health import HealthMonitor
 from kubegpu.state import NodeState, NodeStore
 from kubegpu.supervisor import spawn
 from kubegpu.testing import FakeGpu, FakeNvml
-from tests.unit.nvml.conftest import open_backend
+from tests.unit.devices.nvml.conftest import open_backend
 from tests.waiting import WAIT
 
 FAST = HealthFlags(recovery_seconds=0.2, probe_interval_seconds=0.02)

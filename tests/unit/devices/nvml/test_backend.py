@@ -9,7 +9,7 @@ import pytest
 
 from kubegpu.errors import InitError
 from kubegpu.testing import FakeNvml
-from tests.unit.nvml.conftest import open_backend as _open
+from tests.unit.devices.nvml.conftest import open_backend as _open
 
 # -- open -----------------------------------------------------------------------------------
 

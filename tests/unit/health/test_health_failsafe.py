@@ -23,8 +23,8 @@ from kubegpu.devices.simulated import SimulatedBackend
 from kubegpu.health import HealthMonitor
 from kubegpu.state import NodeState, NodeStore
 from kubegpu.testing import FakeNvml
-from tests.unit.nvml.conftest import open_backend
-from tests.unit.test_health import running
+from tests.unit.devices.nvml.conftest import open_backend
+from tests.unit.health.test_health import running
 from tests.waiting import WAIT
 
 #: Short enough that a test sees recovery quickly; a test never asserts on these durations.

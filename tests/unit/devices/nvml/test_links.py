@@ -7,7 +7,7 @@ import pytest
 
 from kubegpu.devices.model import LinkKind
 from kubegpu.testing import FakeNvml
-from tests.unit.nvml.conftest import open_backend as _open
+from tests.unit.devices.nvml.conftest import open_backend as _open
 
 
 def test_direct_nvlinks_counted_per_peer() -> None:
