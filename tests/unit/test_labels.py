@@ -421,7 +421,7 @@ def _sized(strategy: str, extra: str = "") -> Config:
 def test_a_sized_node_labels_the_mechanisms_its_devices_publish(
     strategy: str, kernel: bool, memory: str, compute: str
 ) -> None:
-    from tests.unit.test_dra_slices import bodies
+    from tests.unit.dra.test_dra_slices import bodies
 
     node = dataclasses.replace(inv(gpu(0), gpu(1)), memory_limits=kernel)
     config = _sized(strategy)

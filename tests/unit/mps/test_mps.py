@@ -22,7 +22,7 @@ from kubegpu.state import NodeStore
 from kubegpu.supervisor import Supervisor
 from tests.waiting import WAIT
 
-FAKE = str(Path(__file__).parent.parent / "fixtures" / "fake-mps-control")
+FAKE = str(Path(__file__).parents[2] / "fixtures" / "fake-mps-control")
 # The stand-in runs once per MPS command: start it on this interpreter, not a pyenv shim.
 pytestmark = pytest.mark.usefixtures("python3_on_path")
 RESOURCE = "nvidia.com/gpu.shared"

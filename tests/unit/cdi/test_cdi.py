@@ -28,7 +28,7 @@ from kubegpu.supervisor import Supervisor
 from kubegpu.watch import Backoff
 from tests.waiting import eventually
 
-FIXTURES = Path(__file__).parent.parent / "fixtures"
+FIXTURES = Path(__file__).parents[2] / "fixtures"
 DEBIAN = FIXTURES / "driver-root-debian"
 RHEL = FIXTURES / "driver-root-rhel"
 SCHEMA = json.loads((FIXTURES / "cdi-schema.json").read_text())

@@ -23,7 +23,7 @@ from kubegpu.kube import KubeError
 from kubegpu.metrics import Metrics
 from tests.rig.kube import FakeKube
 
-REPO = Path(__file__).resolve().parents[2]
+REPO = Path(__file__).resolve().parents[3]
 NODE = "gpu-node-1"
 GPU = StaleResource("nvidia.com/gpu", "8", "8")
 
