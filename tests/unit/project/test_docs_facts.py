@@ -23,7 +23,7 @@ import pytest
 from kubegpu.cli.serve import serve
 from kubegpu.metrics import Metrics, UsageSnapshot
 
-REPO = Path(__file__).resolve().parents[2]
+REPO = Path(__file__).resolve().parents[3]
 CHART_TEMPLATES = REPO / "deployments" / "helm" / "kubegpu" / "templates"
 DOCUMENTS = sorted([REPO / "README.md", *(REPO / "docs").glob("*.md"), *CHART_TEMPLATES.iterdir()])
 NAME = re.compile(r"\bkubegpu_[a-z_]+[a-z]\b")

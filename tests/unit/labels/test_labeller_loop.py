@@ -25,7 +25,7 @@ from kubegpu.supervisor import Supervisor
 from tests.builders import NODE, RecordingSink, config
 from tests.waiting import WAIT
 
-FIXTURES = Path(__file__).parent.parent / "fixtures"
+FIXTURES = Path(__file__).parents[2] / "fixtures"
 
 
 async def test_oneshot_publishes_once_with_present_and_mode_from_sysfs() -> None:

@@ -13,7 +13,7 @@ from kubegpu.devices.model import Gpu, Inventory, MigDevice, Vendor
 from kubegpu.devices.pci import read_bus
 from kubegpu.labels import family, gpu_labels, gpu_mode, sanitise
 
-FIXTURES = Path(__file__).parent.parent / "fixtures"
+FIXTURES = Path(__file__).parents[2] / "fixtures"
 
 
 def gpu(index: int = 0, product: str = "Tesla T4", **kw: object) -> Gpu:

@@ -14,7 +14,7 @@ from kubegpu.devices import Health, Inventory
 from kubegpu.devices.simulated import SimulatedBackend
 from kubegpu.placement import link_weight, numa_term
 from kubegpu.resources import ResourceSpec, build_resources
-from tests.unit.test_placement import topologies
+from tests.unit.placement.test_placement import topologies
 
 
 def _spec(preset: str, config: str = "version: v1") -> ResourceSpec:
