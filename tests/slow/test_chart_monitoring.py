@@ -16,7 +16,6 @@ from __future__ import annotations
 
 import json
 import re
-from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
@@ -95,12 +94,6 @@ PROMETHEUS_RULE = {
 }
 
 Doc = dict[str, Any]
-
-
-@pytest.fixture(scope="module")
-def chart() -> Iterator[Any]:
-    with helm_python.Chart.load(str(CHART)) as loaded:
-        yield loaded
 
 
 def render(chart: Any, vals: dict[str, Any]) -> list[Doc]:

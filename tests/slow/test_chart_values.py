@@ -18,7 +18,7 @@ from __future__ import annotations
 import itertools
 import json
 import re
-from collections.abc import Iterator, Mapping
+from collections.abc import Mapping
 from pathlib import Path
 from typing import Any
 
@@ -40,12 +40,6 @@ CRD_KINDS = {"ServiceMonitor", "PrometheusRule", "NodeFeature"}
 PRESETS = REPO / "src" / "kubegpu" / "devices" / "presets"
 
 Doc = dict[str, Any]
-
-
-@pytest.fixture(scope="module")
-def chart() -> Iterator[Any]:
-    with helm_python.Chart.load(str(CHART)) as loaded:
-        yield loaded
 
 
 #: Objects already validated: most renders repeat most objects, and validating one costs

@@ -5,7 +5,6 @@ from __future__ import annotations
 import importlib.util
 import json
 import re
-from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
@@ -31,12 +30,6 @@ HUP_IGNORED = ("env", "--ignore-signal=HUP")  # the image entrypoint and the cha
 CRD_KINDS = {"ServiceMonitor", "PrometheusRule", "NodeFeature"}
 
 Doc = dict[str, Any]
-
-
-@pytest.fixture(scope="module")
-def chart() -> Iterator[Any]:
-    with helm_python.Chart.load(str(CHART)) as loaded:
-        yield loaded
 
 
 def values(scenario: str) -> dict[str, Any]:

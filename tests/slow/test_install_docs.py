@@ -14,7 +14,6 @@ import itertools
 import re
 import shlex
 import tomllib
-from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
@@ -68,12 +67,6 @@ def quick_start(document: Path) -> str:
 
 
 DOCUMENTS = [README, INSTALL]
-
-
-@pytest.fixture(scope="module")
-def chart() -> Iterator[Any]:
-    with helm_python.Chart.load(str(CHART)) as loaded:
-        yield loaded
 
 
 def render(chart: Any, vals: Doc) -> list[Doc]:
