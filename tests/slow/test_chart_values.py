@@ -687,7 +687,7 @@ def test_simulate_unset_reaches_neither_and_a_real_backend_is_refused(chart: Any
 
 
 def test_new_scenarios_exist_and_render(chart: Any) -> None:
-    """Each value above has a ci scenario (tests/unit/test_helm.py renders and checks every
+    """Each value above has a ci scenario (tests/slow/test_helm.py renders and checks every
     scenario); here: each scenario sets what it is named for."""
 
     def load(name: str) -> Doc:

@@ -1,6 +1,6 @@
 """The host's own facts read from sysfs (`kubegpu.devices.host`): GFD's machine type.
 
-`test_machine_type_file` moved from tests/unit/test_labeller_loop.py with the reader.
+`test_machine_type_file` moved from tests/unit/labels/test_labeller_loop.py with the reader.
 """
 
 from __future__ import annotations

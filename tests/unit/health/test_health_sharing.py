@@ -3,7 +3,7 @@ mixed strategy) goes unhealthy together and comes back together, in one store up
 the other GPU keeps serving. NvmlBackend on the project's fake pynvml, the HealthMonitor and
 the node store whose specs the plugins advertise.
 
-Elsewhere: tests/unit/test_resources.py (replicas and slices of an unhealthy GPU, built from a
+Elsewhere: tests/unit/core/test_resources.py (replicas and slices of an unhealthy GPU, built from a
 health map), tests/integration/test_sharing.py (time-sliced replicas through the kubelet
 emulator), tests/fakenvml/test_nvml_on_fakenvml.py (a GPU-wide Xid marks every slice).
 """
