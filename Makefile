@@ -71,7 +71,7 @@ proto: $(STAMP)
 static-manifests: $(STAMP)
 	$(BIN)/python deployments/render-static.py
 
-# Needs a Docker engine (none runs on CI); tests/unit/test_image.py checks the context.
+# Needs a Docker engine (none runs on CI); tests/slow/test_image.py checks the context.
 image: $(STAMP)
 	docker build -f deployments/container/Dockerfile -t kubegpu:$$($(BIN)/python -c 'import kubegpu; print(kubegpu.__version__)') .
 

@@ -3,7 +3,7 @@
 
 The static manifests are for clusters that do not use Helm (`kubectl apply -f`). They
 are generated, never edited by hand, so they cannot drift from the chart; a unit test
-(`tests/unit/test_helm.py`) fails when they are out of date. `--check` exits 1 instead
+(`tests/slow/test_helm.py`) fails when they are out of date. `--check` exits 1 instead
 of writing when a file would change.
 """
 

@@ -41,7 +41,7 @@ from prometheus_client.utils import floatToGoString
 from kubegpu import __version__
 
 #: The `Content-Type` of `Metrics.render()` output: prometheus_client's
-#: `CONTENT_TYPE_LATEST` (tests/unit/test_metrics.py checks they agree).
+#: `CONTENT_TYPE_LATEST` (tests/unit/metrics/test_metrics.py checks they agree).
 CONTENT_TYPE = "text/plain; version=1.0.0; charset=utf-8"
 
 #: Allocate latency buckets in seconds: the answer is pure computation (sub-millisecond)

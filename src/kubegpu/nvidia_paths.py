@@ -3,7 +3,7 @@
 Pure data at the bottom layer (no imports), so discovery (`devices`), the Allocate answer
 (`allocation`), CDI specs (`cdi`), MPS (`mps`) and the daemon all read the same lists.
 Where NVIDIA's own code fixes an order, ours is NVIDIA's and a test pins it
-(tests/unit/test_nvidia_paths.py): those orders reach the kubelet and the CDI spec.
+(tests/conformance/nvidia/test_paths.py): those orders reach the kubelet and the CDI spec.
 """
 
 from __future__ import annotations

@@ -3,7 +3,8 @@
 The simulated library injects Xids (on a GPU, or on a MIG slice by its UUID) and answers
 probes; it has no "GPU lost" state and stubs the pending-reset readings as NOT_SUPPORTED, so
 a reset is never observed here and a probe passes on the handle and memory queries alone.
-Faults it cannot express run on the project's fake pynvml (tests/unit/test_health_failsafe.py).
+Faults it cannot express run on the project's fake pynvml
+(tests/unit/health/test_health_failsafe.py).
 """
 
 from __future__ import annotations

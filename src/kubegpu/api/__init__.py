@@ -5,7 +5,7 @@ The device plugin API v1beta1 (`pb`), the plugin-watcher registration API
 v1alpha1 (`dra_health_pb2`), and the kubelet's PodResources API v1 (`podresources_pb2`),
 which kubegpu calls to learn which container holds which device.
 
-Regenerate with `make proto`; tests/unit/test_proto.py proves the checked-in files match.
+Regenerate with `make proto`; tests/slow/test_proto.py proves the checked-in files match.
 """
 
 import grpc

@@ -5,16 +5,24 @@ h100-8`) with the API in memory (`FakeKube`, shared with the emulator): it publi
 node's ResourceSlices, registers its DRA plugin through the emulated kubelet's plugin
 watcher, and prepares the claims the scheduler stand-in allocates from those slices. The
 emulated kubelet hands each container the CDI device IDs the plugin answered, and the
-CDI spec files behind them are read back from disk.
+CDI spec files behind them are read back from disk. The same world with every GPU shared
+through MPS and sized by memory runs the sized claims (`TestClaimsSizedByMemory`).
+
+The DRA plugin's focused tests sit beside this file: its RPCs over the sockets
+(test_driver.py), hostile calls (test_fuzz.py), sized prepares (test_sized_prepare.py), and
+`serve --mode dra`'s start-up and stop (test_serve_dra.py, test_serve_dra_stale.py).
 """
 
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import functools
 import json
+import os
+import signal
 from collections.abc import AsyncIterator, Iterator
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from pathlib import Path
 from typing import Any, cast
 
@@ -26,16 +34,18 @@ from kubegpu.cli.options import parse
 from kubegpu.cli.serve import serve
 from kubegpu.daemon import Daemon, DaemonSettings
 from kubegpu.devices.simulated import SimulatedBackend
+from kubegpu.dra.checkpoint import Checkpoint
 from kubegpu.dra.claims import CLAIM_CDI_KIND, spec_file_name
 from kubegpu.kube import Kube
 from kubegpu.kubelet import KubeletEmulator
 from kubegpu.mode import Mode
+from kubegpu.mps import CLAIMS_DIR
 from tests.fronts import dra_driver
 from tests.rig.dra import DRAKubelet, node_slice_wiper
 from tests.rig.dra.manager import PrepareError
 from tests.rig.dra.scheduler import SchedulerStandIn, UnschedulableError
 from tests.rig.kube import FakeKube
-from tests.unit.test_cdi import runtime_device_nodes
+from tests.unit.cdi.test_cdi import runtime_device_nodes
 from tests.waiting import WAIT, Kubelet, eventually
 
 CHART = Path(__file__).resolve().parents[3] / "deployments" / "helm" / "kubegpu"
@@ -426,3 +436,241 @@ def test_the_chart_runs_serve_in_dra_mode_with_the_kubelets_directories() -> Non
         "mig.nvidia.com",
         "gpu-slice.nvidia.com",
     ]
+
+
+# -- claims sized by memory on MPS-shared GPUs -------------------------------------------
+
+
+FAKE_MPS = str(Path(__file__).parents[2] / "fixtures" / "fake-mps-control")
+GIB = 1 << 30
+
+
+def config(mps_root: Path) -> str:
+    return f"""version: v1
+flags:
+  mpsRoot: {mps_root}
+sharing:
+  mps:
+    resources:
+      - name: nvidia.com/gpu
+        replicas: 4
+        sizing: {{defaultMemory: 10Gi, memoryStep: 1Gi}}
+"""
+
+
+@pytest.fixture
+def forking(monkeypatch: pytest.MonkeyPatch) -> None:
+    """The stand-in daemon forks away from its starter, as nvidia-cuda-mps-control -d."""
+    monkeypatch.setenv("FAKE_MPS_FORK", "1")
+
+
+def pid_alive(pid: int) -> bool:
+    try:
+        stat = Path(f"/proc/{pid}/stat").read_text()
+    except OSError:
+        return False
+    return stat.rsplit(")", 1)[1].split()[0] != "Z"
+
+
+class Node:
+    """The world above with sized MPS sharing, and the plugin restartable."""
+
+    def __init__(self, root: Path) -> None:
+        self.root = root
+        self.mps = root / "mps"
+        self.config = root / "config.yaml"
+        self.config.write_text(config(self.mps))
+        self.kube = FakeKube()
+        device_classes(self.kube)
+        self.dra = DRAKubelet(
+            root / "kubelet", self.kube, retry_initial=0.05, wipe=node_slice_wiper(self.kube, NODE)
+        )
+        self.kubelet = Kubelet(root / "dp-kubelet", dra=self.dra)
+        self.serve: Serve | None = None
+        self.world: World | None = None
+
+    async def start(self) -> World:
+        if self.serve is None:
+            await self.kubelet.start()
+        base = settings(self.root, self.dra.registry_dir, self.dra.plugins_dir, self.config)
+        daemon = Daemon(replace(base, mps_control_binary=FAKE_MPS), kube=self.kube)
+        self.serve = Serve(daemon)
+        await self.serve.start()
+        scheduler = SchedulerStandIn(
+            self.kube, NODE, device_plugin_allocatable=self.kubelet.allocatable
+        )
+        self.world = World(self.kubelet, self.dra, self.kube, scheduler, daemon, self.root)
+        await self.kubelet.wait_for(lambda: DRIVER in self.dra.drivers, WAIT)
+        await eventually(lambda: len(self.world.devices()) == 8 if self.world else False)
+        return self.world
+
+    async def stop_plugin(self) -> None:
+        assert self.serve is not None
+        await self.serve.close()
+
+    async def close(self) -> None:
+        if self.serve is not None:
+            await self.serve.close()
+        await self.kubelet.stop()
+        # Daemons outlive the plugin by design: end any a failed test left behind.
+        for pid_file in self.mps.glob(f"{CLAIMS_DIR}/*/pipe/daemon.pid"):
+            with contextlib.suppress(OSError, ValueError):
+                os.kill(int(pid_file.read_text()), signal.SIGTERM)
+
+    def daemon_dir(self, uid: str) -> Path:
+        return self.mps / CLAIMS_DIR / uid
+
+    def commands(self, uid: str) -> list[str]:
+        log = self.daemon_dir(uid) / "pipe" / "commands.log"
+        return [c for c in log.read_text().splitlines() if not c.startswith("get_")]
+
+    def daemon_pid(self, uid: str) -> int:
+        return int((self.daemon_dir(uid) / "pipe" / "daemon.pid").read_text())
+
+
+@pytest.fixture
+def node(socket_dir: Path, forking: None) -> Iterator[Node]:
+    yield Node(socket_dir)
+
+
+def put_slice_claim(kube: FakeKube, name: str, memory: str | None = None) -> None:
+    """A claim for "a GPU slice of <memory>" through the chart's class: no CEL."""
+    exactly: dict[str, Any] = {"deviceClassName": "gpu-slice.nvidia.com"}
+    if memory is not None:
+        exactly["capacity"] = {"requests": {"memory": memory}}
+    kube.put_resource_claim(
+        {
+            "metadata": {"namespace": "default", "name": name},
+            "spec": {"devices": {"requests": [{"name": "gpu", "exactly": exactly}]}},
+        }
+    )
+
+
+def result(world: World, name: str) -> dict[str, Any]:
+    claim = world.kube.resource_claims[("default", name)]
+    [only] = claim["status"]["allocation"]["devices"]["results"]
+    return dict(only)
+
+
+def uid_of(world: World, name: str) -> str:
+    return str(world.kube.resource_claims[("default", name)]["metadata"]["uid"])
+
+
+def spec_of(world: World, name: str) -> dict[str, Any]:
+    spec: dict[str, Any] = json.loads(
+        (world.cdi_dir / spec_file_name(uid_of(world, name))).read_text()
+    )
+    return spec
+
+
+def gpu_uuid(world: World, device: str) -> str:
+    return str(world.devices()[device]["attributes"]["uuid"]["string"])
+
+
+class TestClaimsSizedByMemory:
+    """Claims sized by memory on MPS-shared GPUs.
+
+    `serve --mode dra` on the simulated 8xH100 node (81559Mi per GPU) with every GPU shared
+    through MPS by 4 and sized by memory in 1Gi steps, the chart's `gpu-slice.nvidia.com`
+    DeviceClass, and the scheduler stand-in allocating from the published slices. Each claim
+    gets its own MPS control daemon: the stand-in control binary
+    (tests/fixtures/fake-mps-control) records the commands it received in its pipe directory,
+    and daemonises for real (FAKE_MPS_FORK), so a daemon outlives the plugin process as the
+    real one does.
+    """
+
+    pytestmark = pytest.mark.usefixtures("python3_on_path")
+
+    @pytest.fixture
+    async def world(self, node: Node) -> AsyncIterator[World]:
+        try:
+            yield await node.start()
+        finally:
+            await node.close()
+
+    async def test_two_30gi_claims_share_a_gpu_and_the_third_goes_to_another(
+        self, world: World, node: Node
+    ) -> None:
+        for i in range(3):
+            put_slice_claim(world.kube, f"c{i}", "30Gi")
+        pods = [(await world.run(claim_pod(f"p{i}", f"c{i}")))[0] for i in range(3)]
+        placed = [result(world, f"c{i}") for i in range(3)]
+        assert [r["device"] for r in placed] == ["gpu-0", "gpu-0", "gpu-1"]
+        assert all(r["consumedCapacity"] == {"memory": "30Gi", "shares": "1"} for r in placed)
+        for i, r in enumerate(placed):
+            uid = uid_of(world, f"c{i}")
+            # The claim's limits, set in its own daemon before its spec could start a container.
+            assert node.commands(uid) == [
+                f"set_default_device_pinned_mem_limit {gpu_uuid(world, r['device'])} 30720M",
+                "set_default_active_thread_percentage 25",
+            ]
+            env = json.loads((node.daemon_dir(uid) / "pipe" / "daemon.env").read_text())
+            assert env["CUDA_VISIBLE_DEVICES"] == gpu_uuid(world, r["device"])
+            edits = spec_of(world, f"c{i}")["containerEdits"]
+            assert "CUDA_MPS_ACTIVE_THREAD_PERCENTAGE=25" in edits["env"]
+            assert "CUDA_MPS_PIPE_DIRECTORY=/tmp/nvidia-mps" in edits["env"]
+            mounts = {m["containerPath"]: m["hostPath"] for m in edits["mounts"]}
+            assert mounts["/tmp/nvidia-mps"] == str(node.daemon_dir(uid) / "pipe")
+            assert mounts["/dev/shm"] == str(node.mps / "shm")
+        pids = [node.daemon_pid(uid_of(world, f"c{i}")) for i in range(3)]
+        for p in pods:
+            await world.delete(p)
+        # Unprepare stopped every daemon and left nothing behind.
+        assert world.specs() == []
+        assert not any(pid_alive(pid) for pid in pids)
+        assert list((node.mps / CLAIMS_DIR).iterdir()) == []
+        assert dra_driver(world.daemon).preparer.state.checkpoint.claims == {}
+
+    async def test_an_unsized_claim_takes_the_default_and_cannot_take_the_whole_gpu(
+        self, world: World, node: Node
+    ) -> None:
+        put_slice_claim(world.kube, "plain")
+        await world.run(claim_pod("p", "plain"))
+        assert result(world, "plain")["consumedCapacity"] == {"memory": "10Gi", "shares": "1"}
+        assert node.commands(uid_of(world, "plain"))[0].endswith(" 10240M")
+
+    async def test_a_claim_larger_than_any_gpu_is_unschedulable(self, world: World) -> None:
+        """kube-scheduler's DynamicResources filter answers "cannot allocate all claims" for a
+        node that cannot hold the claim (pkg/scheduler/framework/plugins/dynamicresources/
+        dynamicresources.go, Filter); 100Gi is more than the 79Gi of whole steps a GPU gives."""
+        put_slice_claim(world.kube, "huge", "100Gi")
+        with pytest.raises(UnschedulableError, match="cannot allocate all claims"):
+            world.scheduler.schedule(claim_pod("p", "huge"))
+        assert world.specs() == []
+
+    async def test_a_request_rounds_up_to_the_step_and_is_limited_to_what_it_took(
+        self, world: World, node: Node
+    ) -> None:
+        put_slice_claim(world.kube, "odd", "1500Mi")
+        await world.run(claim_pod("p", "odd"))
+        assert result(world, "odd")["consumedCapacity"]["memory"] == "2Gi"
+        assert node.commands(uid_of(world, "odd"))[0].endswith(" 2048M")
+
+    async def test_a_restart_keeps_the_recorded_daemons_and_stops_a_stray_one(
+        self, node: Node
+    ) -> None:
+        world = await node.start()
+        try:
+            for name in ("kept", "stray"):
+                put_slice_claim(world.kube, name, "20Gi")
+                await world.run(claim_pod(f"p-{name}", name))
+            kept, stray = uid_of(world, "kept"), uid_of(world, "stray")
+            kept_pid, stray_pid = node.daemon_pid(kept), node.daemon_pid(stray)
+            await node.stop_plugin()
+            # The daemons serve running containers: a plugin stop leaves them running.
+            assert pid_alive(kept_pid) and pid_alive(stray_pid)
+            # A stop between dropping a record and stopping its daemon: no record, a daemon.
+            data_dir = node.dra.plugins_dir / DRIVER
+            checkpoint = Checkpoint.load(data_dir)
+            del checkpoint.claims[stray]
+            checkpoint.save()
+            (world.cdi_dir / spec_file_name(stray)).unlink()
+            world = await node.start()
+            await eventually(lambda: not pid_alive(stray_pid))
+            assert not node.daemon_dir(stray).exists()
+            # The recorded one is taken over, its limits set again, and still served.
+            assert node.daemon_pid(kept) == kept_pid and pid_alive(kept_pid)
+            assert node.commands(kept)[-2:] == node.commands(kept)[:2]
+            assert kept in dra_driver(world.daemon).preparer.state.limiter.daemons
+        finally:
+            await node.close()

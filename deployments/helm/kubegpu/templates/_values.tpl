@@ -6,7 +6,7 @@ values and this check refuses the others (templates/validation.yaml runs it firs
 */}}
 
 {{/*
-The chart's values as values.schema.json lists them (tests/unit/test_helm.py holds the two
+The chart's values as values.schema.json lists them (tests/slow/test_helm.py holds the two
 equal): a key with keys under it is an object whose own keys are checked too; any other
 takes any value (Kubernetes data, maps of names, NVIDIA's nfd.* subchart settings).
 */}}
