@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import asyncio
 import sys
+import time
 from pathlib import Path
 
 import pytest
@@ -28,6 +29,30 @@ async def test_the_socket_deletion_benchmark_runs_beside_the_handover_directory(
     figures = await watch.bench_socket_deleted(1)
     assert figures["socket_deleted_n"] == 1
     assert figures["socket_deleted_busy_n"] == 1
+
+
+async def test_an_hour_on_the_loops_clock_holds_every_turn_of_a_task_whose_work_is_slow() -> None:
+    """A periodic task whose work takes real time in a thread (a slice resync on a loaded
+    machine) gets as many turns in an hour of the loop's clock as its period allows: the
+    clock does not move on while that work runs."""
+    turns = 0
+
+    async def every_ten_minutes() -> None:
+        nonlocal turns
+        while True:
+            await asyncio.sleep(600)
+            turns += 1
+            # Work that takes real time, many settle periods long, as a sync under load.
+            await asyncio.to_thread(time.sleep, 0.05)
+
+    with LoopClock() as clock:
+        task = asyncio.ensure_future(every_ten_minutes())
+        await asyncio.sleep(0)  # the task arms its first timer at the hour's start
+        try:
+            await clock.advance(3600, step=10, settle=0.005)
+        finally:
+            task.cancel()
+    assert turns == 6
 
 
 async def test_waiting_for_registration_outlasts_a_slow_start(socket_dir: Path) -> None:
