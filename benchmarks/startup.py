@@ -375,19 +375,15 @@ def main() -> int:
             figures = asyncio.run(bench_fresh_processes(args.nodes or None, args.trials, args.warm))
     finally:
         shutil.rmtree(prefix, ignore_errors=True)
-    if args.mode == "dra":
-        for node, f in figures.items():
-            print(
-                f"{node:14} {f['gpus']:>3} GPUs  start {f['start_to_registered_s']}  "
-                f"RSS {f['rss_mib']}",
-                file=sys.stderr,
-            )
-        print(json.dumps(figures), flush=True)
-        return 0
     for node, f in figures.items():
+        pods = (
+            ""
+            if args.mode == "dra"
+            else f"  first pod {f['first_pod_ms']}  warm {f['warm_pod_ms']}"
+        )
         print(
             f"{node:14} {f['gpus']:>3} GPUs  start {f['start_to_registered_s']}  "
-            f"RSS {f['rss_mib']}  first pod {f['first_pod_ms']}  warm {f['warm_pod_ms']}",
+            f"RSS {f['rss_mib']}{pods}",
             file=sys.stderr,
         )
     print(json.dumps(figures), flush=True)
