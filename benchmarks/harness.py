@@ -19,8 +19,11 @@ import time
 from collections.abc import AsyncIterator, Awaitable, Callable, Iterator, Mapping, Sequence
 from dataclasses import dataclass
 from pathlib import Path
+from typing import TypeVar
 
 from kubegpu.kubelet import KubeletEmulator
+
+T = TypeVar("T")
 
 RESOURCE = "nvidia.com/gpu"
 
@@ -279,26 +282,32 @@ class Stamp:
         return (self.at - start) * 1000
 
 
+async def unless_exited(waiting: Awaitable[T], child: Child, what: str) -> T:
+    """`waiting`'s result, or a RuntimeError with the log's tail as soon as `serve`
+    exits first (a `serve` that dies at start-up fails the wait at once, not at its
+    deadline)."""
+    task = asyncio.ensure_future(waiting)
+    exited = asyncio.ensure_future(child.proc.wait())
+    try:
+        await asyncio.wait({task, exited}, return_when=asyncio.FIRST_COMPLETED)
+    finally:
+        exited.cancel()
+    if not task.done():
+        task.cancel()
+        raise RuntimeError(
+            f"kubegpu serve exited ({child.proc.returncode}) before {what}:\n{child.tail()}"
+        )
+    return task.result()
+
+
 async def wait_registered(
     kubelet: KubeletEmulator, capacity: int | None, child: Child, timeout: float = DEADLINE_S
 ) -> None:
     """Until the kubelet reads `capacity` healthy devices (None: its first non-empty list,
     all healthy); fails fast, with the log's tail, if `serve` exits or times out."""
-    registered = asyncio.ensure_future(
-        kubelet.wait_for(Stamp(kubelet, capacity).holds, timeout=timeout)
-    )
-    exited = asyncio.ensure_future(child.proc.wait())
+    registered = kubelet.wait_for(Stamp(kubelet, capacity).holds, timeout=timeout)
     try:
-        await asyncio.wait({registered, exited}, return_when=asyncio.FIRST_COMPLETED)
-    finally:
-        exited.cancel()
-    if not registered.done():
-        registered.cancel()
-        raise RuntimeError(
-            f"kubegpu serve exited ({child.proc.returncode}) before registering:\n{child.tail()}"
-        )
-    try:
-        registered.result()
+        await unless_exited(registered, child, "registering")
     except TimeoutError:
         raise RuntimeError(
             f"the kubelet emulator did not hold {capacity or 'a list of'} healthy {RESOURCE}"

@@ -247,20 +247,10 @@ async def _registered(kubelet: DRAKubelet, child: harness.Child) -> float:
             at.append(time.perf_counter())
         return bool(at)
 
-    waiting = asyncio.ensure_future(kubelet.wait_for(done, timeout=harness.DEADLINE_S))
-    exited = asyncio.ensure_future(child.proc.wait())
     try:
-        await asyncio.wait({waiting, exited}, return_when=asyncio.FIRST_COMPLETED)
-    finally:
-        exited.cancel()
-    if not waiting.done():
-        waiting.cancel()
-        raise RuntimeError(
-            f"kubegpu serve --mode dra exited ({child.proc.returncode}) before registering:"
-            f"\n{child.tail()}"
+        await harness.unless_exited(
+            kubelet.wait_for(done, timeout=harness.DEADLINE_S), child, "registering"
         )
-    try:
-        waiting.result()
     except TimeoutError as exc:
         raise RuntimeError(f"{exc}\n--- kubegpu serve log:\n{child.tail()}") from None
     return at[0]
