@@ -132,7 +132,6 @@ class Daemon:
     def _usage_collector(self) -> UsageCollector:
         s = self.settings
         usage = UsageSettings(
-            mode=s.mode,
             proc_root=s.proc_root,
             pod_resources_socket=s.pod_resources_socket,
             kubelet_checkpoint=s.plugin_dir / KUBELET_CHECKPOINT,
@@ -143,7 +142,7 @@ class Daemon:
             usage,
             backend=lambda: self._backend,
             state=lambda: self.store.state,
-            dra=self.front.usage_view,
+            dra=self.front.claims_view(),
         )
 
     @property

@@ -98,7 +98,7 @@ class Front(Protocol):
     `start` with the first state (after the CDI specs and the MPS daemons), the
     `root_tasks` the supervisor runs, and at shutdown `stop` (withdraw from the kubelet,
     answer the calls on their way) and, last of all, `close` (let the directories go).
-    `check` refuses a config the front cannot serve; `per_claim` and `usage_view` are
+    `check` refuses a config the front cannot serve; `per_claim` and `claims_view` are
     what the MPS daemons and the per-container metrics need to know of it.
     """
 
@@ -118,7 +118,11 @@ class Front(Protocol):
 
     def per_claim(self, spec: ResourceSpec) -> bool: ...
 
-    def usage_view(self) -> DraView | None: ...
+    def claims_view(self) -> Callable[[], DraView | None] | None:
+        """Where the per-container metrics read which claim holds what: the DRA driver's
+        prepared claims, or None where the kubelet's own device checkpoint says which
+        pod holds which device (the device plugin)."""
+        ...
 
 
 #: A front's class: built with the settings and the core, all it is given.

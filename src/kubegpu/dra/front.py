@@ -14,7 +14,7 @@ from __future__ import annotations
 
 import contextlib
 import logging
-from collections.abc import Coroutine, Sequence
+from collections.abc import Callable, Coroutine, Sequence
 from pathlib import Path
 from typing import Any
 
@@ -84,7 +84,11 @@ class DraFront:
         """A memory-sized resource's claims each get an MPS control daemon of their own."""
         return sized(spec)
 
-    def usage_view(self) -> DraView | None:
+    def claims_view(self) -> Callable[[], DraView | None]:
+        """The per-container metrics read the driver's prepared claims."""
+        return self._claims_view
+
+    def _claims_view(self) -> DraView | None:
         """What the per-container metrics read of the driver (None until it is built)."""
         driver = self.driver
         return None if driver is None else dra_view(driver.driver, driver.data_dir, self.node_name)

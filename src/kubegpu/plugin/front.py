@@ -73,7 +73,7 @@ class PluginFront:
         """The device plugin has no claims: one MPS control daemon per resource."""
         return False
 
-    def usage_view(self) -> None:
+    def claims_view(self) -> None:
         """The per-container metrics read the kubelet's own checkpoint in this mode."""
         return
 

@@ -25,7 +25,6 @@ from typing import TypeVar
 from kubegpu.api import POD_RESOURCES_SOCKET
 from kubegpu.devices import ProcessSource, ProcessTable
 from kubegpu.metrics import DeviceHealthRow, UsageSnapshot
-from kubegpu.mode import Mode
 from kubegpu.resources import ResourceSpec, Unit
 from kubegpu.state import NodeState
 from kubegpu.untrusted import escape
@@ -60,8 +59,6 @@ KUBELET_CHECKPOINT = "kubelet_internal_checkpoint"
 
 @dataclass(frozen=True)
 class UsageSettings:
-    #: `plugin` or `dra`, as `serve --mode`.
-    mode: Mode = Mode.PLUGIN
     #: Where the host's /proc is (`/host/proc` in the chart): NVML reports host PIDs.
     proc_root: Path = Path("/proc")
     #: The kubelet's PodResources socket; None: do not ask.
@@ -97,7 +94,7 @@ class UsageCollector:
         *,
         backend: Callable[[], object | None],
         state: Callable[[], NodeState],
-        dra: Callable[[], DraView | None] = lambda: None,
+        dra: Callable[[], DraView | None] | None = None,
         pod_resources: PodResourcesClient | None = None,
     ) -> None:
         self.settings = settings
@@ -158,7 +155,7 @@ class UsageCollector:
         listing = PodResourcesListing()
         if self._pod_resources is not None:
             listing = self._read("pod-resources", sources, self._pod_resources.list, listing)
-        if self.settings.mode is Mode.DRA:
+        if self._dra is not None:
             view = self._dra()
             if view is None:
                 return ()  # the driver is not up yet: nothing prepared to attribute to

@@ -286,6 +286,24 @@ async def test_every_device_node_of_a_claim_is_one_a_cdi_runtime_finds(world: Wo
         assert {"/dev/nvidiactl", "/dev/nvidia-uvm"} <= paths
 
 
+async def test_the_per_container_metrics_read_the_drivers_prepared_claims(world: World) -> None:
+    """A DRA `serve` attributes GPU use from its driver's prepared claims, not from the
+    kubelet's device-plugin checkpoint: a prepared claim has its row on its GPU."""
+    put_claim(world.kube, "one")
+    await world.run(claim_pod("with-claim", "one"))
+    [result] = world.kube.resource_claims[("default", "one")]["status"]["allocation"]["devices"][
+        "results"
+    ]
+    snapshot = world.daemon.usage.collect()
+    assert snapshot.sources.get("dra-checkpoint") is True
+    assert "kubelet-checkpoint" not in snapshot.sources
+    [row] = [r for r in snapshot.rows if r.claim == "one"]
+    assert (row.namespace, row.device) == (
+        "default",
+        f"nvidia{result['device'].removeprefix('gpu-')}",
+    )
+
+
 async def test_deleting_the_pods_unprepares_their_claims(world: World) -> None:
     pods = [(await world.run(gpu_pod(f"p{i}", 1)))[0] for i in range(3)]
     assert len(world.specs()) == 3

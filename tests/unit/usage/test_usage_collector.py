@@ -28,7 +28,6 @@ from kubegpu.dra.usage import dra_view
 from kubegpu.errors import KubegpuError
 from kubegpu.httpserver import HttpServer
 from kubegpu.metrics import UNATTRIBUTED, Metrics
-from kubegpu.mode import Mode
 from kubegpu.state import NodeStore
 from kubegpu.testing import FakeNvml, FakePodResources
 from kubegpu.usage import UsageCollector, UsageSettings
@@ -371,9 +370,7 @@ def test_dra_mode_attributes_to_the_claim_or_the_containers_using_it(socket_dir:
         node.proc.in_pod(10, pod_uid(1))
         node.proc.in_pod(11, pod_uid(2))
         collector = UsageCollector(
-            UsageSettings(
-                mode=Mode.DRA, proc_root=node.proc.root, pod_resources_socket=node.kubelet.socket
-            ),
+            UsageSettings(proc_root=node.proc.root, pod_resources_socket=node.kubelet.socket),
             backend=lambda: backend,
             state=lambda: node.store.state,
             dra=lambda: dra_view("gpu.nvidia.com", data_dir, "node-a"),
@@ -414,9 +411,7 @@ def test_dra_claims_sharing_a_gpu_are_told_apart_by_their_recorded_pods(
         node.proc.in_pod(10, pod_uid(1))
         node.proc.in_pod(11, pod_uid(2))
         collector = UsageCollector(
-            UsageSettings(
-                mode=Mode.DRA, proc_root=node.proc.root, pod_resources_socket=node.kubelet.socket
-            ),
+            UsageSettings(proc_root=node.proc.root, pod_resources_socket=node.kubelet.socket),
             backend=lambda: backend,
             state=lambda: node.store.state,
             dra=lambda: dra_view("gpu.nvidia.com", data_dir, "node-a"),
