@@ -45,7 +45,7 @@ from tests.rig.dra import DRAKubelet, node_slice_wiper
 from tests.rig.dra.manager import PrepareError
 from tests.rig.dra.scheduler import SchedulerStandIn, UnschedulableError
 from tests.rig.kube import FakeKube
-from tests.unit.cdi.test_cdi import runtime_device_nodes
+from tests.unit.cdi.conftest import runtime_device_nodes
 from tests.waiting import WAIT, Kubelet, eventually
 
 CHART = Path(__file__).resolve().parents[3] / "deployments" / "helm" / "kubegpu"

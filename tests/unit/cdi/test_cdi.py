@@ -26,6 +26,7 @@ from kubegpu.resources import build_resources
 from kubegpu.state import NodeStore
 from kubegpu.supervisor import Supervisor
 from kubegpu.watch import Backoff
+from tests.unit.cdi.conftest import runtime_device_nodes
 from tests.waiting import eventually
 
 FIXTURES = Path(__file__).parents[2] / "fixtures"
@@ -334,25 +335,6 @@ def test_cli_generate_simulated(
     args = parse(["cdi", "generate", "--simulate", preset, "--format", "yaml"])
     assert cdi_cli.run_generate(args) == 0
     assert yaml.safe_load(capsys.readouterr().out)["kind"] == cdi.KIND
-
-
-def runtime_device_nodes(spec: dict[str, Any]) -> list[tuple[str, str]]:
-    """(container path, host path) of every device node a CDI runtime injects from `spec`,
-    each host path checked as containerd's CDI library does (`fillMissingInfo`: a node
-    without `type` and `major` is `lstat`ed at `hostPath`, else `path`, and must be a
-    device): AssertionError naming the first one a runtime would refuse."""
-    edits = [spec.get("containerEdits", {}), *(d["containerEdits"] for d in spec["devices"])]
-    found = []
-    for node in (n for e in edits for n in e.get("deviceNodes", [])):
-        host = node.get("hostPath") or node["path"]
-        if not (node.get("type") and node.get("major")):
-            try:
-                mode = os.lstat(host).st_mode
-            except FileNotFoundError:
-                raise AssertionError(f"failed to stat CDI host device {host!r}") from None
-            assert stat.S_ISCHR(mode), f"{host} is not a character device"
-        found.append((node["path"], host))
-    return found
 
 
 def simulated_config(**flags: Any) -> Config:

@@ -30,7 +30,8 @@ from kubegpu.mps import MpsReconciler
 from kubegpu.resources import build_resources
 from kubegpu.state import NodeStore
 from tests.builders import gpu, inventory
-from tests.unit.dra.test_dra_slices import bodies, check_api_rules, slices_of
+from tests.unit.dra.conftest import bodies, check_api_rules, slices_of
+from tests.unit.mps.conftest import FAKE, commands
 
 MPS_ROOT = "flags: {mpsRoot: /run/nvidia/mps}\n"
 
@@ -402,8 +403,6 @@ async def test_device_plugin_mode_keeps_nvidias_fixed_limits_for_a_sized_resourc
     tmp_path: Path, python3_on_path: Path
 ) -> None:
     """The device plugin cannot see a pod's size: its MPS replicas keep total/replicas."""
-    from tests.unit.mps.test_mps import FAKE, commands
-
     config = parse_config(
         f"version: v1\nflags: {{mpsRoot: {tmp_path}}}\nsharing:\n  mps:\n    resources:\n"
         "    - {name: gpu, replicas: 4, sizing: {defaultMemory: 10Gi}}\n"

@@ -3,10 +3,9 @@
 from __future__ import annotations
 
 import asyncio
-import contextlib
 import logging
 import threading
-from collections.abc import AsyncIterator, Callable, Mapping
+from collections.abc import Callable, Mapping
 
 import pytest
 
@@ -17,25 +16,12 @@ from kubegpu.devices.simulated import SimulatedBackend
 from kubegpu.errors import ConfigError
 from kubegpu.health import HealthMonitor, HealthTracker, describe_xid, health_flags_from_env
 from kubegpu.state import NodeStore
-from kubegpu.supervisor import spawn
+from tests.unit.health.conftest import GPU, Clock, running, xid
 from tests.waiting import WAIT
 
-GPU = "GPU-0"
 MIG = "MIG-0"
 #: An Xid the catalog does not list: unhealthy until probes pass (NVIDIA saw 999 in the field).
 UNLISTED = 999
-
-
-class Clock:
-    def __init__(self) -> None:
-        self.now = 1000.0
-
-    def __call__(self) -> float:
-        return self.now
-
-
-def xid(n: int, uuid: str = GPU) -> HealthEvent:
-    return HealthEvent(uuid, HealthEventKind.XID, xid=n)
 
 
 def ok(uuid: str = GPU) -> HealthEvent:
@@ -280,17 +266,6 @@ def test_the_monitor_says_when_an_unhealthy_devices_reason_changes() -> None:
     monitor.handle(xid(48))  # a reset-requiring fault keeps its reason: nothing new
     assert store.state.version == version + 1
     assert store.state.faults == {GPU: Fault(79, describe_xid(79))}
-
-
-@contextlib.asynccontextmanager
-async def running(monitor: HealthMonitor) -> AsyncIterator[asyncio.Task[None]]:
-    task = spawn("health monitor", monitor.run())
-    try:
-        yield task
-    finally:
-        task.cancel()
-        with contextlib.suppress(asyncio.CancelledError):
-            await task
 
 
 async def test_monitor_reports_injected_xid_and_heal(caplog: pytest.LogCaptureFixture) -> None:

@@ -24,12 +24,8 @@ from kubegpu.health import HealthMonitor
 from kubegpu.state import NodeState, NodeStore
 from kubegpu.testing import FakeNvml
 from tests.unit.devices.nvml.conftest import open_backend
-from tests.unit.health.test_health import running
+from tests.unit.health.conftest import FAST, running
 from tests.waiting import WAIT
-
-#: Short enough that a test sees recovery quickly; a test never asserts on these durations.
-FAST = HealthFlags(recovery_seconds=0.2, probe_interval_seconds=0.02)
-DEADLINE_S = WAIT
 
 
 async def until(store: NodeStore, predicate: Callable[[NodeState], bool]) -> None:
@@ -40,7 +36,7 @@ async def until(store: NodeStore, predicate: Callable[[NodeState], bool]) -> Non
         while not predicate(store.state):
             await anext(changes)
 
-    await asyncio.wait_for(wait(), DEADLINE_S)
+    await asyncio.wait_for(wait(), WAIT)
 
 
 class Handled:
@@ -62,7 +58,7 @@ class Handled:
                 self._changed.clear()
                 await self._changed.wait()
 
-        await asyncio.wait_for(wait(), DEADLINE_S)
+        await asyncio.wait_for(wait(), WAIT)
 
 
 def node(fake: FakeNvml, **backend: object) -> tuple[NvmlBackend, NodeStore]:

@@ -17,21 +17,9 @@ from kubegpu.health import (
     xid_overrides,
 )
 from kubegpu.xid_catalog import BUCKET_OUTCOMES, CATALOG, XidOutcome, catalog_outcome
+from tests.unit.health.conftest import GPU, Clock, xid
 
 IGNORE, UNHEALTHY, RESET = XidOutcome.IGNORE, XidOutcome.UNHEALTHY, XidOutcome.UNTIL_RESET
-GPU = "GPU-0"
-
-
-class Clock:
-    def __init__(self) -> None:
-        self.now = 1000.0
-
-    def __call__(self) -> float:
-        return self.now
-
-
-def xid(n: int | None, uuid: str = GPU) -> HealthEvent:
-    return HealthEvent(uuid, HealthEventKind.XID, xid=n)
 
 
 def probe(ok: bool, uuid: str = GPU) -> HealthEvent:

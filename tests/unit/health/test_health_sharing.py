@@ -17,17 +17,14 @@ from collections.abc import AsyncIterator, Callable
 import pytest
 
 from kubegpu.config import parse_config
-from kubegpu.config.v1 import HealthFlags
 from kubegpu.devices.model import Health, HealthEvent
 from kubegpu.health import HealthMonitor
 from kubegpu.state import NodeState, NodeStore
 from kubegpu.supervisor import spawn
 from kubegpu.testing import FakeGpu, FakeNvml
 from tests.unit.devices.nvml.conftest import open_backend
+from tests.unit.health.conftest import FAST
 from tests.waiting import WAIT
-
-FAST = HealthFlags(recovery_seconds=0.2, probe_interval_seconds=0.02)
-DEADLINE_S = WAIT
 
 TIME_SLICED = """
 version: v1
@@ -96,7 +93,7 @@ class Node:
                 self._changed.clear()
                 await self._changed.wait()
 
-        await asyncio.wait_for(wait(), DEADLINE_S)
+        await asyncio.wait_for(wait(), WAIT)
 
     @contextlib.asynccontextmanager
     async def running(self) -> AsyncIterator[None]:

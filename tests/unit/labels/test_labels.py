@@ -12,6 +12,7 @@ from kubegpu.config.v1 import Config
 from kubegpu.devices.model import Gpu, Inventory, MigDevice, Vendor
 from kubegpu.devices.pci import read_bus
 from kubegpu.labels import family, gpu_labels, gpu_mode, sanitise
+from tests.unit.dra.conftest import bodies
 
 FIXTURES = Path(__file__).parents[2] / "fixtures"
 
@@ -421,8 +422,6 @@ def _sized(strategy: str, extra: str = "") -> Config:
 def test_a_sized_node_labels_the_mechanisms_its_devices_publish(
     strategy: str, kernel: bool, memory: str, compute: str
 ) -> None:
-    from tests.unit.dra.test_dra_slices import bodies
-
     node = dataclasses.replace(inv(gpu(0), gpu(1)), memory_limits=kernel)
     config = _sized(strategy)
     labels = gpu_labels(node, config, machine_type=None, timestamp=None)

@@ -20,9 +20,9 @@ from kubegpu.mps import MpsDaemon, MpsError, MpsReconciler, container_edits
 from kubegpu.nvidia_paths import MPS_CONTAINER_PIPE_DIR as CONTAINER_PIPE_DIR
 from kubegpu.state import NodeStore
 from kubegpu.supervisor import Supervisor
+from tests.unit.mps.conftest import FAKE, commands, pid_alive
 from tests.waiting import WAIT
 
-FAKE = str(Path(__file__).parents[2] / "fixtures" / "fake-mps-control")
 # The stand-in runs once per MPS command: start it on this interpreter, not a pyenv shim.
 pytestmark = pytest.mark.usefixtures("python3_on_path")
 RESOURCE = "nvidia.com/gpu.shared"
@@ -58,10 +58,6 @@ def daemon(tmp_path: Path, env: dict[str, str] | None = None, **kw: Any) -> MpsD
     return MpsDaemon(RESOURCE, tmp_path / "mps", GPUS, 4, **opts)
 
 
-def commands(d: MpsDaemon) -> list[str]:
-    return (d.pipe_dir / "commands.log").read_text().splitlines()
-
-
 def after_probes(d: MpsDaemon) -> tuple[int, list[str]]:
     """(number of leading readiness probes, the commands after them)."""
     log = commands(d)
@@ -71,14 +67,6 @@ def after_probes(d: MpsDaemon) -> tuple[int, list[str]]:
 
 def daemon_pid(d: MpsDaemon) -> int:
     return int((d.pipe_dir / "daemon.pid").read_text())
-
-
-def pid_alive(pid: int) -> bool:
-    try:
-        stat = Path(f"/proc/{pid}/stat").read_text()
-    except OSError:
-        return False
-    return stat.rsplit(")", 1)[1].split()[0] != "Z"
 
 
 @pytest.fixture

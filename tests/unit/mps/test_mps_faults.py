@@ -18,6 +18,7 @@ import pytest
 
 from kubegpu.devices.model import Gpu
 from kubegpu.mps import PROBE, MpsDaemon, MpsError
+from tests.unit.mps.conftest import pid_alive
 from tests.waiting import WAIT
 
 RESOURCE = "nvidia.com/gpu"
@@ -94,14 +95,6 @@ def daemon(tmp_path: Path, binary: str, **kw: Any) -> MpsDaemon:
         **kw,
     }
     return MpsDaemon(RESOURCE, tmp_path / "mps", GPUS, 2, **opts)
-
-
-def pid_alive(pid: int) -> bool:
-    try:
-        stat = Path(f"/proc/{pid}/stat").read_text()
-    except OSError:
-        return False
-    return stat.rsplit(")", 1)[1].split()[0] != "Z"
 
 
 def recorded_pid(d: MpsDaemon, name: str) -> int:

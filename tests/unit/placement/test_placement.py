@@ -14,11 +14,10 @@ from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
 from kubegpu.config import AllocationPolicy, parse_config
-from kubegpu.devices import Gpu, Inventory, Link, LinkKind
+from kubegpu.devices import Inventory, Link, LinkKind
 from kubegpu.devices.simulated import SimulatedBackend
 from kubegpu.errors import AllocationError
 from kubegpu.placement import (
-    PCIE_WEIGHT,
     bounded,
     link_weight,
     numa_term,
@@ -27,37 +26,7 @@ from kubegpu.placement import (
 )
 from kubegpu.resources import ResourceSpec, Unit, build_resources
 from tests.builders import gpu, inventory
-
-PCIE = list(PCIE_WEIGHT)
-
-
-@st.composite
-def topologies(draw: st.DrawFn, max_gpus: int = 8) -> Inventory:
-    """Symmetric random wiring: per pair NVLink (1-18 links, version 1-5), a PCIe level or
-    nothing; NUMA node 0, 1 or unknown; some GPUs with MIG slices."""
-    n = draw(st.integers(1, max_gpus))
-    uuids = [gpu(i).uuid for i in range(n)]
-    relation: dict[tuple[int, int], Link | None] = {}
-    for a, b in itertools.combinations(range(n), 2):
-        kind = draw(st.sampled_from([None, LinkKind.NVLINK, *PCIE]))
-        if kind is LinkKind.NVLINK:
-            relation[a, b] = Link(
-                "", kind, draw(st.integers(1, 18)), nvlink_version=draw(st.integers(0, 5))
-            )
-        elif kind is not None:
-            relation[a, b] = Link("", kind)
-    gpus: list[Gpu] = []
-    for i in range(n):
-        links = []
-        for j in range(n):
-            link = relation.get((min(i, j), max(i, j)))
-            if i != j and link is not None:
-                links.append(
-                    Link(uuids[j], link.kind, link.count, nvlink_version=link.nvlink_version)
-                )
-        numa = draw(st.sampled_from([0, 1, None]))
-        gpus.append(gpu(i, numa=numa, links=links))
-    return inventory(*gpus)
+from tests.unit.placement.conftest import topologies
 
 
 def whole_gpus(inv: Inventory) -> ResourceSpec:

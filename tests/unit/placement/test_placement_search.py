@@ -14,6 +14,7 @@ from kubegpu.config import parse_config
 from kubegpu.devices.simulated import SimulatedBackend, parse_node
 from kubegpu.placement import best_subset, link_weight, numa_term, objective, preferred_allocation
 from kubegpu.resources import ResourceSpec, build_resources
+from tests.unit.placement.conftest import preset_spec
 
 Matrix = list[list[int]]
 
@@ -116,19 +117,12 @@ def test_budgeted_search_reports_an_honest_gap(
         assert found.score == best
 
 
-def _spec(preset: str) -> ResourceSpec:
-    inv = SimulatedBackend.load(preset).discover()
-    return next(
-        s for s in build_resources(inv, parse_config("version: v1")) if s.name.endswith("gpu")
-    )
-
-
 # Every split on a 16-GPU node against brute force: CPU-bound, seconds under coverage.
 @pytest.mark.parametrize("preset", ["dgx1-v100", "hgx-h100-2x8", "a10g-4"])
 def test_presets_with_must_include_get_the_first_optimal_set(preset: str) -> None:
     """Every (must-include, size) split of the node's first devices: the optimum, and the
     earliest of the optimal sets in device order."""
-    spec = _spec(preset)
+    spec = preset_spec(preset)
     ids = [d.id for d in spec.devices]
     units = [d.unit for d in spec.devices]
     link = [[link_weight(a, b) for b in units] for a in units]

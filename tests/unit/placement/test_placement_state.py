@@ -13,18 +13,13 @@ from kubegpu.config import parse_config
 from kubegpu.devices import Health, Inventory
 from kubegpu.devices.simulated import SimulatedBackend
 from kubegpu.placement import link_weight, numa_term
-from kubegpu.resources import ResourceSpec, build_resources
-from tests.unit.placement.test_placement import topologies
-
-
-def _spec(preset: str, config: str = "version: v1") -> ResourceSpec:
-    inv = SimulatedBackend.load(preset).discover()
-    return next(s for s in build_resources(inv, parse_config(config)) if s.name.endswith("gpu"))
+from kubegpu.resources import build_resources
+from tests.unit.placement.conftest import preset_spec, topologies
 
 
 @pytest.mark.parametrize("preset", ["dgx1-v100", "hgx-h100-2x8", "a10g-4", "a100-40gb-mig"])
 def test_matrices_are_the_pair_functions(preset: str) -> None:
-    spec = _spec(preset)
+    spec = preset_spec(preset)
     fabric = spec.placement
     for a, b in itertools.product(spec.devices, repeat=2):
         i, j = fabric.row[a.id], fabric.row[b.id]
@@ -68,7 +63,7 @@ def test_placement_keeps_no_module_level_state() -> None:
     ],
 )
 def test_twin_classes_of_the_presets(preset: str, classes: list[int]) -> None:
-    assert list(_spec(preset).placement.twins) == classes
+    assert list(preset_spec(preset).placement.twins) == classes
 
 
 @settings(max_examples=100, deadline=None)

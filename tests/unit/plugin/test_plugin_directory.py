@@ -31,11 +31,6 @@ NAME = "kubegpu-nvidia.com-gpu.sock"
 
 
 @pytest.fixture
-def plugin_dir(socket_dir: Path) -> Path:
-    return socket_dir
-
-
-@pytest.fixture
 def held() -> Iterator[list[PluginDirectory]]:
     """Directories to release at the end, whatever the test left them holding."""
     made: list[PluginDirectory] = []

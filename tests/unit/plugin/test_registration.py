@@ -6,7 +6,7 @@ import asyncio
 import contextlib
 import errno
 import socket
-from collections.abc import AsyncIterator, Iterator
+from collections.abc import AsyncIterator
 from pathlib import Path
 from typing import Any
 
@@ -22,14 +22,6 @@ def _serve_unix(path: Path, *, listen: bool = True) -> socket.socket:
     if listen:
         sock.listen()
     return sock
-
-
-@pytest.fixture
-def plugin_dir(tmp_path: Path) -> Iterator[Path]:
-    # Short: a unix socket path must fit in 107 bytes.
-    directory = tmp_path / "dp"
-    directory.mkdir()
-    yield directory
 
 
 def _no_inotify() -> Any:
