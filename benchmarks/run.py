@@ -240,6 +240,18 @@ def _node_rows(figures: Figures) -> list[Row]:
     dra_nodes: dict[str, Figures] = figures.get("dra_nodes", {})
     if dra_nodes:
         rows += _start_rows(dra_nodes, "DRA: ")
+        settled = {n: f["rss_settled_mib"] for n, f in dra_nodes.items() if "rss_settled_mib" in f}
+        if settled:
+            largest = max(settled, key=lambda n: settled[n]["max"])
+            rows.append(
+                Row(
+                    f"  RSS {startup.SETTLED_S:g} s after registration (largest: {largest})",
+                    f"{settled[largest]['median']:.1f} MiB",
+                    f"{settled[largest]['max']:.1f} MiB",
+                    "",
+                    None,
+                )
+            )
     return rows
 
 

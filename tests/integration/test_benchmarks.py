@@ -84,7 +84,10 @@ async def test_the_dra_start_benchmark_times_fresh_processes_to_the_kubelets_reg
     assert (figures["gpus"], figures["processes"]) == (4, 1)
     assert figures["start_to_registered_s"]["median"] > 0
     assert figures["rss_mib"]["median"] > 0
+    assert figures["rss_settled_mib"]["median"] > 0
     rows = table({"dra_nodes": nodes}).splitlines()
+    settled = f"RSS {startup.SETTLED_S:g} s after registration"
+    assert any(row.strip().startswith(settled) for row in rows)
     assert [row.split("(")[0].strip() for row in rows if row.startswith("DRA: ")] == [
         "DRA: start → registered",
         "DRA: RSS after registration",
